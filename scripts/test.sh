@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The whole test suite, in one command, on a fresh machine of this kind:
+#
+#   scripts/test.sh
+#
+# 1. installs what the build needs when missing (libclang-dev for RocksDB's bindgen);
+# 2. installs (once, into ~/.cache/blobsnap) and starts LocalStack on 127.0.0.1:4566;
+# 3. runs fmt, clippy (-D warnings), rustdoc (-D warnings) and `cargo test` — the unit
+#    tests, the format tests and the conformance suite against the local store and an
+#    in-process s3s-fs server;
+# 4. runs the external-endpoint conformance suite against LocalStack;
+# 5. stops LocalStack (by its PID) and exits non-zero if anything failed.
+#
+# Each stage prints its duration. Set CARGO_TARGET_DIR to reuse a build directory.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+stage_start=$(date +%s)
+stage() {
+  local now; now=$(date +%s)
+  echo "==> [$(date -u +%H:%M:%S)] $* (previous stage: $((now - stage_start)) s)" >&2
+  stage_start=$now
+}
+
+stage "build prerequisites"
+if ! ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 && ! ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1; then
+  echo "installing libclang-dev (RocksDB's bindgen needs it)" >&2
+  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libclang-dev >/dev/null
+fi
+for tool in curl; do
+  command -v "$tool" >/dev/null || { echo "missing $tool" >&2; exit 1; }
+done
+
+stage "LocalStack"
+bash minio/localstack.sh install
+bash minio/localstack.sh start
+trap 'bash minio/localstack.sh stop' EXIT
+eval "export $(bash minio/localstack.sh env | tr '\n' ' ')"
+
+stage "cargo fmt --check"
+cargo fmt --all -- --check
+
+stage "cargo clippy"
+cargo clippy --locked --all-targets -- -D warnings
+
+stage "cargo test (unit, formats, conformance on local + in-process s3s-fs)"
+cargo test --locked
+
+stage "conformance on LocalStack ($BLOBSNAP_TEST_S3_ENDPOINT)"
+cargo test --locked --test conformance -- --ignored external::
+
+stage "cargo doc"
+RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps
+
+stage "done"

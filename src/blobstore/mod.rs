@@ -1,0 +1,272 @@
+//! The blob store: a small, domain-shaped trait and its implementations.
+//!
+//! [`BlobStore`] is what every layer above needs from an object store, and nothing more:
+//!
+//! | operation | semantics |
+//! |---|---|
+//! | [`put`](BlobStore::put) | streams a file (never loaded whole into memory) or bytes; [`PutMode::CreateOnly`] fails with [`ErrorKind::Conflict`](crate::ErrorKind::Conflict) if the key exists; a SHA-256 sent along makes the store reject a body that does not match ([`ErrorKind::Corrupt`](crate::ErrorKind::Corrupt)) |
+//! | [`get`](BlobStore::get) | streams the object or a byte range of it |
+//! | [`head`](BlobStore::head) | size, last-modified, ETag |
+//! | [`delete_many`](BlobStore::delete_many) | idempotent (a missing key is not an error); failures are reported per key |
+//! | [`list`](BlobStore::list) | every object under a [`Scope`], in key order, paginated by the store |
+//! | [`list_multipart_uploads`](BlobStore::list_multipart_uploads) / [`abort_multipart_upload`](BlobStore::abort_multipart_upload) | incomplete uploads under a scope, for the sweep |
+//! | [`capabilities`](BlobStore::capabilities) | what the store enforces and supports |
+//!
+//! Implementations: [`local::LocalStore`] (a directory, the embedded default) and
+//! [`s3::S3Store`] (aws-sdk-s3, any S3-compatible server). Layers that wrap any store and
+//! implement the same trait: [`retry::RetryStore`] (the one retry loop of the process),
+//! [`counting::CountingStore`] (requests and bytes per operation) and [`fault::FaultStore`]
+//! (injected errors, latency and truncated bodies, for tests).
+
+pub mod counting;
+pub mod fault;
+mod key;
+pub mod local;
+pub mod retry;
+pub mod s3;
+mod transfer;
+
+use std::fmt;
+use std::ops::Range;
+use std::path::PathBuf;
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::BoxStream;
+
+pub use key::{escape_segment, unescape_segment, BlobKey, Scope, MAX_KEY_LEN};
+pub use transfer::{download_to_file, get_bytes, DownloadOptions, DownloadStats};
+
+use crate::digest::Sha256;
+use crate::error::Result;
+
+/// What a `put` uploads.
+#[derive(Clone)]
+pub enum PutBody {
+    /// Bytes in memory (indexes, checkpoints, small objects).
+    Bytes(Bytes),
+    /// A local file of a known length, streamed from disk. The store fails the put if the file
+    /// does not have exactly `len` bytes when read.
+    File {
+        /// The file to upload.
+        path: PathBuf,
+        /// Its expected length.
+        len: u64,
+    },
+}
+
+impl PutBody {
+    /// The body's length in bytes.
+    pub fn len(&self) -> u64 {
+        match self {
+            PutBody::Bytes(b) => b.len() as u64,
+            PutBody::File { len, .. } => *len,
+        }
+    }
+
+    /// Whether the body is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl fmt::Debug for PutBody {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PutBody::Bytes(b) => write!(f, "Bytes({} bytes)", b.len()),
+            PutBody::File { path, len } => write!(f, "File({}, {len} bytes)", path.display()),
+        }
+    }
+}
+
+/// Whether a put may replace an existing object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum PutMode {
+    /// Replace whatever is there.
+    #[default]
+    Overwrite,
+    /// Fail with `Conflict` if the key exists (S3 `If-None-Match: *`). Whether concurrent
+    /// create-only puts are really exclusive depends on the store: see
+    /// [`Capabilities::create_only`].
+    CreateOnly,
+}
+
+/// Options of a put.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PutOptions {
+    /// Overwrite or create-only.
+    pub mode: PutMode,
+    /// The SHA-256 the body must have. The store rejects a body that does not match with
+    /// `Corrupt` and stores nothing (S3: `x-amz-checksum-sha256`; multipart: every part's
+    /// checksum is sent and the whole is compared before completing). When `None`, the store
+    /// computes it before sending.
+    pub sha256: Option<Sha256>,
+}
+
+impl PutOptions {
+    /// Create-only with a known digest: how blobs and checkpoints are written.
+    pub fn create_only(sha256: Sha256) -> Self {
+        PutOptions {
+            mode: PutMode::CreateOnly,
+            sha256: Some(sha256),
+        }
+    }
+}
+
+/// What a successful put reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PutResult {
+    /// Bytes stored.
+    pub size: u64,
+    /// The store's entity tag, if any.
+    pub e_tag: Option<String>,
+    /// Requests the put took (1 for a single PUT; parts + 2 for a multipart upload).
+    pub requests: u32,
+}
+
+/// One object in a listing or a head.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectMeta {
+    /// Its key.
+    pub key: BlobKey,
+    /// Its size in bytes.
+    pub size: u64,
+    /// When it was last written, by the store's clock.
+    pub last_modified: Option<SystemTime>,
+    /// The store's entity tag, if any.
+    pub e_tag: Option<String>,
+}
+
+/// A streamed get.
+pub struct GetResult {
+    /// The whole object's metadata (its full size, not the range's).
+    pub meta: ObjectMeta,
+    /// The byte range this body carries.
+    pub range: Range<u64>,
+    /// The body. It may end early or fail midway (a dropped connection): consumers count the
+    /// bytes against `range` ([`get_bytes`] and [`download_to_file`] do).
+    pub body: BoxStream<'static, Result<Bytes>>,
+}
+
+impl fmt::Debug for GetResult {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GetResult")
+            .field("meta", &self.meta)
+            .field("range", &self.range)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An incomplete multipart upload (or, for the local store, an abandoned temp file).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MultipartUpload {
+    /// The key it would have created.
+    pub key: BlobKey,
+    /// The store's id of the upload.
+    pub upload_id: String,
+    /// When it was started, by the store's clock.
+    pub initiated: Option<SystemTime>,
+}
+
+/// How far a store enforces create-only puts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CreateOnly {
+    /// Exclusive even under concurrency: of N concurrent create-only puts of one key, exactly
+    /// one succeeds (AWS S3, LocalStack, the local store via `link(2)`).
+    Atomic,
+    /// Checked, but not atomically: a sequential second put fails, concurrent ones may both
+    /// succeed (s3s-fs). Not a fence.
+    Racy,
+    /// Accepted and ignored: a second put silently overwrites (Garage 2.x). Not a fence.
+    Ignored,
+}
+
+/// What a store enforces and supports. Tests declare the capabilities they need, and code
+/// that depends on one checks it rather than assuming it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// How create-only puts behave.
+    pub create_only: CreateOnly,
+    /// Whether the store checks the SHA-256 sent with a put (and rejects a mismatch).
+    pub verifies_sha256: bool,
+    /// Whether incomplete multipart uploads can be listed.
+    pub multipart_listing: bool,
+    /// Whether object tagging works.
+    pub tagging: bool,
+    /// Whether bucket lifecycle rules can be read and written.
+    pub lifecycle: bool,
+}
+
+/// A per-key failure from [`BlobStore::delete_many`].
+pub type DeleteFailures = Vec<(BlobKey, crate::Error)>;
+
+/// An object store, as blobsnap needs it. See the [module docs](self) for the semantics.
+///
+/// Implementations are cheap to share (`Arc<dyn BlobStore>`); every method may be called
+/// concurrently.
+#[async_trait]
+pub trait BlobStore: Send + Sync + fmt::Debug + fmt::Display {
+    /// What this store enforces and supports.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Store `body` under `key`.
+    async fn put(&self, key: &BlobKey, body: PutBody, opts: PutOptions) -> Result<PutResult>;
+
+    /// Stream `key`, or the byte `range` of it. An empty range or one past the end is
+    /// `InvalidInput`; a missing key is `NotFound`.
+    async fn get(&self, key: &BlobKey, range: Option<Range<u64>>) -> Result<GetResult>;
+
+    /// Metadata of `key`; a missing key is `NotFound`.
+    async fn head(&self, key: &BlobKey) -> Result<ObjectMeta>;
+
+    /// Delete `keys` (idempotent: a missing key counts as deleted). `Err` means the request
+    /// as a whole failed and nothing is known; `Ok` lists the keys that were not deleted,
+    /// each with its error.
+    async fn delete_many(&self, keys: &[BlobKey]) -> Result<DeleteFailures>;
+
+    /// Every object under `scope`, in ascending key order.
+    fn list<'a>(&'a self, scope: &Scope) -> BoxStream<'a, Result<ObjectMeta>>;
+
+    /// Incomplete multipart uploads under `scope`. `Permanent` where
+    /// [`Capabilities::multipart_listing`] is false.
+    async fn list_multipart_uploads(&self, scope: &Scope) -> Result<Vec<MultipartUpload>>;
+
+    /// Abort one incomplete upload (idempotent).
+    async fn abort_multipart_upload(&self, upload: &MultipartUpload) -> Result<()>;
+}
+
+/// Collect a whole listing (convenience for tests and small scopes).
+pub async fn list_all(store: &dyn BlobStore, scope: &Scope) -> Result<Vec<ObjectMeta>> {
+    use futures::TryStreamExt as _;
+    store.list(scope).try_collect().await
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl<T: BlobStore + ?Sized> BlobStore for std::sync::Arc<T> {
+    fn capabilities(&self) -> Capabilities {
+        (**self).capabilities()
+    }
+    async fn put(&self, key: &BlobKey, body: PutBody, opts: PutOptions) -> Result<PutResult> {
+        (**self).put(key, body, opts).await
+    }
+    async fn get(&self, key: &BlobKey, range: Option<Range<u64>>) -> Result<GetResult> {
+        (**self).get(key, range).await
+    }
+    async fn head(&self, key: &BlobKey) -> Result<ObjectMeta> {
+        (**self).head(key).await
+    }
+    async fn delete_many(&self, keys: &[BlobKey]) -> Result<DeleteFailures> {
+        (**self).delete_many(keys).await
+    }
+    fn list<'a>(&'a self, scope: &Scope) -> BoxStream<'a, Result<ObjectMeta>> {
+        (**self).list(scope)
+    }
+    async fn list_multipart_uploads(&self, scope: &Scope) -> Result<Vec<MultipartUpload>> {
+        (**self).list_multipart_uploads(scope).await
+    }
+    async fn abort_multipart_upload(&self, upload: &MultipartUpload) -> Result<()> {
+        (**self).abort_multipart_upload(upload).await
+    }
+}

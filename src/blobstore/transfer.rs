@@ -1,0 +1,218 @@
+//! Whole-object reads over any [`BlobStore`]: into memory with a size cap, or into a file,
+//! verified, with ranged parallel GETs for large objects.
+//!
+//! Large downloads use parallel ranged GETs: each range is buffered in memory (so memory is
+//! bounded by `concurrency × part_size`), written at its offset, and the file is hashed after
+//! all ranges have landed (a second sequential read, from the page cache). Small downloads
+//! stream into the file and are hashed on the way.
+
+use std::os::unix::fs::FileExt as _;
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use futures::{StreamExt as _, TryStreamExt as _};
+use tokio::io::AsyncWriteExt as _;
+
+use super::{BlobKey, BlobStore};
+use crate::digest::{hash_file, Hasher, Sha256};
+use crate::error::{Error, Result};
+
+/// Read a whole object into memory, refusing objects larger than `max_len` before reading
+/// their body. A body that ends early is `Transient` (retry), one longer than announced is
+/// `Corrupt`.
+pub async fn get_bytes(store: &dyn BlobStore, key: &BlobKey, max_len: u64) -> Result<Bytes> {
+    let got = store.get(key, None).await?;
+    if got.meta.size > max_len {
+        return Err(Error::invalid(format!(
+            "object {key} is {} bytes, over the cap of {max_len}",
+            got.meta.size
+        )));
+    }
+    let expected = got.range.end - got.range.start;
+    let mut buf = BytesMut::with_capacity(expected as usize);
+    let mut body = got.body;
+    while let Some(chunk) = body.try_next().await? {
+        if buf.len() as u64 + chunk.len() as u64 > expected {
+            return Err(Error::corrupt(format!(
+                "object {key}: body longer than its announced {expected} bytes"
+            )));
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    if (buf.len() as u64) < expected {
+        return Err(Error::transient(format!(
+            "object {key}: body truncated at {} of {expected} bytes",
+            buf.len()
+        )));
+    }
+    Ok(buf.freeze())
+}
+
+/// How [`download_to_file`] fetches and what it checks.
+#[derive(Clone, Copy, Debug)]
+pub struct DownloadOptions {
+    /// The size the object must have.
+    pub expected_size: u64,
+    /// The SHA-256 the bytes must have (`Corrupt` otherwise).
+    pub expected_sha256: Option<Sha256>,
+    /// Objects larger than this are fetched as parallel ranges of this size (0: never).
+    pub part_size: u64,
+    /// Ranges in flight at once for one object.
+    pub concurrency: usize,
+}
+
+/// What a download did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DownloadStats {
+    /// Bytes received.
+    pub bytes: u64,
+    /// GET requests made.
+    pub requests: u64,
+}
+
+/// Download `key` into `dest` (created or truncated), verify its size and SHA-256, and fsync
+/// it. On any error `dest` may hold partial data: download into a temp path and rename it
+/// only on success.
+pub async fn download_to_file(
+    store: &dyn BlobStore,
+    key: &BlobKey,
+    dest: &Path,
+    opts: DownloadOptions,
+) -> Result<DownloadStats> {
+    let size = opts.expected_size;
+    let stats = if opts.part_size > 0 && size > opts.part_size {
+        download_ranges(store, key, dest, opts).await?
+    } else {
+        download_stream(store, key, dest, opts).await?
+    };
+    Ok(stats)
+}
+
+async fn download_stream(
+    store: &dyn BlobStore,
+    key: &BlobKey,
+    dest: &Path,
+    opts: DownloadOptions,
+) -> Result<DownloadStats> {
+    let got = store.get(key, None).await?;
+    check_size(key, got.meta.size, opts.expected_size)?;
+    let mut file = tokio::fs::File::create(dest)
+        .await
+        .map_err(|e| Error::io(format!("create {}", dest.display()), e))?;
+    let mut hasher = Hasher::new();
+    let mut body = got.body;
+    while let Some(chunk) = body.try_next().await? {
+        if hasher.len() + chunk.len() as u64 > opts.expected_size {
+            return Err(Error::corrupt(format!(
+                "blob {key}: body longer than its {} bytes",
+                opts.expected_size
+            )));
+        }
+        hasher.update(&chunk);
+        file.write_all(&chunk)
+            .await
+            .map_err(|e| Error::io(format!("write {}", dest.display()), e))?;
+    }
+    if hasher.len() < opts.expected_size {
+        return Err(Error::transient(format!(
+            "blob {key}: body truncated at {} of {} bytes",
+            hasher.len(),
+            opts.expected_size
+        )));
+    }
+    file.sync_all()
+        .await
+        .map_err(|e| Error::io(format!("fsync {}", dest.display()), e))?;
+    let digest = hasher.finish();
+    check_sha(key, digest.sha256, opts.expected_sha256)?;
+    Ok(DownloadStats {
+        bytes: digest.size,
+        requests: 1,
+    })
+}
+
+async fn download_ranges(
+    store: &dyn BlobStore,
+    key: &BlobKey,
+    dest: &Path,
+    opts: DownloadOptions,
+) -> Result<DownloadStats> {
+    let size = opts.expected_size;
+    let file = std::fs::File::create(dest)
+        .and_then(|f| f.set_len(size).map(|()| f))
+        .map_err(|e| Error::io(format!("create {}", dest.display()), e))?;
+    let file = Arc::new(file);
+    let ranges: Vec<_> = (0..size)
+        .step_by(opts.part_size as usize)
+        .map(|start| start..(start + opts.part_size).min(size))
+        .collect();
+    let requests = ranges.len() as u64;
+    futures::stream::iter(ranges)
+        .map(|range| {
+            let file = Arc::clone(&file);
+            async move {
+                let got = store.get(key, Some(range.clone())).await?;
+                check_size(key, got.meta.size, size)?;
+                let want = range.end - range.start;
+                let mut buf = BytesMut::with_capacity(want as usize);
+                let mut body = got.body;
+                while let Some(chunk) = body.try_next().await? {
+                    if buf.len() as u64 + chunk.len() as u64 > want {
+                        return Err(Error::corrupt(format!(
+                            "blob {key}: range {range:?} longer than asked"
+                        )));
+                    }
+                    buf.extend_from_slice(&chunk);
+                }
+                if (buf.len() as u64) < want {
+                    return Err(Error::transient(format!(
+                        "blob {key}: range {range:?} truncated at {} bytes",
+                        buf.len()
+                    )));
+                }
+                let dest = dest.to_path_buf();
+                tokio::task::spawn_blocking(move || {
+                    file.write_all_at(&buf, range.start)
+                        .map_err(|e| Error::io(format!("write {}", dest.display()), e))
+                })
+                .await
+                .map_err(|e| Error::new(crate::ErrorKind::Io, format!("write task failed: {e}")))?
+            }
+        })
+        .buffer_unordered(opts.concurrency.max(1))
+        .try_collect::<Vec<()>>()
+        .await?;
+    let dest_owned = dest.to_path_buf();
+    let digest = tokio::task::spawn_blocking(move || {
+        file.sync_all()
+            .map_err(|e| Error::io(format!("fsync {}", dest_owned.display()), e))?;
+        hash_file(&dest_owned)
+    })
+    .await
+    .map_err(|e| Error::new(crate::ErrorKind::Io, format!("hash task failed: {e}")))??;
+    check_size(key, digest.size, size)?;
+    check_sha(key, digest.sha256, opts.expected_sha256)?;
+    Ok(DownloadStats {
+        bytes: size,
+        requests,
+    })
+}
+
+fn check_size(key: &BlobKey, actual: u64, expected: u64) -> Result<()> {
+    if actual != expected {
+        return Err(Error::corrupt(format!(
+            "blob {key} is {actual} bytes, expected {expected}"
+        )));
+    }
+    Ok(())
+}
+
+fn check_sha(key: &BlobKey, actual: Sha256, expected: Option<Sha256>) -> Result<()> {
+    match expected {
+        Some(exp) if exp != actual => Err(Error::corrupt(format!(
+            "blob {key} has SHA-256 {actual}, expected {exp}"
+        ))),
+        _ => Ok(()),
+    }
+}

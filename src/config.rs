@@ -1,0 +1,193 @@
+//! Settings as plain serde data: a TOML file, then `BLOBSNAP_*` environment variables on top.
+//! Credentials are not settings: the S3 store takes them from the AWS default chain.
+//!
+//! ```toml
+//! [store]
+//! kind = "s3"              # or "local" (the default)
+//! local-dir = "/var/lib/blobsnap/store"
+//!
+//! [s3]
+//! bucket = "state-backups"
+//! prefix = "prod/"
+//! endpoint = "http://127.0.0.1:9000"
+//! path-style = true
+//!
+//! [retry]
+//! budget-ms = 120000
+//! ```
+//!
+//! | variable | setting |
+//! |---|---|
+//! | `BLOBSNAP_STORE` | `store.kind` (`local` or `s3`) |
+//! | `BLOBSNAP_LOCAL_DIR` | `store.local-dir` |
+//! | `BLOBSNAP_S3_BUCKET`, `BLOBSNAP_S3_PREFIX`, `BLOBSNAP_S3_ENDPOINT`, `BLOBSNAP_S3_REGION` | `s3.bucket`, `s3.prefix`, `s3.endpoint`, `s3.region` |
+//! | `BLOBSNAP_S3_PATH_STYLE` | `s3.path-style` (`true`/`false`) |
+//! | `BLOBSNAP_S3_CA_BUNDLE` | `s3.ca-bundle` |
+//! | `BLOBSNAP_S3_CREATE_ONLY` | `s3.create-only` (`atomic`, `racy`, `ignored`) |
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::blobstore::local::LocalStore;
+use crate::blobstore::retry::{RetryPolicy, RetryStore};
+use crate::blobstore::s3::{CreateOnlySetting, S3Config, S3Store};
+use crate::blobstore::BlobStore;
+use crate::error::{Error, Result};
+
+/// Which blob store to use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StoreKind {
+    /// A local directory (the embedded default).
+    #[default]
+    Local,
+    /// S3 or an S3-compatible server.
+    S3,
+}
+
+/// `[store]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct StoreSettings {
+    /// Local or S3.
+    pub kind: StoreKind,
+    /// Root of the local store.
+    pub local_dir: PathBuf,
+}
+
+impl Default for StoreSettings {
+    fn default() -> Self {
+        StoreSettings {
+            kind: StoreKind::Local,
+            local_dir: PathBuf::from("blobsnap-store"),
+        }
+    }
+}
+
+/// All settings.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Settings {
+    /// Which store.
+    pub store: StoreSettings,
+    /// S3 settings (used when `store.kind = "s3"`).
+    pub s3: S3Config,
+    /// Retry policy of every store operation.
+    pub retry: RetryPolicy,
+}
+
+impl Settings {
+    /// Parse TOML text.
+    pub fn from_toml(text: &str) -> Result<Self> {
+        toml::from_str(text).map_err(|e| Error::invalid(format!("bad settings: {e}")))
+    }
+
+    /// Load `path` (if given), then apply the environment.
+    pub fn load(path: Option<&Path>) -> Result<Self> {
+        let mut s = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .map_err(|e| Error::io(format!("read settings {}", p.display()), e))?;
+                Self::from_toml(&text).map_err(|e| e.context(p.display().to_string()))?
+            }
+            None => Settings::default(),
+        };
+        s.apply_env(|k| std::env::var(k).ok())?;
+        Ok(s)
+    }
+
+    /// Apply `BLOBSNAP_*` variables read through `get`.
+    pub fn apply_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<()> {
+        if let Some(v) = get("BLOBSNAP_STORE") {
+            self.store.kind = match v.as_str() {
+                "local" => StoreKind::Local,
+                "s3" => StoreKind::S3,
+                other => {
+                    return Err(Error::invalid(format!(
+                        "BLOBSNAP_STORE={other:?}: expected \"local\" or \"s3\""
+                    )))
+                }
+            };
+        }
+        if let Some(v) = get("BLOBSNAP_LOCAL_DIR") {
+            self.store.local_dir = v.into();
+        }
+        if let Some(v) = get("BLOBSNAP_S3_BUCKET") {
+            self.s3.bucket = v;
+        }
+        if let Some(v) = get("BLOBSNAP_S3_PREFIX") {
+            self.s3.prefix = v;
+        }
+        if let Some(v) = get("BLOBSNAP_S3_ENDPOINT") {
+            self.s3.endpoint = Some(v);
+        }
+        if let Some(v) = get("BLOBSNAP_S3_REGION") {
+            self.s3.region = Some(v);
+        }
+        if let Some(v) = get("BLOBSNAP_S3_CA_BUNDLE") {
+            self.s3.ca_bundle = Some(v.into());
+        }
+        if let Some(v) = get("BLOBSNAP_S3_PATH_STYLE") {
+            self.s3.path_style = parse_bool("BLOBSNAP_S3_PATH_STYLE", &v)?;
+        }
+        if let Some(v) = get("BLOBSNAP_S3_CREATE_ONLY") {
+            self.s3.create_only = match v.as_str() {
+                "atomic" => CreateOnlySetting::Atomic,
+                "racy" => CreateOnlySetting::Racy,
+                "ignored" => CreateOnlySetting::Ignored,
+                other => {
+                    return Err(Error::invalid(format!(
+                        "BLOBSNAP_S3_CREATE_ONLY={other:?}: expected atomic, racy or ignored"
+                    )))
+                }
+            };
+        }
+        Ok(())
+    }
+
+    /// Open the configured store, wrapped in the retry layer.
+    pub async fn open_store(&self) -> Result<Arc<dyn BlobStore>> {
+        Ok(match self.store.kind {
+            StoreKind::Local => Arc::new(RetryStore::new(
+                LocalStore::new(&self.store.local_dir)?,
+                self.retry,
+            )),
+            StoreKind::S3 => Arc::new(RetryStore::new(
+                S3Store::connect(self.s3.clone()).await?,
+                self.retry,
+            )),
+        })
+    }
+}
+
+fn parse_bool(name: &str, v: &str) -> Result<bool> {
+    match v {
+        "1" | "true" | "yes" => Ok(true),
+        "0" | "false" | "no" => Ok(false),
+        _ => Err(Error::invalid(format!("{name}={v:?}: expected true or false"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toml_and_env() {
+        let mut s = Settings::from_toml(
+            "[store]\nkind = \"s3\"\n[s3]\nbucket = \"b-1\"\npath-style = true\n",
+        )
+        .unwrap();
+        assert_eq!(s.store.kind, StoreKind::S3);
+        assert!(s.s3.path_style);
+        s.apply_env(|k| (k == "BLOBSNAP_S3_ENDPOINT").then(|| "http://127.0.0.1:1".to_string()))
+            .unwrap();
+        assert_eq!(s.s3.endpoint.as_deref(), Some("http://127.0.0.1:1"));
+        assert!(Settings::from_toml("[s3]\nbukket = \"x\"\n").is_err());
+        assert!(s
+            .apply_env(|k| (k == "BLOBSNAP_STORE").then(|| "ftp".to_string()))
+            .is_err());
+    }
+}

@@ -1,0 +1,477 @@
+//! The snapshot index: one JSON document per store per commit that lists every file of the
+//! snapshot and the blob holding its bytes (Samza's SnapshotIndex, reference §1.4 and §2.3,
+//! plus a per-file `sha256` and a top-level `format-version`).
+//!
+//! Rules (DESIGN §6):
+//! - The writer always writes every field (`null` for an absent previous index), entries
+//!   sorted by name, so the bytes are deterministic: [`SnapshotIndex::to_bytes`]. The index's
+//!   key contains the SHA-256 of those bytes ([`IndexMarker`]), so a marker pins every byte of
+//!   the snapshot.
+//! - Readers ignore unknown fields but refuse a `format-version` greater than
+//!   [`FORMAT_VERSION`] (`InvalidInput`): an old reader never mis-restores a newer format.
+//! - `sha256` is optional when parsing (Samza's indexes lack it); restore and verify refuse a
+//!   file without one.
+//! - Every name is validated before it can reach a filesystem ([`SnapshotIndex::from_slice`]):
+//!   not empty, not `.` or `..`, no `/`, no NUL, unique within its directory (files and
+//!   sub-directories share one namespace). An index over [`MAX_INDEX_BYTES`] is refused before
+//!   parsing.
+//! - `files-removed` / `sub-dirs-removed` are informational; unlike Samza, the same blob may be
+//!   both present and removed (content identity: an OPTIONS file rewritten identically).
+
+use std::collections::HashSet;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::CheckpointId;
+use crate::digest::Sha256;
+use crate::error::{Error, Result};
+
+/// The index format this build writes and the highest it reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// The largest index accepted, in bytes (checked before parsing).
+pub const MAX_INDEX_BYTES: u64 = 64 << 20;
+
+/// The index of one store's snapshot at one checkpoint.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct SnapshotIndex {
+    /// The format of this document (absent in Samza's indexes: read as 1).
+    #[serde(default = "samza_format")]
+    pub format_version: u32,
+    /// When the index was built (informational).
+    pub creation_time_millis: u64,
+    /// Whose snapshot this is.
+    pub snapshot_metadata: SnapshotMetadata,
+    /// The root directory (its `dir-name` is `""`).
+    pub dir_index: DirIndex,
+    /// The committed index this one was diffed against (informational), or `null`.
+    pub prev_snapshot_index_blob_id: Option<String>,
+}
+
+fn samza_format() -> u32 {
+    1
+}
+
+/// Whose snapshot an index describes; checked against what is being restored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct SnapshotMetadata {
+    /// The commit this snapshot belongs to.
+    pub checkpoint_id: CheckpointId,
+    /// The job's name.
+    pub job_name: String,
+    /// The job's id.
+    pub job_id: String,
+    /// The task's name.
+    pub task_name: String,
+    /// The store's name.
+    pub store_name: String,
+}
+
+/// One directory of a snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct DirIndex {
+    /// The directory's name (`""` for the root).
+    pub dir_name: String,
+    /// Files in this directory in this snapshot.
+    pub files_present: Vec<FileIndex>,
+    /// Files of the previous snapshot that are gone or changed (informational).
+    pub files_removed: Vec<FileIndex>,
+    /// Sub-directories in this snapshot.
+    pub sub_dirs_present: Vec<DirIndex>,
+    /// Sub-directories of the previous snapshot that are gone, with their full contents.
+    pub sub_dirs_removed: Vec<DirIndex>,
+}
+
+/// One file and the blob(s) holding its bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct FileIndex {
+    /// The file's name (a bare name, not a path).
+    pub file_name: String,
+    /// The blobs holding the file's bytes, concatenated in `offset` order (blobsnap writes
+    /// exactly one).
+    pub blobs: Vec<FileBlob>,
+    /// POSIX attributes when the snapshot was taken.
+    pub file_metadata: FileMetadata,
+    /// CRC32 of the bytes (as Samza).
+    pub checksum: u32,
+    /// SHA-256 of the bytes: the file's identity. Absent only in Samza's indexes.
+    #[serde(default)]
+    pub sha256: Option<Sha256>,
+}
+
+/// One blob of a file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct FileBlob {
+    /// The blob's key, relative to the store's scope (Samza: an opaque id).
+    pub blob_id: String,
+    /// Sort position among the file's blobs (a Java `int`: non-negative, < 2^31).
+    pub offset: u32,
+}
+
+/// POSIX attributes of a file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct FileMetadata {
+    /// Creation time, ms (mtime where the filesystem has no birth time).
+    pub creation_time_millis: u64,
+    /// Modification time, ms.
+    pub last_modified_time_millis: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Owner's user name.
+    pub owner: String,
+    /// Group name.
+    pub group: String,
+    /// `rwxr-x---`-style permission string.
+    pub permissions: String,
+}
+
+impl FileMetadata {
+    /// The permission bits (`0o640` for `rw-r-----`); `None` if the string is malformed.
+    pub fn mode(&self) -> Option<u32> {
+        let p = self.permissions.as_bytes();
+        if p.len() != 9 {
+            return None;
+        }
+        let mut mode = 0u32;
+        for (i, &c) in p.iter().enumerate() {
+            let expected = b"rwx"[i % 3];
+            mode <<= 1;
+            if c == expected {
+                mode |= 1;
+            } else if c != b'-' {
+                return None;
+            }
+        }
+        Some(mode)
+    }
+
+    /// The permission string for mode bits (the low 9 bits of `mode`).
+    pub fn permissions_of(mode: u32) -> String {
+        (0..9)
+            .map(|i| {
+                if mode & (1 << (8 - i)) != 0 {
+                    char::from(b"rwx"[i % 3])
+                } else {
+                    '-'
+                }
+            })
+            .collect()
+    }
+}
+
+impl FileIndex {
+    /// The file's size.
+    pub fn size(&self) -> u64 {
+        self.file_metadata.size
+    }
+}
+
+/// Check one name read from an index: non-empty, not `.`/`..`, no `/` or NUL.
+pub fn validate_name(name: &str) -> Result<()> {
+    let why = if name.is_empty() {
+        "is empty"
+    } else if name == "." || name == ".." {
+        "is a relative directory reference"
+    } else if name.contains('/') {
+        "contains '/'"
+    } else if name.contains('\0') {
+        "contains NUL"
+    } else {
+        return Ok(());
+    };
+    Err(Error::corrupt(format!("index entry name {name:?} {why}")))
+}
+
+impl DirIndex {
+    fn validate(&self, path: &str, root: bool) -> Result<()> {
+        if root {
+            if !self.dir_name.is_empty() {
+                return Err(Error::corrupt(format!(
+                    "index root dir-name must be \"\", found {:?}",
+                    self.dir_name
+                )));
+            }
+        } else {
+            validate_name(&self.dir_name).map_err(|e| e.context(format!("in {path:?}")))?;
+        }
+        let here = if root {
+            String::new()
+        } else {
+            format!("{path}{}/", self.dir_name)
+        };
+        let mut seen = HashSet::new();
+        for f in &self.files_present {
+            validate_name(&f.file_name).map_err(|e| e.context(format!("in {here:?}")))?;
+            if !seen.insert(f.file_name.as_str()) {
+                return Err(Error::corrupt(format!(
+                    "index lists {:?} twice in {here:?}",
+                    f.file_name
+                )));
+            }
+            validate_blobs(f, &here)?;
+        }
+        for d in &self.sub_dirs_present {
+            d.validate(&here, false)?;
+            if !seen.insert(d.dir_name.as_str()) {
+                return Err(Error::corrupt(format!(
+                    "index lists {:?} twice in {here:?}",
+                    d.dir_name
+                )));
+            }
+        }
+        for f in &self.files_removed {
+            validate_name(&f.file_name).map_err(|e| e.context(format!("in {here:?}")))?;
+        }
+        for d in &self.sub_dirs_removed {
+            d.validate(&here, false)?;
+        }
+        Ok(())
+    }
+
+    fn sort(&mut self) {
+        self.files_present.sort_by(|a, b| a.file_name.cmp(&b.file_name));
+        self.files_removed.sort_by(|a, b| a.file_name.cmp(&b.file_name));
+        self.sub_dirs_present.sort_by(|a, b| a.dir_name.cmp(&b.dir_name));
+        self.sub_dirs_removed.sort_by(|a, b| a.dir_name.cmp(&b.dir_name));
+        for f in self
+            .files_present
+            .iter_mut()
+            .chain(self.files_removed.iter_mut())
+        {
+            f.blobs.sort_by_key(|b| b.offset);
+        }
+        for d in self
+            .sub_dirs_present
+            .iter_mut()
+            .chain(self.sub_dirs_removed.iter_mut())
+        {
+            d.sort();
+        }
+    }
+
+    /// Every present file with its path relative to the root (`a/b/000012.sst`), depth first.
+    pub fn present_files(&self) -> Vec<(String, &FileIndex)> {
+        let mut out = Vec::new();
+        self.collect_present("", &mut out);
+        out
+    }
+
+    fn collect_present<'a>(&'a self, prefix: &str, out: &mut Vec<(String, &'a FileIndex)>) {
+        for f in &self.files_present {
+            out.push((format!("{prefix}{}", f.file_name), f));
+        }
+        for d in &self.sub_dirs_present {
+            d.collect_present(&format!("{prefix}{}/", d.dir_name), out);
+        }
+    }
+}
+
+fn validate_blobs(f: &FileIndex, here: &str) -> Result<()> {
+    if f.blobs.is_empty() && f.file_metadata.size > 0 {
+        return Err(Error::corrupt(format!(
+            "index entry {here}{} has {} bytes but no blob",
+            f.file_name, f.file_metadata.size
+        )));
+    }
+    let mut offsets = HashSet::new();
+    for b in &f.blobs {
+        if b.blob_id.trim().is_empty() {
+            return Err(Error::corrupt(format!(
+                "index entry {here}{} has a blank blob id",
+                f.file_name
+            )));
+        }
+        if b.offset > i32::MAX as u32 {
+            return Err(Error::corrupt(format!(
+                "index entry {here}{}: blob offset {} exceeds a Java int",
+                f.file_name, b.offset
+            )));
+        }
+        if !offsets.insert(b.offset) {
+            return Err(Error::corrupt(format!(
+                "index entry {here}{}: two blobs at offset {}",
+                f.file_name, b.offset
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl SnapshotIndex {
+    /// Parse and validate an index: size cap first, then JSON, then format version, then every
+    /// name and blob entry. The error names the offending entry.
+    pub fn from_slice(bytes: &[u8]) -> Result<Self> {
+        if bytes.len() as u64 > MAX_INDEX_BYTES {
+            return Err(Error::corrupt(format!(
+                "index is {} bytes, over the {MAX_INDEX_BYTES}-byte cap",
+                bytes.len()
+            )));
+        }
+        // Check the version before the full parse, so a newer format with a changed shape is
+        // reported as "too new", not as malformed.
+        #[derive(Deserialize)]
+        struct Version {
+            #[serde(rename = "format-version", default = "samza_format")]
+            v: u32,
+        }
+        if let Ok(Version { v }) = serde_json::from_slice::<Version>(bytes) {
+            if v > FORMAT_VERSION {
+                return Err(Error::invalid(format!(
+                    "index format-version {v} is newer than this build reads ({FORMAT_VERSION}); upgrade blobsnap"
+                )));
+            }
+        }
+        let index: SnapshotIndex = serde_json::from_slice(bytes)
+            .map_err(|e| Error::corrupt(format!("index is not a valid snapshot index: {e}")))?;
+        index.validate()?;
+        Ok(index)
+    }
+
+    /// Check format version, names and blob entries.
+    pub fn validate(&self) -> Result<()> {
+        if self.format_version > FORMAT_VERSION {
+            return Err(Error::invalid(format!(
+                "index format-version {} is newer than this build reads ({FORMAT_VERSION})",
+                self.format_version
+            )));
+        }
+        let m = &self.snapshot_metadata;
+        for (field, v) in [
+            ("job-name", &m.job_name),
+            ("job-id", &m.job_id),
+            ("task-name", &m.task_name),
+            ("store-name", &m.store_name),
+        ] {
+            if v.trim().is_empty() {
+                return Err(Error::corrupt(format!("index snapshot-metadata {field} is blank")));
+            }
+        }
+        if let Some(prev) = &self.prev_snapshot_index_blob_id {
+            if prev.trim().is_empty() {
+                return Err(Error::corrupt("index prev-snapshot-index-blob-id is blank"));
+            }
+        }
+        self.dir_index.validate("", true)
+    }
+
+    /// The canonical bytes: compact JSON, every field written, entries sorted by name. Write
+    /// these bytes once and reuse them on retries.
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let mut sorted = self.clone();
+        sorted.dir_index.sort();
+        serde_json::to_vec(&sorted).map_err(|e| Error::invalid(format!("serialize index: {e}")))
+    }
+
+    /// Every present file with its relative path.
+    pub fn present_files(&self) -> Vec<(String, &FileIndex)> {
+        self.dir_index.present_files()
+    }
+}
+
+/// The marker of a store in a CheckpointV2: the scope-relative key of its index,
+/// `index/<checkpoint-id>.<sha256 of the index bytes>.json` (DESIGN §5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct IndexMarker {
+    /// The checkpoint the index belongs to.
+    pub checkpoint_id: CheckpointId,
+    /// SHA-256 of the index's exact bytes.
+    pub sha256: Sha256,
+}
+
+impl IndexMarker {
+    /// The marker of an index's bytes.
+    pub fn of(checkpoint_id: CheckpointId, index_bytes: &[u8]) -> Self {
+        IndexMarker {
+            checkpoint_id,
+            sha256: Sha256::of(index_bytes),
+        }
+    }
+}
+
+impl fmt::Display for IndexMarker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "index/{}.{}.json", self.checkpoint_id, self.sha256)
+    }
+}
+
+impl FromStr for IndexMarker {
+    type Err = Error;
+
+    /// Parse `index/<checkpoint-id>.<sha256>.json`, from the right (checkpoint ids contain
+    /// `-`). Anything else is `InvalidInput`, naming the marker.
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = |why: &str| Error::invalid(format!("marker {s:?} is not a blobsnap index key: {why}"));
+        let rest = s
+            .strip_prefix("index/")
+            .ok_or_else(|| bad("it must start with \"index/\""))?;
+        let rest = rest
+            .strip_suffix(".json")
+            .ok_or_else(|| bad("it must end with \".json\""))?;
+        let (id, sha) = rest
+            .rsplit_once('.')
+            .ok_or_else(|| bad("no '.' between checkpoint id and SHA-256"))?;
+        let sha256 = sha.parse::<Sha256>().map_err(|e| bad(e.message()))?;
+        let checkpoint_id = id.parse::<CheckpointId>().map_err(|e| bad(e.message()))?;
+        Ok(IndexMarker {
+            checkpoint_id,
+            sha256,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permissions_round_trip() {
+        for mode in [0o644, 0o755, 0o600, 0o000, 0o777] {
+            let s = FileMetadata::permissions_of(mode);
+            let m = FileMetadata {
+                creation_time_millis: 0,
+                last_modified_time_millis: 0,
+                size: 0,
+                owner: "u".into(),
+                group: "g".into(),
+                permissions: s.clone(),
+            };
+            assert_eq!(m.mode(), Some(mode), "{s}");
+        }
+        assert_eq!(FileMetadata::permissions_of(0o640), "rw-r-----");
+    }
+
+    #[test]
+    fn marker_golden_and_parse() {
+        let id: CheckpointId = "1700000000123-4".parse().unwrap();
+        let m = IndexMarker::of(id, b"{}");
+        let s = m.to_string();
+        assert_eq!(
+            s,
+            "index/1700000000123-4.44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a.json"
+        );
+        assert_eq!(s.parse::<IndexMarker>().unwrap(), m);
+        for bad in [
+            "",
+            "index/.json",
+            "index/1-2.json",
+            "1-2.abc.json",
+            "index/1-2.44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a",
+            "index/x.44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a.json",
+            "index/../1-2.44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a.json",
+        ] {
+            assert_eq!(
+                bad.parse::<IndexMarker>().unwrap_err().kind(),
+                crate::ErrorKind::InvalidInput,
+                "{bad}"
+            );
+        }
+    }
+}
