@@ -51,9 +51,9 @@ stop() {
   if [ -f "$STATE/pid" ]; then
     local pid; pid=$(cat "$STATE/pid")
     if kill -0 "$pid" 2>/dev/null; then
-      kill "$pid" 2>/dev/null || true
+      kill -TERM -- "-$pid" 2>/dev/null || kill "$pid" 2>/dev/null || true
       for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-      kill -9 "$pid" 2>/dev/null || true
+      kill -KILL -- "-$pid" 2>/dev/null || true
     fi
     rm -f "$STATE/pid"
   fi
@@ -67,9 +67,12 @@ start() {
     exit 1
   fi
   mkdir -p "$STATE"
-  ( cd "$STATE" && GATEWAY_LISTEN=127.0.0.1:$PORT SERVICES=s3 GATEWAY_SERVER=hypercorn DNS_ADDRESS=0 \
-      EAGER_SERVICE_LOADING=1 nohup "$VENV/bin/python" -m localstack.runtime.main \
-      >"$STATE/localstack.log" 2>&1 & echo $! >"$STATE/pid" )
+  # setsid: LocalStack and anything it spawns form one process group, stopped together.
+  ( cd "$STATE"
+    GATEWAY_LISTEN=127.0.0.1:$PORT SERVICES=s3 GATEWAY_SERVER=hypercorn DNS_ADDRESS=0 \
+      EAGER_SERVICE_LOADING=1 setsid nohup "$VENV/bin/python" -m localstack.runtime.main \
+      >"$STATE/localstack.log" 2>&1 </dev/null &
+    echo $! >"$STATE/pid" )
   for _ in $(seq 1 300); do
     if healthy; then
       echo "localstack.sh: LocalStack S3 ready on http://127.0.0.1:$PORT (pid $(cat "$STATE/pid"))" >&2

@@ -166,7 +166,9 @@ fn parse_bool(name: &str, v: &str) -> Result<bool> {
     match v {
         "1" | "true" | "yes" => Ok(true),
         "0" | "false" | "no" => Ok(false),
-        _ => Err(Error::invalid(format!("{name}={v:?}: expected true or false"))),
+        _ => Err(Error::invalid(format!(
+            "{name}={v:?}: expected true or false"
+        ))),
     }
 }
 

@@ -46,7 +46,11 @@ impl FromStr for Sha256 {
 
     /// Parse 64 lowercase hex digits.
     fn from_str(s: &str) -> Result<Self> {
-        if s.len() != 64 || !s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        if s.len() != 64
+            || !s
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
             return Err(Error::invalid(format!(
                 "{s:?} is not a SHA-256 (64 lowercase hex digits)"
             )));
@@ -137,7 +141,8 @@ pub struct FileDigest {
 
 /// Hash a file in one sequential read (blocking: call from `spawn_blocking`).
 pub fn hash_file(path: &Path) -> Result<FileDigest> {
-    let mut file = std::fs::File::open(path).map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+    let mut file =
+        std::fs::File::open(path).map_err(|e| Error::io(format!("open {}", path.display()), e))?;
     let mut hasher = Hasher::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
@@ -171,14 +176,20 @@ mod tests {
         assert_eq!(d.crc32, 3_904_355_907);
         assert_eq!(d.size, 1);
         assert_eq!(Sha256::of(b"a"), d.sha256);
-        assert_eq!(d.sha256.to_base64(), "ypeBEsobvcr6wjGzmiPcTaeG7/gUfE5yuYB3ha/uSLs=");
+        assert_eq!(
+            d.sha256.to_base64(),
+            "ypeBEsobvcr6wjGzmiPcTaeG7/gUfE5yuYB3ha/uSLs="
+        );
     }
 
     #[test]
     fn parse_rejects_bad_hex() {
         assert!("ab".parse::<Sha256>().is_err());
         assert!("G".repeat(64).parse::<Sha256>().is_err());
-        assert!("A".repeat(64).parse::<Sha256>().is_err(), "uppercase is not canonical");
+        assert!(
+            "A".repeat(64).parse::<Sha256>().is_err(),
+            "uppercase is not canonical"
+        );
         let s = Sha256::of(b"x");
         assert_eq!(s.to_hex().parse::<Sha256>().unwrap(), s);
     }

@@ -237,10 +237,14 @@ impl DirIndex {
     }
 
     fn sort(&mut self) {
-        self.files_present.sort_by(|a, b| a.file_name.cmp(&b.file_name));
-        self.files_removed.sort_by(|a, b| a.file_name.cmp(&b.file_name));
-        self.sub_dirs_present.sort_by(|a, b| a.dir_name.cmp(&b.dir_name));
-        self.sub_dirs_removed.sort_by(|a, b| a.dir_name.cmp(&b.dir_name));
+        self.files_present
+            .sort_by(|a, b| a.file_name.cmp(&b.file_name));
+        self.files_removed
+            .sort_by(|a, b| a.file_name.cmp(&b.file_name));
+        self.sub_dirs_present
+            .sort_by(|a, b| a.dir_name.cmp(&b.dir_name));
+        self.sub_dirs_removed
+            .sort_by(|a, b| a.dir_name.cmp(&b.dir_name));
         for f in self
             .files_present
             .iter_mut()
@@ -351,7 +355,9 @@ impl SnapshotIndex {
             ("store-name", &m.store_name),
         ] {
             if v.trim().is_empty() {
-                return Err(Error::corrupt(format!("index snapshot-metadata {field} is blank")));
+                return Err(Error::corrupt(format!(
+                    "index snapshot-metadata {field} is blank"
+                )));
             }
         }
         if let Some(prev) = &self.prev_snapshot_index_blob_id {
@@ -408,7 +414,8 @@ impl FromStr for IndexMarker {
     /// Parse `index/<checkpoint-id>.<sha256>.json`, from the right (checkpoint ids contain
     /// `-`). Anything else is `InvalidInput`, naming the marker.
     fn from_str(s: &str) -> Result<Self> {
-        let bad = |why: &str| Error::invalid(format!("marker {s:?} is not a blobsnap index key: {why}"));
+        let bad =
+            |why: &str| Error::invalid(format!("marker {s:?} is not a blobsnap index key: {why}"));
         let rest = s
             .strip_prefix("index/")
             .ok_or_else(|| bad("it must start with \"index/\""))?;

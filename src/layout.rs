@@ -62,7 +62,10 @@ impl JobScope {
     /// The scope of one store of one task.
     pub fn store(&self, task: &str, store: &str) -> Result<StoreScope> {
         Ok(StoreScope(
-            self.tasks()?.escaped(task)?.child("stores")?.escaped(store)?,
+            self.tasks()?
+                .escaped(task)?
+                .child("stores")?
+                .escaped(store)?,
         ))
     }
 }
@@ -114,7 +117,10 @@ mod tests {
     fn layout_golden() {
         let job = JobScope::new("word.count", "1").unwrap();
         assert_eq!(job.scope().as_str(), "word%2Ecount/1/");
-        assert_eq!(job.owner_record().unwrap().as_str(), "word%2Ecount/1/scope.json");
+        assert_eq!(
+            job.owner_record().unwrap().as_str(),
+            "word%2Ecount/1/scope.json"
+        );
         assert_eq!(
             job.checkpoint_key("Partition 0", 7).unwrap().as_str(),
             "word%2Ecount/1/checkpoints/Partition%200/00000000000000000007.json"

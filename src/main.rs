@@ -55,9 +55,9 @@ fn exit_code(kind: blobsnap::ErrorKind) -> u8 {
 fn read_input(file: &str) -> blobsnap::Result<Vec<u8>> {
     let mut buf = Vec::new();
     if file == "-" {
-        std::io::stdin()
-            .read_to_end(&mut buf)
-            .map_err(|e| blobsnap::Error::new(blobsnap::ErrorKind::Io, format!("read stdin: {e}")))?;
+        std::io::stdin().read_to_end(&mut buf).map_err(|e| {
+            blobsnap::Error::new(blobsnap::ErrorKind::Io, format!("read stdin: {e}"))
+        })?;
     } else {
         buf = std::fs::read(file).map_err(|e| {
             blobsnap::Error::new(blobsnap::ErrorKind::Io, format!("read {file}: {e}"))

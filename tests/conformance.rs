@@ -11,7 +11,7 @@ mod support;
 
 use std::sync::Arc;
 
-use blobsnap::blobstore::fault::{FaultConfig, FaultStore};
+use blobsnap::blobstore::fault::{FaultConfig, FaultStore, OpRates};
 use blobsnap::blobstore::retry::{RetryPolicy, RetryStore};
 use blobsnap::blobstore::{
     download_to_file, get_bytes, list_all, BlobStore, CreateOnly, DownloadOptions, PutBody,
@@ -41,7 +41,11 @@ mod cases {
         let data = pseudo_random(100_000, 1);
         let r = h
             .store
-            .put(&key, bytes_body(&data), PutOptions::create_only(Sha256::of(&data)))
+            .put(
+                &key,
+                bytes_body(&data),
+                PutOptions::create_only(Sha256::of(&data)),
+            )
             .await
             .unwrap();
         assert_eq!(r.size, data.len() as u64);
@@ -58,15 +62,25 @@ mod cases {
         std::fs::write(&path, &data[..5000]).unwrap();
         let fkey = h.scope.key("blobs/1-0/f").unwrap();
         h.store
-            .put(&fkey, PutBody::File { path, len: 5000 }, PutOptions::default())
+            .put(
+                &fkey,
+                PutBody::File { path, len: 5000 },
+                PutOptions::default(),
+            )
             .await
             .unwrap();
         let got = get_bytes(h.store.as_ref(), &fkey, 1 << 30).await.unwrap();
         assert_eq!(&got[..], &data[..5000]);
 
         // Overwrite mode replaces.
-        h.store.put(&fkey, bytes_body(b"new"), PutOptions::default()).await.unwrap();
-        assert_eq!(&get_bytes(h.store.as_ref(), &fkey, 100).await.unwrap()[..], b"new");
+        h.store
+            .put(&fkey, bytes_body(b"new"), PutOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(
+            &get_bytes(h.store.as_ref(), &fkey, 100).await.unwrap()[..],
+            b"new"
+        );
 
         // The size cap is enforced before reading.
         let e = get_bytes(h.store.as_ref(), &key, 10).await.unwrap_err();
@@ -76,7 +90,10 @@ mod cases {
     pub async fn ranged_get(h: &Harness) {
         let key = h.scope.key("r").unwrap();
         let data = pseudo_random(10_000, 2);
-        h.store.put(&key, bytes_body(&data), PutOptions::default()).await.unwrap();
+        h.store
+            .put(&key, bytes_body(&data), PutOptions::default())
+            .await
+            .unwrap();
         for range in [0..1, 0..10_000, 9_999..10_000, 1234..5678] {
             let got = h.store.get(&key, Some(range.clone())).await.unwrap();
             assert_eq!(got.meta.size, 10_000, "{}: full size reported", h.name);
@@ -88,33 +105,55 @@ mod cases {
         }
         for bad in [10_000..10_001, 5..5, 20_000..20_010] {
             let e = h.store.get(&key, Some(bad.clone())).await.unwrap_err();
-            assert_eq!(e.kind(), ErrorKind::InvalidInput, "{}: range {bad:?}: {e}", h.name);
+            assert_eq!(
+                e.kind(),
+                ErrorKind::InvalidInput,
+                "{}: range {bad:?}: {e}",
+                h.name
+            );
         }
     }
 
     pub async fn missing_is_not_found(h: &Harness) {
         let key = h.scope.key("nope/x").unwrap();
-        assert_eq!(h.store.get(&key, None).await.unwrap_err().kind(), ErrorKind::NotFound);
-        assert_eq!(h.store.head(&key).await.unwrap_err().kind(), ErrorKind::NotFound);
+        assert_eq!(
+            h.store.get(&key, None).await.unwrap_err().kind(),
+            ErrorKind::NotFound
+        );
+        assert_eq!(
+            h.store.head(&key).await.unwrap_err().kind(),
+            ErrorKind::NotFound
+        );
     }
 
     pub async fn list_pagination_and_prefix_boundaries(h: &Harness) {
         let mut expected = Vec::new();
         for i in 0..25 {
             let key = h.scope.key(&format!("a/x{i:02}")).unwrap();
-            h.store.put(&key, bytes_body(&[i as u8]), PutOptions::default()).await.unwrap();
+            h.store
+                .put(&key, bytes_body(&[i as u8]), PutOptions::default())
+                .await
+                .unwrap();
             expected.push(key);
         }
         for k in ["ab/y", "b", "a0/z"] {
             h.store
-                .put(&h.scope.key(k).unwrap(), bytes_body(b"z"), PutOptions::default())
+                .put(
+                    &h.scope.key(k).unwrap(),
+                    bytes_body(b"z"),
+                    PutOptions::default(),
+                )
                 .await
                 .unwrap();
         }
         let a = h.scope.child("a").unwrap();
         let listed = list_all(h.store.as_ref(), &a).await.unwrap();
         let keys: Vec<_> = listed.iter().map(|m| m.key.clone()).collect();
-        assert_eq!(keys, expected, "{}: list a/ must not return ab/ or a0/", h.name);
+        assert_eq!(
+            keys, expected,
+            "{}: list a/ must not return ab/ or a0/",
+            h.name
+        );
         assert!(listed.iter().all(|m| m.size == 1));
         let all = list_all(h.store.as_ref(), &h.scope).await.unwrap();
         assert_eq!(all.len(), 28);
@@ -126,7 +165,9 @@ mod cases {
             "{}: listing is in key order",
             h.name
         );
-        let empty = list_all(h.store.as_ref(), &h.scope.child("zzz").unwrap()).await.unwrap();
+        let empty = list_all(h.store.as_ref(), &h.scope.child("zzz").unwrap())
+            .await
+            .unwrap();
         assert!(empty.is_empty());
     }
 
@@ -135,14 +176,27 @@ mod cases {
         let k2 = h.scope.key("d/2").unwrap();
         let missing = h.scope.key("d/missing").unwrap();
         for k in [&k1, &k2] {
-            h.store.put(k, bytes_body(b"x"), PutOptions::default()).await.unwrap();
+            h.store
+                .put(k, bytes_body(b"x"), PutOptions::default())
+                .await
+                .unwrap();
         }
-        let failures = h.store.delete_many(&[k1.clone(), k2.clone(), missing.clone()]).await.unwrap();
+        let failures = h
+            .store
+            .delete_many(&[k1.clone(), k2.clone(), missing.clone()])
+            .await
+            .unwrap();
         assert!(failures.is_empty(), "{}: {failures:?}", h.name);
-        assert_eq!(h.store.head(&k1).await.unwrap_err().kind(), ErrorKind::NotFound);
+        assert_eq!(
+            h.store.head(&k1).await.unwrap_err().kind(),
+            ErrorKind::NotFound
+        );
         let again = h.store.delete_many(&[k1, k2, missing]).await.unwrap();
         assert!(again.is_empty());
-        assert!(list_all(h.store.as_ref(), &h.scope).await.unwrap().is_empty());
+        assert!(list_all(h.store.as_ref(), &h.scope)
+            .await
+            .unwrap()
+            .is_empty());
     }
 
     pub async fn create_only_refuses_second_put(h: &Harness) {
@@ -151,16 +205,27 @@ mod cases {
         }
         let key = h.scope.key("c/once").unwrap();
         h.store
-            .put(&key, bytes_body(b"first"), PutOptions::create_only(Sha256::of(b"first")))
+            .put(
+                &key,
+                bytes_body(b"first"),
+                PutOptions::create_only(Sha256::of(b"first")),
+            )
             .await
             .unwrap();
         let e = h
             .store
-            .put(&key, bytes_body(b"second"), PutOptions::create_only(Sha256::of(b"second")))
+            .put(
+                &key,
+                bytes_body(b"second"),
+                PutOptions::create_only(Sha256::of(b"second")),
+            )
             .await
             .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Conflict, "{}: {e}", h.name);
-        assert_eq!(&get_bytes(h.store.as_ref(), &key, 100).await.unwrap()[..], b"first");
+        assert_eq!(
+            &get_bytes(h.store.as_ref(), &key, 100).await.unwrap()[..],
+            b"first"
+        );
     }
 
     pub async fn create_only_is_exclusive_under_concurrency(h: &Harness) {
@@ -174,13 +239,20 @@ mod cases {
             tokio::spawn(async move {
                 let body = vec![i; 1000];
                 store
-                    .put(&key, PutBody::Bytes(body.clone().into()), PutOptions::create_only(Sha256::of(&body)))
+                    .put(
+                        &key,
+                        PutBody::Bytes(body.clone().into()),
+                        PutOptions::create_only(Sha256::of(&body)),
+                    )
                     .await
                     .map(|_| i)
             })
         });
         let results = futures::future::join_all(puts).await;
-        let winners: Vec<u8> = results.iter().filter_map(|r| r.as_ref().unwrap().as_ref().ok().copied()).collect();
+        let winners: Vec<u8> = results
+            .iter()
+            .filter_map(|r| r.as_ref().unwrap().as_ref().ok().copied())
+            .collect();
         assert_eq!(winners.len(), 1, "{}: {results:?}", h.name);
         for r in &results {
             if let Err(e) = r.as_ref().unwrap() {
@@ -198,28 +270,50 @@ mod cases {
         let key = h.scope.key("bad").unwrap();
         let e = h
             .store
-            .put(&key, bytes_body(b"actual bytes"), PutOptions { mode: PutMode::Overwrite, sha256: Some(Sha256::of(b"other bytes")) })
+            .put(
+                &key,
+                bytes_body(b"actual bytes"),
+                PutOptions {
+                    mode: PutMode::Overwrite,
+                    sha256: Some(Sha256::of(b"other bytes")),
+                },
+            )
             .await
             .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Corrupt, "{}: {e}", h.name);
-        assert_eq!(h.store.head(&key).await.unwrap_err().kind(), ErrorKind::NotFound);
+        assert_eq!(
+            h.store.head(&key).await.unwrap_err().kind(),
+            ErrorKind::NotFound
+        );
     }
 
     pub async fn empty_object(h: &Harness) {
         let key = h.scope.key("empty").unwrap();
         h.store
-            .put(&key, bytes_body(b""), PutOptions::create_only(Sha256::of(b"")))
+            .put(
+                &key,
+                bytes_body(b""),
+                PutOptions::create_only(Sha256::of(b"")),
+            )
             .await
             .unwrap();
         assert_eq!(h.store.head(&key).await.unwrap().size, 0);
-        assert!(get_bytes(h.store.as_ref(), &key, 10).await.unwrap().is_empty());
+        assert!(get_bytes(h.store.as_ref(), &key, 10)
+            .await
+            .unwrap()
+            .is_empty());
         let dir = tempfile::tempdir().unwrap();
         let dest = dir.path().join("e");
         let stats = download_to_file(
             h.store.as_ref(),
             &key,
             &dest,
-            DownloadOptions { expected_size: 0, expected_sha256: Some(Sha256::of(b"")), part_size: 1 << 20, concurrency: 2 },
+            DownloadOptions {
+                expected_size: 0,
+                expected_sha256: Some(Sha256::of(b"")),
+                part_size: 1 << 20,
+                concurrency: 2,
+            },
         )
         .await
         .unwrap();
@@ -237,7 +331,14 @@ mod cases {
         let key = h.scope.key("big").unwrap();
         let r = h
             .store
-            .put(&key, PutBody::File { path, len: len as u64 }, PutOptions::create_only(sha))
+            .put(
+                &key,
+                PutBody::File {
+                    path,
+                    len: len as u64,
+                },
+                PutOptions::create_only(sha),
+            )
             .await
             .unwrap();
         assert_eq!(r.size, len as u64);
@@ -250,7 +351,12 @@ mod cases {
             h.store.as_ref(),
             &key,
             &dest,
-            DownloadOptions { expected_size: len as u64, expected_sha256: Some(sha), part_size: 4 << 20, concurrency: 3 },
+            DownloadOptions {
+                expected_size: len as u64,
+                expected_sha256: Some(sha),
+                part_size: 4 << 20,
+                concurrency: 3,
+            },
         )
         .await
         .unwrap();
@@ -262,7 +368,12 @@ mod cases {
             h.store.as_ref(),
             &key,
             &dest,
-            DownloadOptions { expected_size: len as u64, expected_sha256: Some(Sha256::of(b"x")), part_size: 4 << 20, concurrency: 3 },
+            DownloadOptions {
+                expected_size: len as u64,
+                expected_sha256: Some(Sha256::of(b"x")),
+                part_size: 4 << 20,
+                concurrency: 3,
+            },
         )
         .await
         .unwrap_err();
@@ -272,7 +383,12 @@ mod cases {
             h.store.as_ref(),
             &key,
             &dest,
-            DownloadOptions { expected_size: 7, expected_sha256: None, part_size: 0, concurrency: 1 },
+            DownloadOptions {
+                expected_size: 7,
+                expected_sha256: None,
+                part_size: 0,
+                concurrency: 1,
+            },
         )
         .await
         .unwrap_err();
@@ -290,14 +406,28 @@ mod cases {
         let stale = Sha256::of(&data[1..]);
         let e = h
             .store
-            .put(&key, PutBody::File { path, len: len as u64 }, PutOptions::create_only(stale))
+            .put(
+                &key,
+                PutBody::File {
+                    path,
+                    len: len as u64,
+                },
+                PutOptions::create_only(stale),
+            )
             .await
             .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Corrupt, "{}: {e}", h.name);
-        assert_eq!(h.store.head(&key).await.unwrap_err().kind(), ErrorKind::NotFound);
+        assert_eq!(
+            h.store.head(&key).await.unwrap_err().kind(),
+            ErrorKind::NotFound
+        );
         if h.store.capabilities().multipart_listing {
             let uploads = h.store.list_multipart_uploads(&h.scope).await.unwrap();
-            assert!(uploads.is_empty(), "{}: upload left behind: {uploads:?}", h.name);
+            assert!(
+                uploads.is_empty(),
+                "{}: upload left behind: {uploads:?}",
+                h.name
+            );
         } else {
             h.lacks("multipart listing (cannot check that the aborted upload is gone)");
         }
@@ -305,11 +435,28 @@ mod cases {
         let path = dir.path().join("changing");
         let e = h
             .store
-            .put(&key, PutBody::File { path, len: len as u64 + 1 }, PutOptions::default())
+            .put(
+                &key,
+                PutBody::File {
+                    path,
+                    len: len as u64 + 1,
+                },
+                PutOptions::default(),
+            )
             .await
             .unwrap_err();
-        assert!(matches!(e.kind(), ErrorKind::Corrupt | ErrorKind::Io | ErrorKind::Transient), "{}: {e}", h.name);
-        assert_eq!(h.store.head(&key).await.unwrap_err().kind(), ErrorKind::NotFound);
+        assert!(
+            matches!(
+                e.kind(),
+                ErrorKind::Corrupt | ErrorKind::Io | ErrorKind::Transient
+            ),
+            "{}: {e}",
+            h.name
+        );
+        assert_eq!(
+            h.store.head(&key).await.unwrap_err().kind(),
+            ErrorKind::NotFound
+        );
     }
 
     pub async fn stale_uploads_listed_and_aborted(h: &Harness) {
@@ -339,10 +486,18 @@ mod cases {
         assert_eq!(uploads.len(), 1, "{}: {uploads:?}", h.name);
         assert_eq!(uploads[0].key, key);
         // Incomplete uploads are not objects.
-        assert!(list_all(h.store.as_ref(), &h.scope).await.unwrap().is_empty());
+        assert!(list_all(h.store.as_ref(), &h.scope)
+            .await
+            .unwrap()
+            .is_empty());
         h.store.abort_multipart_upload(&uploads[0]).await.unwrap();
         h.store.abort_multipart_upload(&uploads[0]).await.unwrap(); // idempotent
-        assert!(h.store.list_multipart_uploads(&h.scope).await.unwrap().is_empty());
+        assert!(h
+            .store
+            .list_multipart_uploads(&h.scope)
+            .await
+            .unwrap()
+            .is_empty());
     }
 
     pub async fn escaped_keys_round_trip(h: &Harness) {
@@ -350,19 +505,38 @@ mod cases {
             .unwrap()
             .store("Partition 0", "counts ü")
             .unwrap();
-        let key = h.scope.key(&format!("{}blobs/1-0/x", store_scope.scope().as_str())).unwrap();
-        h.store.put(&key, bytes_body(b"v"), PutOptions::default()).await.unwrap();
+        let key = h
+            .scope
+            .key(&format!("{}blobs/1-0/x", store_scope.scope().as_str()))
+            .unwrap();
+        h.store
+            .put(&key, bytes_body(b"v"), PutOptions::default())
+            .await
+            .unwrap();
         let listed = list_all(h.store.as_ref(), &h.scope).await.unwrap();
         assert_eq!(listed.len(), 1);
         assert_eq!(listed[0].key, key, "{}", h.name);
-        assert_eq!(&get_bytes(h.store.as_ref(), &key, 10).await.unwrap()[..], b"v");
+        assert_eq!(
+            &get_bytes(h.store.as_ref(), &key, 10).await.unwrap()[..],
+            b"v"
+        );
     }
 
     pub async fn truncated_body_is_detected(h: &Harness) {
         let key = h.scope.key("t").unwrap();
         let data = pseudo_random(300_000, 5);
-        h.store.put(&key, bytes_body(&data), PutOptions::default()).await.unwrap();
-        let faulty = FaultStore::new(Arc::clone(&h.store), FaultConfig { truncate_rate: 1.0, seed: 7, ..Default::default() });
+        h.store
+            .put(&key, bytes_body(&data), PutOptions::default())
+            .await
+            .unwrap();
+        let faulty = FaultStore::new(
+            Arc::clone(&h.store),
+            FaultConfig {
+                truncate_rate: 1.0,
+                seed: 7,
+                ..Default::default()
+            },
+        );
         for _ in 0..5 {
             let e = get_bytes(&faulty, &key, 1 << 20).await.unwrap_err();
             assert_eq!(e.kind(), ErrorKind::Transient, "{}: {e}", h.name);
@@ -372,7 +546,12 @@ mod cases {
             &faulty,
             &key,
             &dir.path().join("t"),
-            DownloadOptions { expected_size: 300_000, expected_sha256: Some(Sha256::of(&data)), part_size: 0, concurrency: 1 },
+            DownloadOptions {
+                expected_size: 300_000,
+                expected_sha256: Some(Sha256::of(&data)),
+                part_size: 0,
+                concurrency: 1,
+            },
         )
         .await
         .unwrap_err();
@@ -386,33 +565,68 @@ mod cases {
         }
         // Every successful put is reported as a failure (a lost response); the retry then
         // gets Conflict and must recognise its own object by reading it back.
-        let faulty = FaultStore::new(Arc::clone(&h.store), FaultConfig { ambiguous_rate: 1.0, seed: 1, ..Default::default() });
-        let policy = RetryPolicy { initial_delay_ms: 1, max_delay_ms: 5, budget_ms: 10_000, ..Default::default() };
+        let faulty = FaultStore::new(
+            Arc::clone(&h.store),
+            FaultConfig {
+                ambiguous_rate: 1.0,
+                seed: 1,
+                ..Default::default()
+            },
+        );
+        let policy = RetryPolicy {
+            initial_delay_ms: 1,
+            max_delay_ms: 5,
+            budget_ms: 10_000,
+            ..Default::default()
+        };
         let retrying = RetryStore::new(faulty, policy);
         let key = h.scope.key("amb").unwrap();
         let body = b"mine".to_vec();
         let r = retrying
-            .put(&key, PutBody::Bytes(body.clone().into()), PutOptions::create_only(Sha256::of(&body)))
+            .put(
+                &key,
+                PutBody::Bytes(body.clone().into()),
+                PutOptions::create_only(Sha256::of(&body)),
+            )
             .await
             .unwrap();
         assert_eq!(r.size, 4);
         // Another writer's bytes under the same key: Conflict stands.
         let other = b"theirs".to_vec();
         let e = retrying
-            .put(&key, PutBody::Bytes(other.clone().into()), PutOptions::create_only(Sha256::of(&other)))
+            .put(
+                &key,
+                PutBody::Bytes(other.clone().into()),
+                PutOptions::create_only(Sha256::of(&other)),
+            )
             .await
             .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Conflict, "{}: {e}", h.name);
     }
 
     pub async fn retry_rides_out_transient_faults(h: &Harness) {
-        let faulty = FaultStore::new(Arc::clone(&h.store), FaultConfig { error_rate: 0.3, seed: 42, ..Default::default() });
-        let policy = RetryPolicy { initial_delay_ms: 1, max_delay_ms: 5, budget_ms: 30_000, ..Default::default() };
+        let faulty = FaultStore::new(
+            Arc::clone(&h.store),
+            FaultConfig {
+                error_rate: OpRates::all(0.3),
+                seed: 42,
+                ..Default::default()
+            },
+        );
+        let policy = RetryPolicy {
+            initial_delay_ms: 1,
+            max_delay_ms: 5,
+            budget_ms: 30_000,
+            ..Default::default()
+        };
         let store = RetryStore::new(faulty, policy);
         let mut keys = Vec::new();
         for i in 0..20u8 {
             let key = h.scope.key(&format!("f/{i:02}")).unwrap();
-            store.put(&key, bytes_body(&[i; 10]), PutOptions::default()).await.unwrap();
+            store
+                .put(&key, bytes_body(&[i; 10]), PutOptions::default())
+                .await
+                .unwrap();
             keys.push(key);
         }
         for (i, key) in keys.iter().enumerate() {
@@ -422,18 +636,23 @@ mod cases {
             let body: Vec<Bytes> = got.body.try_collect().await.unwrap();
             assert_eq!(body.concat(), vec![i as u8; 10]);
         }
-        let listed = list_all(&store, &h.scope.child("f").unwrap()).await.unwrap();
-        assert_eq!(listed.iter().map(|m| m.key.clone()).collect::<Vec<_>>(), keys);
+        let listed = list_all(&store, &h.scope.child("f").unwrap())
+            .await
+            .unwrap();
+        assert_eq!(
+            listed.iter().map(|m| m.key.clone()).collect::<Vec<_>>(),
+            keys
+        );
         assert!(store.delete_many(&keys).await.unwrap().is_empty());
         assert!(store.inner().injected() > 0, "no fault was injected");
     }
 }
 
 macro_rules! suite {
-    ($backend:ident, $make:path $(, #[$attr:meta])?) => {
+    ($backend:ident, $make:path, $attrs:tt) => {
         mod $backend {
             use super::*;
-            suite!(@cases $make, [$(#[$attr])?],
+            suite!(@cases $make, $attrs,
                 put_get_head, ranged_get, missing_is_not_found,
                 list_pagination_and_prefix_boundaries, delete_is_idempotent,
                 create_only_refuses_second_put, create_only_is_exclusive_under_concurrency,
@@ -444,20 +663,21 @@ macro_rules! suite {
                 retry_rides_out_transient_faults);
         }
     };
-    (@cases $make:path, [$(#[$attr:meta])?], $($case:ident),*) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            $(#[$attr])?
-            async fn $case() {
-                let h = $make().await;
-                eprintln!("conformance {} on {}", stringify!($case), h.name);
-                cases::$case(&h).await;
-                h.cleanup().await;
-            }
-        )*
+    (@cases $make:path, $attrs:tt, $($case:ident),*) => {
+        $( suite!(@one $make, $attrs, $case); )*
+    };
+    (@one $make:path, [$(#[$attr:meta])*], $case:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        $(#[$attr])*
+        async fn $case() {
+            let h = $make().await;
+            eprintln!("conformance {} on {}", stringify!($case), h.name);
+            cases::$case(&h).await;
+            h.cleanup().await;
+        }
     };
 }
 
-suite!(local, support::local);
-suite!(s3s, support::s3s);
-suite!(external, support::external, #[ignore = "needs BLOBSNAP_TEST_S3_ENDPOINT; run by scripts/test.sh"]);
+suite!(local, support::local, []);
+suite!(s3s, support::s3s, []);
+suite!(external, support::external, [#[ignore = "needs BLOBSNAP_TEST_S3_ENDPOINT; run by scripts/test.sh"]]);

@@ -21,7 +21,9 @@ const FIRST_COMMIT_INDEX: &str = r#"{"creation-time-millis":1234567,"snapshot-me
 fn markers(entries: &[(&str, &str, &str)]) -> BTreeMap<String, BTreeMap<String, String>> {
     let mut m: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
     for (f, s, v) in entries {
-        m.entry(f.to_string()).or_default().insert(s.to_string(), v.to_string());
+        m.entry(f.to_string())
+            .or_default()
+            .insert(s.to_string(), v.to_string());
     }
     m
 }
@@ -42,7 +44,10 @@ fn samza_vector_1_parses_to_its_values() {
     assert_eq!(cp, Checkpoint::V2(expected.clone()));
     // What we write parses back to the same value, and is byte-stable.
     let bytes = expected.to_json().unwrap();
-    assert_eq!(Checkpoint::from_json(&bytes).unwrap(), Checkpoint::V2(expected.clone()));
+    assert_eq!(
+        Checkpoint::from_json(&bytes).unwrap(),
+        Checkpoint::V2(expected.clone())
+    );
     assert_eq!(
         String::from_utf8(bytes).unwrap(),
         r#"{"checkpoint-id":"1234-567","input-offsets":{"test-system.test-stream.777":"1"},"state-checkpoint-markers":{"factory1":{"store1":"marker1","store2":"marker2"},"factory2":{"store1":"marker3","store2":"marker4"}},"version":2}"#
@@ -56,11 +61,17 @@ fn samza_vector_1b_parses_with_nested_kafka_marker() {
     assert_eq!(v2.id.to_string(), "1700000000123-456789");
     assert_eq!(v2.input_offsets[&Ssp::new("kafka", "inputTopic", 0)], "42");
     assert_eq!(
-        v2.marker("org.apache.samza.storage.blobstore.BlobStoreStateBackendFactory", "regularStore"),
+        v2.marker(
+            "org.apache.samza.storage.blobstore.BlobStoreStateBackendFactory",
+            "regularStore"
+        ),
         Some("snapshot-index-blob-regularStore")
     );
     let kafka = v2
-        .marker("org.apache.samza.storage.KafkaChangelogStateBackendFactory", "inMemoryStore")
+        .marker(
+            "org.apache.samza.storage.KafkaChangelogStateBackendFactory",
+            "inMemoryStore",
+        )
         .unwrap();
     let nested: serde_json::Value = serde_json::from_str(kafka).unwrap();
     assert_eq!(nested["changelog-offset"], "1234");
@@ -72,7 +83,10 @@ fn v2_reading_ignores_unknown_fields_and_order_and_keeps_dotted_streams() {
     let doc = r#"{"version":2,"extra":{"x":1},"state-checkpoint-markers":{},"input-offsets":{"kafka.page.views.v2.3":"17"},"checkpoint-id":"5-6"}"#;
     let cp = Checkpoint::from_json(doc.as_bytes()).unwrap();
     let v2 = cp.as_v2().unwrap();
-    assert_eq!(v2.input_offsets[&Ssp::new("kafka", "page.views.v2", 3)], "17");
+    assert_eq!(
+        v2.input_offsets[&Ssp::new("kafka", "page.views.v2", 3)],
+        "17"
+    );
     assert!(v2.state_checkpoint_markers.is_empty());
 }
 
@@ -84,7 +98,9 @@ fn v1_is_read_as_samza_writes_it() {
     assert_eq!(cp.offsets()[&Ssp::new("kafka", "words", 0)], "100");
     assert_eq!(cp.offsets()[&Ssp::new("kafka", "words.x", 1)], "7");
     assert!(cp.as_v2().is_none());
-    let v1 = CheckpointV1 { offsets: cp.offsets().clone() };
+    let v1 = CheckpointV1 {
+        offsets: cp.offsets().clone(),
+    };
     assert_eq!(Checkpoint::from_json(&v1.to_json().unwrap()).unwrap(), cp);
 }
 
@@ -93,13 +109,34 @@ fn malformed_checkpoints_are_corrupt_with_a_reason() {
     for (doc, needle) in [
         ("", "not valid JSON"),
         ("[]", "not an object"),
-        (r#"{"checkpoint-id":1234,"input-offsets":{},"state-checkpoint-markers":{}}"#, "must be a string"),
-        (r#"{"checkpoint-id":"12-x","input-offsets":{},"state-checkpoint-markers":{}}"#, "seq"),
-        (r#"{"checkpoint-id":"1-2","state-checkpoint-markers":{}}"#, "input-offsets"),
-        (r#"{"checkpoint-id":"1-2","input-offsets":{"nodots":"1"},"state-checkpoint-markers":{}}"#, "SSP key"),
-        (r#"{"checkpoint-id":"1-2","input-offsets":{"a.b.1":null},"state-checkpoint-markers":{}}"#, "offset"),
-        (r#"{"checkpoint-id":"1-2","input-offsets":{},"state-checkpoint-markers":{"f":{"s":5}}}"#, "marker of store"),
-        (r#"{"SystemStreamPartition [a, b, 0]":{"system":"a","stream":"b","partition":"x","offset":"1"}}"#, "partition"),
+        (
+            r#"{"checkpoint-id":1234,"input-offsets":{},"state-checkpoint-markers":{}}"#,
+            "must be a string",
+        ),
+        (
+            r#"{"checkpoint-id":"12-x","input-offsets":{},"state-checkpoint-markers":{}}"#,
+            "seq",
+        ),
+        (
+            r#"{"checkpoint-id":"1-2","state-checkpoint-markers":{}}"#,
+            "input-offsets",
+        ),
+        (
+            r#"{"checkpoint-id":"1-2","input-offsets":{"nodots":"1"},"state-checkpoint-markers":{}}"#,
+            "SSP key",
+        ),
+        (
+            r#"{"checkpoint-id":"1-2","input-offsets":{"a.b.1":null},"state-checkpoint-markers":{}}"#,
+            "offset",
+        ),
+        (
+            r#"{"checkpoint-id":"1-2","input-offsets":{},"state-checkpoint-markers":{"f":{"s":5}}}"#,
+            "marker of store",
+        ),
+        (
+            r#"{"SystemStreamPartition [a, b, 0]":{"system":"a","stream":"b","partition":"x","offset":"1"}}"#,
+            "partition",
+        ),
     ] {
         let e = Checkpoint::from_json(doc.as_bytes()).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Corrupt, "{doc}: {e}");
@@ -122,7 +159,10 @@ fn file(name: &str, content: &[u8]) -> FileIndex {
     let sha = Sha256::of(content);
     FileIndex {
         file_name: name.into(),
-        blobs: vec![FileBlob { blob_id: format!("blobs/1-0/{sha}"), offset: 0 }],
+        blobs: vec![FileBlob {
+            blob_id: format!("blobs/1-0/{sha}"),
+            offset: 0,
+        }],
         file_metadata: meta(content.len() as u64),
         checksum: crc32fast::hash(content),
         sha256: Some(sha),
@@ -130,7 +170,12 @@ fn file(name: &str, content: &[u8]) -> FileIndex {
 }
 
 fn dir(name: &str, files: Vec<FileIndex>, subdirs: Vec<DirIndex>) -> DirIndex {
-    DirIndex { dir_name: name.into(), files_present: files, sub_dirs_present: subdirs, ..Default::default() }
+    DirIndex {
+        dir_name: name.into(),
+        files_present: files,
+        sub_dirs_present: subdirs,
+        ..Default::default()
+    }
 }
 
 fn sample_index() -> SnapshotIndex {
@@ -146,10 +191,18 @@ fn sample_index() -> SnapshotIndex {
         },
         dir_index: DirIndex {
             dir_name: String::new(),
-            files_present: vec![file("MANIFEST-000005", b"m"), file("000012.sst", b"sst"), file("CURRENT", b"c")],
+            files_present: vec![
+                file("MANIFEST-000005", b"m"),
+                file("000012.sst", b"sst"),
+                file("CURRENT", b"c"),
+            ],
             // The same bytes removed and present is legal (content identity).
             files_removed: vec![file("OPTIONS-000007", b"c")],
-            sub_dirs_present: vec![dir("z", vec![file("1", b"1")], vec![dir("y", vec![file("2", b"")], vec![])])],
+            sub_dirs_present: vec![dir(
+                "z",
+                vec![file("1", b"1")],
+                vec![dir("y", vec![file("2", b"")], vec![])],
+            )],
             sub_dirs_removed: vec![dir("old", vec![file("9", b"9")], vec![])],
         },
         prev_snapshot_index_blob_id: Some("index/1699999999999-0.abc.json".into()),
@@ -160,13 +213,19 @@ fn sample_index() -> SnapshotIndex {
 fn samza_first_commit_index_parses_without_our_fields() {
     let index = SnapshotIndex::from_slice(FIRST_COMMIT_INDEX.as_bytes()).unwrap();
     assert_eq!(index.format_version, 1);
-    assert_eq!(index.snapshot_metadata.checkpoint_id.to_string(), "1234-567");
+    assert_eq!(
+        index.snapshot_metadata.checkpoint_id.to_string(),
+        "1234-567"
+    );
     assert_eq!(index.snapshot_metadata.job_name, "testJobName");
     assert_eq!(index.prev_snapshot_index_blob_id, None);
     assert!(index.present_files().is_empty());
     // We write every field, including format-version and the null previous index.
     let ours = String::from_utf8(index.to_bytes().unwrap()).unwrap();
-    assert!(ours.contains(r#""prev-snapshot-index-blob-id":null"#), "{ours}");
+    assert!(
+        ours.contains(r#""prev-snapshot-index-blob-id":null"#),
+        "{ours}"
+    );
     assert!(ours.contains(r#""format-version":1"#), "{ours}");
     assert_eq!(SnapshotIndex::from_slice(ours.as_bytes()).unwrap(), index);
 }
@@ -195,14 +254,18 @@ fn index_bytes_are_deterministic_and_round_trip() {
     shuffled.dir_index.files_present.reverse();
     assert_eq!(shuffled.to_bytes().unwrap(), bytes);
     let paths: Vec<String> = back.present_files().into_iter().map(|(p, _)| p).collect();
-    assert_eq!(paths, ["000012.sst", "CURRENT", "MANIFEST-000005", "z/1", "z/y/2"]);
+    assert_eq!(
+        paths,
+        ["000012.sst", "CURRENT", "MANIFEST-000005", "z/1", "z/y/2"]
+    );
     let text = String::from_utf8(bytes).unwrap();
     assert!(text.starts_with(r#"{"format-version":1,"creation-time-millis":1700000000000,"snapshot-metadata":{"checkpoint-id":"1700000000000-1""#), "{text}");
 }
 
 #[test]
 fn newer_format_is_refused_unknown_fields_ignored() {
-    let mut v: serde_json::Value = serde_json::from_slice(&sample_index().to_bytes().unwrap()).unwrap();
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&sample_index().to_bytes().unwrap()).unwrap();
     v["some-future-field"] = serde_json::json!({"x": 1});
     assert!(SnapshotIndex::from_slice(&serde_json::to_vec(&v).unwrap()).is_ok());
     v["format-version"] = serde_json::json!(FORMAT_VERSION + 1);
@@ -214,20 +277,64 @@ fn newer_format_is_refused_unknown_fields_ignored() {
 
 #[test]
 fn hostile_names_are_rejected_naming_the_entry() {
-    let cases: Vec<(&str, Box<dyn Fn(&mut SnapshotIndex)>)> = vec![
-        ("\"..\"", Box::new(|i| i.dir_index.files_present[0].file_name = "..".into())),
-        ("\".\"", Box::new(|i| i.dir_index.sub_dirs_present[0].dir_name = ".".into())),
-        ("\"a/b\"", Box::new(|i| i.dir_index.files_present[0].file_name = "a/b".into())),
-        ("\"/etc/passwd\"", Box::new(|i| i.dir_index.sub_dirs_present[0].files_present[0].file_name = "/etc/passwd".into())),
-        ("NUL", Box::new(|i| i.dir_index.files_present[0].file_name = "a\0b".into())),
-        ("empty", Box::new(|i| i.dir_index.sub_dirs_present[0].sub_dirs_present[0].dir_name = String::new())),
-        ("\"CURRENT\" twice", Box::new(|i| i.dir_index.files_present[0].file_name = "CURRENT".into())),
-        ("\"z\" twice", Box::new(|i| i.dir_index.files_present[0].file_name = "z".into())),
-        ("root dir-name", Box::new(|i| i.dir_index.dir_name = "x".into())),
-        ("blank blob id", Box::new(|i| i.dir_index.files_present[0].blobs[0].blob_id = " ".into())),
-        ("no blob", Box::new(|i| i.dir_index.files_present[0].blobs.clear())),
-        ("\"..\" removed", Box::new(|i| i.dir_index.sub_dirs_removed[0].dir_name = "..".into())),
-        ("job-name", Box::new(|i| i.snapshot_metadata.job_name = "".into())),
+    type Mutation = Box<dyn Fn(&mut SnapshotIndex)>;
+    let cases: Vec<(&str, Mutation)> = vec![
+        (
+            "\"..\"",
+            Box::new(|i| i.dir_index.files_present[0].file_name = "..".into()),
+        ),
+        (
+            "\".\"",
+            Box::new(|i| i.dir_index.sub_dirs_present[0].dir_name = ".".into()),
+        ),
+        (
+            "\"a/b\"",
+            Box::new(|i| i.dir_index.files_present[0].file_name = "a/b".into()),
+        ),
+        (
+            "\"/etc/passwd\"",
+            Box::new(|i| {
+                i.dir_index.sub_dirs_present[0].files_present[0].file_name = "/etc/passwd".into()
+            }),
+        ),
+        (
+            "NUL",
+            Box::new(|i| i.dir_index.files_present[0].file_name = "a\0b".into()),
+        ),
+        (
+            "empty",
+            Box::new(|i| {
+                i.dir_index.sub_dirs_present[0].sub_dirs_present[0].dir_name = String::new()
+            }),
+        ),
+        (
+            "\"CURRENT\" twice",
+            Box::new(|i| i.dir_index.files_present[0].file_name = "CURRENT".into()),
+        ),
+        (
+            "\"z\" twice",
+            Box::new(|i| i.dir_index.files_present[0].file_name = "z".into()),
+        ),
+        (
+            "root dir-name",
+            Box::new(|i| i.dir_index.dir_name = "x".into()),
+        ),
+        (
+            "blank blob id",
+            Box::new(|i| i.dir_index.files_present[0].blobs[0].blob_id = " ".into()),
+        ),
+        (
+            "no blob",
+            Box::new(|i| i.dir_index.files_present[0].blobs.clear()),
+        ),
+        (
+            "\"..\" removed",
+            Box::new(|i| i.dir_index.sub_dirs_removed[0].dir_name = "..".into()),
+        ),
+        (
+            "job-name",
+            Box::new(|i| i.snapshot_metadata.job_name = "".into()),
+        ),
     ];
     for (what, mutate) in cases {
         let mut index = sample_index();
@@ -251,14 +358,29 @@ fn hostile_names_are_rejected_naming_the_entry() {
 fn negative_offsets_and_sizes_and_oversized_indexes_are_refused() {
     let text = String::from_utf8(sample_index().to_bytes().unwrap()).unwrap();
     let neg = text.replacen(r#""offset":0"#, r#""offset":-1"#, 1);
-    assert_eq!(SnapshotIndex::from_slice(neg.as_bytes()).unwrap_err().kind(), ErrorKind::Corrupt);
+    assert_eq!(
+        SnapshotIndex::from_slice(neg.as_bytes())
+            .unwrap_err()
+            .kind(),
+        ErrorKind::Corrupt
+    );
     let neg = text.replacen(r#""size":1,"#, r#""size":-5,"#, 1);
-    assert_eq!(SnapshotIndex::from_slice(neg.as_bytes()).unwrap_err().kind(), ErrorKind::Corrupt);
+    assert_eq!(
+        SnapshotIndex::from_slice(neg.as_bytes())
+            .unwrap_err()
+            .kind(),
+        ErrorKind::Corrupt
+    );
     let huge = vec![b' '; MAX_INDEX_BYTES as usize + 1];
     let e = SnapshotIndex::from_slice(&huge).unwrap_err();
     assert!(e.to_string().contains("cap"), "{e}");
     let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
-    assert_eq!(SnapshotIndex::from_slice(deep.as_bytes()).unwrap_err().kind(), ErrorKind::Corrupt);
+    assert_eq!(
+        SnapshotIndex::from_slice(deep.as_bytes())
+            .unwrap_err()
+            .kind(),
+        ErrorKind::Corrupt
+    );
 }
 
 fn arb_name() -> impl Strategy<Value = String> {
@@ -266,11 +388,20 @@ fn arb_name() -> impl Strategy<Value = String> {
 }
 
 fn arb_dir(depth: u32) -> BoxedStrategy<DirIndex> {
-    let files = proptest::collection::btree_map(arb_name(), proptest::collection::vec(any::<u8>(), 0..8), 0..4);
+    let files = proptest::collection::btree_map(
+        arb_name(),
+        proptest::collection::vec(any::<u8>(), 0..8),
+        0..4,
+    );
     if depth == 0 {
-        files.prop_map(|f| dir("d", f.iter().map(|(n, c)| file(n, c)).collect(), vec![])).boxed()
+        files
+            .prop_map(|f| dir("d", f.iter().map(|(n, c)| file(n, c)).collect(), vec![]))
+            .boxed()
     } else {
-        (files, proptest::collection::btree_map(arb_name(), arb_dir(depth - 1), 0..3))
+        (
+            files,
+            proptest::collection::btree_map(arb_name(), arb_dir(depth - 1), 0..3),
+        )
             .prop_map(|(f, subs)| {
                 let files: Vec<FileIndex> = f.iter().map(|(n, c)| file(n, c)).collect();
                 let subdirs = subs

@@ -144,7 +144,7 @@ impl<S: BlobStore> CountingStore<S> {
 
 impl<S: BlobStore> std::fmt::Display for CountingStore<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.inner.fmt(f)
+        std::fmt::Display::fmt(&self.inner, f)
     }
 }
 
@@ -186,7 +186,10 @@ impl<S: BlobStore> BlobStore for CountingStore<S> {
             .body
             .inspect(move |chunk| match chunk {
                 Ok(b) => {
-                    counters.get.bytes.fetch_add(b.len() as u64, Ordering::Relaxed);
+                    counters
+                        .get
+                        .bytes
+                        .fetch_add(b.len() as u64, Ordering::Relaxed);
                 }
                 Err(_) => {
                     counters.get.errors.fetch_add(1, Ordering::Relaxed);

@@ -1,7 +1,7 @@
 //! A fault-injecting [`BlobStore`] wrapper, for reliability tests.
 //!
 //! With a seeded RNG it injects, per call: a `Transient` error *before* the call reaches the
-//! inner store (`error_rate`); a `Transient` error *after* a put succeeded (`ambiguous_rate`:
+//! inner store (`error_rate`, per operation); a `Transient` error *after* a put succeeded (`ambiguous_rate`:
 //! the object is stored but the caller is told it failed, as when a response is lost); a
 //! truncated body on gets (`truncate_rate`: the stream ends early, or fails midway); and fixed
 //! latency. Faults can be switched off and on while the store is in use.
@@ -23,11 +23,43 @@ use super::{
 };
 use crate::error::{Error, Result};
 
+/// Per-operation probabilities.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct OpRates {
+    /// `put`.
+    pub put: f64,
+    /// `get`.
+    pub get: f64,
+    /// `head`.
+    pub head: f64,
+    /// `delete_many`.
+    pub delete: f64,
+    /// `list` (the listing fails after its first item, as a broken second page would).
+    pub list: f64,
+    /// `list_multipart_uploads` and `abort_multipart_upload`.
+    pub multipart: f64,
+}
+
+impl OpRates {
+    /// The same probability for every operation.
+    pub fn all(p: f64) -> Self {
+        OpRates {
+            put: p,
+            get: p,
+            head: p,
+            delete: p,
+            list: p,
+            multipart: p,
+        }
+    }
+}
+
 /// What to inject.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FaultConfig {
-    /// Probability that a call fails with `Transient` before reaching the store.
-    pub error_rate: f64,
+    /// Per operation, the probability that a call fails with `Transient` before reaching the
+    /// store.
+    pub error_rate: OpRates,
     /// Probability that a successful put is reported as a `Transient` failure.
     pub ambiguous_rate: f64,
     /// Probability that a get's body is cut short.
@@ -84,11 +116,16 @@ impl<S: BlobStore> FaultStore<S> {
         hit
     }
 
-    async fn before(&self, op: &str, key: &dyn std::fmt::Display) -> Result<()> {
+    async fn before(
+        &self,
+        op: &str,
+        rate: f64,
+        key: &(dyn std::fmt::Display + Sync),
+    ) -> Result<()> {
         if !self.config.latency.is_zero() {
             tokio::time::sleep(self.config.latency).await;
         }
-        if self.roll(self.config.error_rate) {
+        if self.roll(rate) {
             return Err(Error::transient(format!("injected fault: {op} {key}")));
         }
         Ok(())
@@ -109,7 +146,7 @@ impl<S: BlobStore> BlobStore for FaultStore<S> {
     }
 
     async fn put(&self, key: &BlobKey, body: PutBody, opts: PutOptions) -> Result<PutResult> {
-        self.before("put", key).await?;
+        self.before("put", self.config.error_rate.put, key).await?;
         let r = self.inner.put(key, body, opts).await?;
         if self.roll(self.config.ambiguous_rate) {
             return Err(Error::transient(format!(
@@ -120,7 +157,7 @@ impl<S: BlobStore> BlobStore for FaultStore<S> {
     }
 
     async fn get(&self, key: &BlobKey, range: Option<Range<u64>>) -> Result<GetResult> {
-        self.before("get", key).await?;
+        self.before("get", self.config.error_rate.get, key).await?;
         let mut got = self.inner.get(key, range).await?;
         let len = got.range.end - got.range.start;
         if len > 0 && self.roll(self.config.truncate_rate) {
@@ -143,7 +180,9 @@ impl<S: BlobStore> BlobStore for FaultStore<S> {
                     futures::future::ready(c.as_ref().map(|b| !b.is_empty()).unwrap_or(true))
                 })
                 .chain(futures::stream::iter(fail_midway.then(move || {
-                    Err(Error::transient(format!("injected fault: body of {key} cut")))
+                    Err(Error::transient(format!(
+                        "injected fault: body of {key} cut"
+                    )))
                 })))
                 .boxed();
         }
@@ -151,17 +190,19 @@ impl<S: BlobStore> BlobStore for FaultStore<S> {
     }
 
     async fn head(&self, key: &BlobKey) -> Result<ObjectMeta> {
-        self.before("head", key).await?;
+        self.before("head", self.config.error_rate.head, key)
+            .await?;
         self.inner.head(key).await
     }
 
     async fn delete_many(&self, keys: &[BlobKey]) -> Result<DeleteFailures> {
-        self.before("delete", &keys.len()).await?;
+        self.before("delete", self.config.error_rate.delete, &keys.len())
+            .await?;
         self.inner.delete_many(keys).await
     }
 
     fn list<'a>(&'a self, scope: &Scope) -> BoxStream<'a, Result<ObjectMeta>> {
-        let fail = self.roll(self.config.error_rate);
+        let fail = self.roll(self.config.error_rate.list);
         let scope2 = scope.clone();
         let inner = self.inner.list(scope);
         if fail {
@@ -177,12 +218,18 @@ impl<S: BlobStore> BlobStore for FaultStore<S> {
     }
 
     async fn list_multipart_uploads(&self, scope: &Scope) -> Result<Vec<MultipartUpload>> {
-        self.before("list uploads", scope).await?;
+        self.before("list uploads", self.config.error_rate.multipart, scope)
+            .await?;
         self.inner.list_multipart_uploads(scope).await
     }
 
     async fn abort_multipart_upload(&self, upload: &MultipartUpload) -> Result<()> {
-        self.before("abort upload", &upload.key).await?;
+        self.before(
+            "abort upload",
+            self.config.error_rate.multipart,
+            &upload.key,
+        )
+        .await?;
         self.inner.abort_multipart_upload(upload).await
     }
 }

@@ -51,7 +51,10 @@ pub fn unescape_segment(segment: &str) -> Result<String> {
             let hex = bytes
                 .get(i + 1..i + 3)
                 .and_then(|h| std::str::from_utf8(h).ok())
-                .filter(|h| h.bytes().all(|c| c.is_ascii_digit() || c.is_ascii_uppercase()))
+                .filter(|h| {
+                    h.bytes()
+                        .all(|c| c.is_ascii_digit() || c.is_ascii_uppercase())
+                })
                 .and_then(|h| u8::from_str_radix(h, 16).ok())
                 .ok_or_else(|| Error::invalid(format!("bad escape in key segment {segment:?}")))?;
             if hex.is_ascii_alphanumeric() || hex == b'_' || hex == b'-' {
@@ -165,7 +168,9 @@ impl Scope {
             return Ok(Scope(scope));
         }
         let Some(body) = scope.strip_suffix('/') else {
-            return Err(Error::invalid(format!("scope {scope:?} does not end in '/'")));
+            return Err(Error::invalid(format!(
+                "scope {scope:?} does not end in '/'"
+            )));
         };
         validate_segments(body, "scope")?;
         Ok(Scope(scope))

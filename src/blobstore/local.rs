@@ -477,7 +477,9 @@ impl BlobStore for LocalStore {
                 let Some(rel_dir) = path.parent().and_then(|p| p.strip_prefix(&root).ok()) else {
                     continue;
                 };
-                let Some(rel_dir) = rel_dir.to_str() else { continue };
+                let Some(rel_dir) = rel_dir.to_str() else {
+                    continue;
+                };
                 let key = if rel_dir.is_empty() {
                     target.to_string()
                 } else {

@@ -64,7 +64,10 @@ impl RetryPolicy {
     /// The upper bound of the delay before retry number `retry` (1-based); the actual delay is
     /// uniform in `[bound/2, bound]` (jitter).
     pub fn delay_bound(&self, retry: u32) -> Duration {
-        let exp = self.factor.max(1.0).powi(retry.saturating_sub(1).min(60) as i32);
+        let exp = self
+            .factor
+            .max(1.0)
+            .powi(retry.saturating_sub(1).min(60) as i32);
         let ms = (self.initial_delay_ms as f64 * exp).min(self.max_delay_ms as f64);
         Duration::from_millis(ms as u64)
     }
@@ -154,7 +157,7 @@ impl<S: BlobStore> RetryStore<S> {
 
 impl<S: BlobStore> std::fmt::Display for RetryStore<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.inner.fmt(f)
+        std::fmt::Display::fmt(&self.inner, f)
     }
 }
 
@@ -207,7 +210,9 @@ impl<S: BlobStore> BlobStore for RetryStore<S> {
                 Err(e) => {
                     ambiguous = true;
                     if !self.backoff(attempt, start).await {
-                        return Err(e.context(format!("put {key}: gave up after {attempt} attempts")));
+                        return Err(
+                            e.context(format!("put {key}: gave up after {attempt} attempts"))
+                        );
                     }
                 }
             }
@@ -222,7 +227,10 @@ impl<S: BlobStore> BlobStore for RetryStore<S> {
     }
 
     async fn head(&self, key: &BlobKey) -> Result<ObjectMeta> {
-        retry(&self.policy, &format!("head {key}"), |_| self.inner.head(key)).await
+        retry(&self.policy, &format!("head {key}"), |_| {
+            self.inner.head(key)
+        })
+        .await
     }
 
     async fn delete_many(&self, keys: &[BlobKey]) -> Result<DeleteFailures> {
@@ -290,7 +298,8 @@ impl<S: BlobStore> BlobStore for RetryStore<S> {
                         Some(Err(e)) if e.is_transient() => {
                             st.failures += 1;
                             let delay = policy.jittered(st.failures);
-                            let out = policy.max_attempts != 0 && st.failures >= policy.max_attempts;
+                            let out =
+                                policy.max_attempts != 0 && st.failures >= policy.max_attempts;
                             if out
                                 || st.started.elapsed() + delay
                                     > Duration::from_millis(policy.budget_ms)
@@ -320,9 +329,11 @@ impl<S: BlobStore> BlobStore for RetryStore<S> {
     }
 
     async fn abort_multipart_upload(&self, upload: &MultipartUpload) -> Result<()> {
-        retry(&self.policy, &format!("abort upload {}", upload.key), |_| {
-            self.inner.abort_multipart_upload(upload)
-        })
+        retry(
+            &self.policy,
+            &format!("abort upload {}", upload.key),
+            |_| self.inner.abort_multipart_upload(upload),
+        )
         .await
     }
 }

@@ -327,12 +327,7 @@ impl S3Store {
         format!("{op} s3://{}/{key}", self.config.bucket)
     }
 
-    async fn put_single(
-        &self,
-        key: &str,
-        body: PutBody,
-        opts: PutOptions,
-    ) -> Result<PutResult> {
+    async fn put_single(&self, key: &str, body: PutBody, opts: PutOptions) -> Result<PutResult> {
         let (stream, len, sha) = match body {
             PutBody::Bytes(bytes) => {
                 let sha = opts.sha256.unwrap_or_else(|| Sha256::of(&bytes));
@@ -640,7 +635,8 @@ where
         SdkError::ResponseError(r) => {
             let status = r.raw().status().as_u16();
             let kind = kind_of_status(status, None);
-            Error::new(kind, format!("{what}: unreadable response (HTTP {status})")).with_source(err)
+            Error::new(kind, format!("{what}: unreadable response (HTTP {status})"))
+                .with_source(err)
         }
         SdkError::ServiceError(s) => {
             let status = s.raw().status().as_u16();
@@ -674,15 +670,24 @@ where
 pub fn kind_of_status(status: u16, code: Option<&str>) -> ErrorKind {
     match code {
         Some("NoSuchKey") | Some("NoSuchUpload") => return ErrorKind::NotFound,
-        Some("NoSuchBucket") | Some("AccessDenied") | Some("InvalidAccessKeyId")
-        | Some("SignatureDoesNotMatch") | Some("PermanentRedirect")
+        Some("NoSuchBucket")
+        | Some("AccessDenied")
+        | Some("InvalidAccessKeyId")
+        | Some("SignatureDoesNotMatch")
+        | Some("PermanentRedirect")
         | Some("AuthorizationHeaderMalformed") => return ErrorKind::Permanent,
         Some("PreconditionFailed") => return ErrorKind::Conflict,
-        Some("BadDigest") | Some("InvalidDigest") | Some("XAmzContentSHA256Mismatch")
+        Some("BadDigest")
+        | Some("InvalidDigest")
+        | Some("XAmzContentSHA256Mismatch")
         | Some("XAmzContentChecksumMismatch") => return ErrorKind::Corrupt,
-        Some("SlowDown") | Some("RequestTimeout") | Some("InternalError")
-        | Some("ServiceUnavailable") | Some("ConditionalRequestConflict")
-        | Some("RequestTimeTooSkewed") | Some("OperationAborted") => return ErrorKind::Transient,
+        Some("SlowDown")
+        | Some("RequestTimeout")
+        | Some("InternalError")
+        | Some("ServiceUnavailable")
+        | Some("ConditionalRequestConflict")
+        | Some("RequestTimeTooSkewed")
+        | Some("OperationAborted") => return ErrorKind::Transient,
         Some("InvalidRange") => return ErrorKind::InvalidInput,
         _ => {}
     }
@@ -784,8 +789,9 @@ impl BlobStore for S3Store {
                 match b.try_next().await {
                     Ok(Some(chunk)) => Ok(Some((chunk, b))),
                     Ok(None) => Ok(None),
-                    Err(e) => Err(Error::transient(format!("get {key}: body read failed"))
-                        .with_source(e)),
+                    Err(e) => {
+                        Err(Error::transient(format!("get {key}: body read failed")).with_source(e))
+                    }
                 }
             }
         })
@@ -1000,14 +1006,23 @@ mod tests {
     #[test]
     fn classification_table() {
         assert_eq!(kind_of_status(503, Some("SlowDown")), ErrorKind::Transient);
-        assert_eq!(kind_of_status(403, Some("AccessDenied")), ErrorKind::Permanent);
+        assert_eq!(
+            kind_of_status(403, Some("AccessDenied")),
+            ErrorKind::Permanent
+        );
         assert_eq!(kind_of_status(403, None), ErrorKind::Permanent);
         assert_eq!(kind_of_status(404, Some("NoSuchKey")), ErrorKind::NotFound);
         assert_eq!(kind_of_status(404, None), ErrorKind::NotFound);
-        assert_eq!(kind_of_status(404, Some("NoSuchBucket")), ErrorKind::Permanent);
+        assert_eq!(
+            kind_of_status(404, Some("NoSuchBucket")),
+            ErrorKind::Permanent
+        );
         assert_eq!(kind_of_status(412, None), ErrorKind::Conflict);
         assert_eq!(kind_of_status(400, Some("BadDigest")), ErrorKind::Corrupt);
-        assert_eq!(kind_of_status(400, Some("RequestTimeout")), ErrorKind::Transient);
+        assert_eq!(
+            kind_of_status(400, Some("RequestTimeout")),
+            ErrorKind::Transient
+        );
         assert_eq!(kind_of_status(500, None), ErrorKind::Transient);
         assert_eq!(kind_of_status(301, None), ErrorKind::Permanent);
     }
@@ -1020,10 +1035,22 @@ mod tests {
         };
         assert!(ok.validate().is_ok());
         for bad in [
-            S3Config { bucket: "B".into(), ..ok.clone() },
-            S3Config { prefix: "no-slash".into(), ..ok.clone() },
-            S3Config { part_size: 1 << 20, ..ok.clone() },
-            S3Config { part_concurrency: 0, ..ok.clone() },
+            S3Config {
+                bucket: "B".into(),
+                ..ok.clone()
+            },
+            S3Config {
+                prefix: "no-slash".into(),
+                ..ok.clone()
+            },
+            S3Config {
+                part_size: 1 << 20,
+                ..ok.clone()
+            },
+            S3Config {
+                part_concurrency: 0,
+                ..ok.clone()
+            },
         ] {
             assert_eq!(bad.validate().unwrap_err().kind(), ErrorKind::InvalidInput);
         }

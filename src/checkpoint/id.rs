@@ -138,9 +138,12 @@ impl CheckpointIdGen {
                 let seq = last.seq.checked_add(1).filter(|s| *s <= i64::MAX as u64);
                 match seq {
                     Some(seq) => CheckpointId::new(last.millis, seq)?,
-                    None => CheckpointId::new(last.millis.checked_add(1).ok_or_else(|| {
-                        Error::invalid("checkpoint id space exhausted")
-                    })?, 0)?,
+                    None => CheckpointId::new(
+                        last.millis
+                            .checked_add(1)
+                            .ok_or_else(|| Error::invalid("checkpoint id space exhausted"))?,
+                        0,
+                    )?,
                 }
             }
             _ => CheckpointId::new(now, 0)?,
@@ -157,7 +160,12 @@ mod tests {
 
     #[test]
     fn parses_samza_examples() {
-        for s in ["1234-567", "1614556776350-123456", "1700000000123-42", "0-0"] {
+        for s in [
+            "1234-567",
+            "1614556776350-123456",
+            "1700000000123-42",
+            "0-0",
+        ] {
             assert_eq!(s.parse::<CheckpointId>().unwrap().to_string(), s);
         }
     }
@@ -165,7 +173,16 @@ mod tests {
     #[test]
     fn rejects_malformed() {
         for s in [
-            "", " ", "1234", "1234-", "-567", "1234-567-8", "12a-5", "123--456", "+1-2", "1- 2",
+            "",
+            " ",
+            "1234",
+            "1234-",
+            "-567",
+            "1234-567-8",
+            "12a-5",
+            "123--456",
+            "+1-2",
+            "1- 2",
             "99999999999999999999-1",
         ] {
             let e = s.parse::<CheckpointId>().unwrap_err();

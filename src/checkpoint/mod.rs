@@ -59,14 +59,19 @@ impl Ssp {
     /// The V2 map key `<system>.<stream>.<partition>`; refuses names that would not read back.
     pub fn to_key(&self) -> Result<String> {
         if self.system.is_empty() || self.stream.is_empty() {
-            return Err(Error::invalid(format!("SSP {self}: empty system or stream")));
+            return Err(Error::invalid(format!(
+                "SSP {self}: empty system or stream"
+            )));
         }
         if self.system.contains('.') {
             return Err(Error::invalid(format!(
                 "SSP {self}: a system name containing '.' cannot be encoded in a checkpoint key"
             )));
         }
-        Ok(format!("{}.{}.{}", self.system, self.stream, self.partition))
+        Ok(format!(
+            "{}.{}.{}",
+            self.system, self.stream, self.partition
+        ))
     }
 
     /// Parse a V2 map key with the first-dot/last-dot rule.
@@ -81,7 +86,8 @@ impl Ssp {
         if system.is_empty() || stream.is_empty() {
             return Err(bad("empty system or stream"));
         }
-        let partition = parse_partition(partition).ok_or_else(|| bad("partition is not a number"))?;
+        let partition =
+            parse_partition(partition).ok_or_else(|| bad("partition is not a number"))?;
         Ok(Ssp::new(system, stream, partition))
     }
 }
@@ -245,7 +251,11 @@ impl CheckpointV1 {
     }
 }
 
-fn str_field<'a>(obj: &'a serde_json::Map<String, Value>, name: &str, what: &str) -> Result<&'a str> {
+fn str_field<'a>(
+    obj: &'a serde_json::Map<String, Value>,
+    name: &str,
+    what: &str,
+) -> Result<&'a str> {
     match obj.get(name) {
         Some(Value::String(s)) => Ok(s),
         Some(other) => Err(Error::corrupt(format!(
@@ -361,7 +371,15 @@ mod tests {
         let s = Ssp::from_key("kafka.a.b.7").unwrap();
         assert_eq!(s, Ssp::new("kafka", "a.b", 7));
         assert_eq!(s.to_key().unwrap(), "kafka.a.b.7");
-        for bad in ["kafka", "kafka.x", "kafka.x.y", ".x.1", "k..1", "k.x.-1", "k.x.1a"] {
+        for bad in [
+            "kafka",
+            "kafka.x",
+            "kafka.x.y",
+            ".x.1",
+            "k..1",
+            "k.x.-1",
+            "k.x.1a",
+        ] {
             assert!(Ssp::from_key(bad).is_err(), "{bad}");
         }
         assert!(Ssp::new("a.b", "s", 0).to_key().is_err());

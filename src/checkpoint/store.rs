@@ -48,8 +48,13 @@ pub trait CheckpointStore: Send + Sync + std::fmt::Debug {
 
     /// Commit `checkpoint` as number `seq` of `task` (create-only). `seq` must be one more
     /// than the latest; `Conflict` if another writer took it.
-    async fn write(&self, task: &str, seq: u64, writer: &str, checkpoint: &Checkpoint)
-        -> Result<()>;
+    async fn write(
+        &self,
+        task: &str,
+        seq: u64,
+        writer: &str,
+        checkpoint: &Checkpoint,
+    ) -> Result<()>;
 
     /// Delete all but the newest `keep` checkpoints of `task` (at least one is always kept).
     async fn trim(&self, task: &str, keep: usize) -> Result<()>;
