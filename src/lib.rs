@@ -19,8 +19,12 @@
 //!   the retry, counting and fault-injection layers.
 //! - [`index`]: the snapshot index format and markers.
 //! - [`layout`]: the bucket layout (DESIGN §5).
+//! - [`local`]: RocksDB stores ([`StoreEngine`](backend::StoreEngine)), directory scans and
+//!   the hash cache.
 //! - [`checkpoint`]: checkpoint ids, CheckpointV1/V2 JSON (Samza-compatible), the
 //!   [`CheckpointStore`](checkpoint::CheckpointStore) trait.
+//! - [`backend`]: the state-backend SPI (Samza's `TaskBackupManager` & co., async).
+//! - [`blob`]: the blob-store backend: backup (scan, diff, dedup upload, index → marker).
 //!
 //! ## A first look, on the local store
 //!
@@ -47,6 +51,8 @@
 
 #![warn(missing_docs)]
 
+pub mod backend;
+pub mod blob;
 pub mod blobstore;
 pub mod checkpoint;
 pub mod config;
@@ -54,5 +60,6 @@ pub mod digest;
 pub mod error;
 pub mod index;
 pub mod layout;
+pub mod local;
 
 pub use error::{Error, ErrorKind, Result};

@@ -1,0 +1,167 @@
+//! The state-backend SPI (DESIGN §2): Samza's `StateBackendFactory`, `TaskBackupManager`,
+//! `TaskRestoreManager` and `StateBackendAdmin`, in async Rust.
+//!
+//! This floor knows nothing of S3 or RocksDB: a backend gets the job/task context, the stores
+//! with their directories and [`StoreEngine`] handles, and a [`Clock`]. The commit manager owns
+//! the local steps of a commit (flush, RocksDB checkpoint into
+//! `<store dir>.checkpoints/<checkpoint-id>`), and hands every backend those directories.
+//!
+//! Lifecycle of one commit, as the commit manager drives it:
+//!
+//! 1. [`TaskBackupManager::snapshot`] (sync, fast, no network);
+//! 2. [`TaskBackupManager::upload`] (async) → store → marker;
+//! 3. the CheckpointV2 with every backend's markers is written (the commit point);
+//! 4. [`TaskBackupManager::cleanup`] (async, idempotent) with the committed markers.
+//!
+//! A backend's markers are stored in the CheckpointV2 under its
+//! [`StateBackendFactory::name`].
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+
+use crate::checkpoint::{Checkpoint, CheckpointId};
+use crate::error::Result;
+
+/// Store name → marker.
+pub type StoreMarkers = BTreeMap<String, String>;
+
+/// Wall-clock time, injected so that ages and ids are testable without sleeping.
+pub trait Clock: Send + Sync + std::fmt::Debug {
+    /// Milliseconds since the Unix epoch.
+    fn now_millis(&self) -> u64;
+}
+
+/// The system clock.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_millis(&self) -> u64 {
+        #[allow(clippy::disallowed_methods)]
+        let now = SystemTime::now();
+        now.duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0)
+    }
+}
+
+/// The handle of one open store. Only the owner of an open RocksDB can checkpoint it (it holds
+/// the DB's LOCK), so the engine, not a path, is what the commit manager is given.
+pub trait StoreEngine: Send + Sync {
+    /// The store's name.
+    fn name(&self) -> &str;
+    /// The live store directory.
+    fn dir(&self) -> &Path;
+    /// Flush buffered writes to disk.
+    fn flush(&self) -> Result<()>;
+    /// Create a checkpoint of the store at `path` (which must not exist): immutable files
+    /// hard-linked, the rest copied.
+    fn checkpoint_to(&self, path: &Path) -> Result<()>;
+}
+
+/// Who is running: the job and the task.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskContext {
+    /// The job's name.
+    pub job_name: String,
+    /// The job's id (`1`).
+    pub job_id: String,
+    /// The task's name (`Partition 0`).
+    pub task_name: String,
+}
+
+/// One store of a task as a backend sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreSpec {
+    /// The store's name.
+    pub name: String,
+    /// Its live directory.
+    pub dir: PathBuf,
+}
+
+impl StoreSpec {
+    /// Where the commit manager puts checkpoint `id` of this store:
+    /// `<store dir>.checkpoints/<checkpoint-id>`.
+    pub fn checkpoint_dir(&self, id: CheckpointId) -> PathBuf {
+        let mut base = self.dir.clone().into_os_string();
+        base.push(".checkpoints");
+        PathBuf::from(base).join(id.to_string())
+    }
+}
+
+/// Backs up a task's stores at each commit (Samza's `TaskBackupManager`).
+#[async_trait]
+pub trait TaskBackupManager: Send + Sync {
+    /// Prepare, given the task's last committed checkpoint (`None` for a new task). Reads the
+    /// committed state of this backend (e.g. the stores' indexes) to diff against.
+    async fn init(&self, last: Option<&Checkpoint>) -> Result<()>;
+
+    /// The synchronous part of a commit: fast, no network. Returns store → marker for
+    /// backends that know their markers now (the blob backend returns none).
+    fn snapshot(&self, id: CheckpointId) -> Result<StoreMarkers>;
+
+    /// Persist the stores' checkpoint directories (`dirs`: store → directory made by the
+    /// commit manager) and return store → marker. Nothing becomes committed here.
+    async fn upload(
+        &self,
+        id: CheckpointId,
+        snapshot_markers: &StoreMarkers,
+        dirs: &BTreeMap<String, PathBuf>,
+    ) -> Result<StoreMarkers>;
+
+    /// Called after the checkpoint with `markers` was written: what they name is now
+    /// committed; remove what nothing retained needs. Idempotent.
+    async fn cleanup(&self, id: CheckpointId, markers: &StoreMarkers) -> Result<()>;
+
+    /// Release resources.
+    async fn close(&self) -> Result<()>;
+}
+
+/// Restores a task's stores at startup (Samza's `TaskRestoreManager`).
+#[async_trait]
+pub trait TaskRestoreManager: Send + Sync {
+    /// Read what `checkpoint` says about this backend's stores and check it.
+    async fn init(&self, checkpoint: Option<&Checkpoint>) -> Result<()>;
+    /// Bring the stores' directories to the checkpointed state.
+    async fn restore(&self) -> Result<()>;
+    /// Release resources.
+    async fn close(&self) -> Result<()>;
+}
+
+/// Creates and validates a backend's external resources (Samza's `StateBackendAdmin`).
+#[async_trait]
+pub trait StateBackendAdmin: Send + Sync {
+    /// Create what the backend needs (bucket, lifecycle rule, owner record).
+    async fn create_resources(&self) -> Result<()>;
+    /// Check that everything is reachable, writable and owned by this deployment.
+    async fn validate_resources(&self) -> Result<()>;
+}
+
+/// Builds a backend's managers for a task (Samza's `StateBackendFactory`).
+pub trait StateBackendFactory: Send + Sync {
+    /// The name under which this backend's markers are stored in `state-checkpoint-markers`.
+    fn name(&self) -> &str;
+
+    /// A backup manager for `task` and its `stores`.
+    fn backup_manager(
+        &self,
+        task: &TaskContext,
+        stores: &[StoreSpec],
+        clock: Arc<dyn Clock>,
+    ) -> Result<Arc<dyn TaskBackupManager>>;
+
+    /// A restore manager for `task` and its `stores`.
+    fn restore_manager(
+        &self,
+        task: &TaskContext,
+        stores: &[StoreSpec],
+        clock: Arc<dyn Clock>,
+    ) -> Result<Arc<dyn TaskRestoreManager>>;
+
+    /// The admin for `job_name`/`job_id`.
+    fn admin(&self, job_name: &str, job_id: &str) -> Result<Arc<dyn StateBackendAdmin>>;
+}

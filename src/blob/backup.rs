@@ -1,0 +1,568 @@
+//! The blob backend's [`TaskBackupManager`].
+//!
+//! Per store and commit (DESIGN §7 step 2):
+//!
+//! 1. **scan** the checkpoint dir the commit manager made, hashing every file (SHA-256 and
+//!    CRC32 in one read, on the blocking pool), with the [hash cache](crate::local::hashcache)
+//!    for SSTs, so an SST hard-linked into many checkpoints is read once;
+//! 2. **diff** against the last **committed** index of the store — never an uploaded but
+//!    uncommitted one, so a failed upload or a failed checkpoint write cannot wedge later
+//!    commits or make an uncommitted snapshot a baseline (Samza's §5.3 and §6.3 bugs);
+//! 3. **upload** only content the committed snapshot does not reference: retained files cost
+//!    zero requests; an added file whose bytes the committed snapshot already holds (a renamed
+//!    file, an OPTIONS file rewritten identically) reuses that blob; identical files within
+//!    the upload are sent once. New blobs go to `blobs/<this checkpoint id>/<sha256>`,
+//!    create-only, with the SHA-256 for the server to check. PUTs share one concurrency budget
+//!    across every store of the process ([`BackupSettings::limiter`]).
+//! 4. **index**: build the SnapshotIndex, serialize it once, PUT it create-only under
+//!    `index/<checkpoint-id>.<sha256>.json`. That key is the store's marker.
+//!
+//! [`cleanup`](TaskBackupManager::cleanup) is what makes an uploaded index the committed
+//! baseline; deleting what no retained snapshot needs comes with the lifecycle work.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use async_trait::async_trait;
+use futures::{StreamExt as _, TryStreamExt as _};
+use tokio::sync::Semaphore;
+
+use super::diff::{diff, DirDiff};
+use super::{hash_object, read_index, Expected, FACTORY_NAME};
+use crate::backend::{Clock, StoreMarkers, StoreSpec, TaskBackupManager, TaskContext};
+use crate::blobstore::{BlobStore, PutBody, PutOptions};
+use crate::checkpoint::{Checkpoint, CheckpointId};
+use crate::digest::Sha256;
+use crate::error::{Error, ErrorKind, Result};
+use crate::index::{
+    DirIndex, FileBlob, FileIndex, IndexMarker, SnapshotIndex, SnapshotMetadata, FORMAT_VERSION,
+};
+use crate::layout::{JobScope, StoreScope};
+use crate::local::hashcache::HashCache;
+use crate::local::scan::{scan_dir, LocalFile, Owners, ScanStats};
+
+/// Settings of the backup side.
+#[derive(Clone, Debug)]
+pub struct BackupSettings {
+    /// Shared budget of concurrent PUTs: pass the same `Arc` to every manager of a process.
+    pub limiter: Arc<Semaphore>,
+    /// Cache the hashes of immutable files next to each store.
+    pub hash_cache: bool,
+}
+
+impl Default for BackupSettings {
+    fn default() -> Self {
+        BackupSettings {
+            limiter: Arc::new(Semaphore::new(8)),
+            hash_cache: true,
+        }
+    }
+}
+
+/// What one store's upload did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UploadStats {
+    /// Files in the snapshot.
+    pub files: u64,
+    /// Bytes in the snapshot.
+    pub bytes: u64,
+    /// Files new or changed since the committed snapshot.
+    pub files_added: u64,
+    /// Their bytes.
+    pub bytes_added: u64,
+    /// Files unchanged since the committed snapshot (zero requests).
+    pub files_retained: u64,
+    /// Their bytes.
+    pub bytes_retained: u64,
+    /// Files of the committed snapshot that are gone or changed.
+    pub files_removed: u64,
+    /// Their bytes.
+    pub bytes_removed: u64,
+    /// Blobs PUT.
+    pub blobs_uploaded: u64,
+    /// Bytes PUT (blobs only).
+    pub bytes_uploaded: u64,
+    /// Added files whose content an existing or sibling blob already held.
+    pub blobs_deduplicated: u64,
+    /// Requests the blob PUTs took (multipart: parts + 2 each), plus 1 for the index.
+    pub requests: u64,
+    /// Bytes read from disk to hash files.
+    pub bytes_hashed: u64,
+    /// Files whose hash came from the hash cache.
+    pub hash_cache_hits: u64,
+    /// Size of the index.
+    pub index_bytes: u64,
+    /// Time to scan and hash, ms.
+    pub scan_ms: u64,
+    /// Time to upload blobs and the index, ms.
+    pub upload_ms: u64,
+}
+
+#[derive(Clone)]
+struct Snapshot {
+    marker: IndexMarker,
+    index: Arc<SnapshotIndex>,
+}
+
+#[derive(Default)]
+struct StoreState {
+    committed: Option<Snapshot>,
+    uploaded: HashMap<IndexMarker, Snapshot>,
+}
+
+/// The blob backend's backup manager for one task.
+pub struct BlobBackupManager {
+    blob_store: Arc<dyn BlobStore>,
+    task: TaskContext,
+    stores: Vec<(StoreSpec, StoreScope, Option<Arc<HashCache>>)>,
+    clock: Arc<dyn Clock>,
+    settings: BackupSettings,
+    owners: Arc<Owners>,
+    state: Mutex<HashMap<String, StoreState>>,
+    stats: Mutex<BTreeMap<String, UploadStats>>,
+}
+
+impl std::fmt::Debug for BlobBackupManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlobBackupManager")
+            .field("task", &self.task)
+            .field("store", &self.blob_store.to_string())
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> Result<std::sync::MutexGuard<'_, T>> {
+    m.lock()
+        .map_err(|_| Error::new(ErrorKind::Io, "backup manager state lock poisoned"))
+}
+
+impl BlobBackupManager {
+    /// A backup manager for `task`'s `stores`, writing to `blob_store`.
+    pub fn new(
+        blob_store: Arc<dyn BlobStore>,
+        task: TaskContext,
+        stores: &[StoreSpec],
+        clock: Arc<dyn Clock>,
+        settings: BackupSettings,
+    ) -> Result<Self> {
+        let job = JobScope::new(&task.job_name, &task.job_id)?;
+        let mut specs = Vec::with_capacity(stores.len());
+        let mut seen = std::collections::HashSet::new();
+        for spec in stores {
+            if !seen.insert(spec.name.clone()) {
+                return Err(Error::invalid(format!(
+                    "store {:?} is listed twice for task {:?}",
+                    spec.name, task.task_name
+                )));
+            }
+            let scope = job.store(&task.task_name, &spec.name)?;
+            let cache = settings
+                .hash_cache
+                .then(|| Arc::new(HashCache::load(HashCache::path_for(&spec.dir))));
+            specs.push((spec.clone(), scope, cache));
+        }
+        Ok(BlobBackupManager {
+            blob_store,
+            task,
+            stores: specs,
+            clock,
+            settings,
+            owners: Arc::new(Owners::load()),
+            state: Mutex::new(HashMap::new()),
+            stats: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// Per store, what the last upload did.
+    pub fn last_upload_stats(&self) -> BTreeMap<String, UploadStats> {
+        self.stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// The committed marker of `store`, if any.
+    pub fn committed_marker(&self, store: &str) -> Option<IndexMarker> {
+        self.state
+            .lock()
+            .ok()?
+            .get(store)?
+            .committed
+            .as_ref()
+            .map(|s| s.marker)
+    }
+
+    fn expected<'a>(&'a self, store: &'a str) -> Expected<'a> {
+        Expected {
+            job_name: &self.task.job_name,
+            job_id: &self.task.job_id,
+            task_name: &self.task.task_name,
+            store_name: store,
+        }
+    }
+
+    async fn load_committed(
+        &self,
+        spec: &StoreSpec,
+        scope: &StoreScope,
+        marker: &str,
+    ) -> Result<Snapshot> {
+        let marker: IndexMarker = marker
+            .parse()
+            .map_err(|e: Error| e.context(format!("store {}", spec.name)))?;
+        let index = read_index(
+            self.blob_store.as_ref(),
+            scope,
+            &marker,
+            &self.expected(&spec.name),
+        )
+        .await?;
+        Ok(Snapshot {
+            marker,
+            index: Arc::new(index),
+        })
+    }
+
+    #[tracing::instrument(level = "info", skip_all, fields(task = %self.task.task_name, store = %spec.name, checkpoint = %id))]
+    async fn upload_store(
+        &self,
+        id: CheckpointId,
+        spec: &StoreSpec,
+        scope: &StoreScope,
+        cache: Option<Arc<HashCache>>,
+        dir: PathBuf,
+    ) -> Result<IndexMarker> {
+        let started = Instant::now();
+        // 1. scan
+        let scan_stats = Arc::new(ScanStats::default());
+        let local = {
+            let (dir, owners, stats, cache) = (
+                dir.clone(),
+                Arc::clone(&self.owners),
+                Arc::clone(&scan_stats),
+                cache.clone(),
+            );
+            tokio::task::spawn_blocking(move || {
+                let tree = scan_dir(&dir, cache.as_deref(), &owners, &stats)?;
+                if let Some(c) = &cache {
+                    if let Err(e) = c.save() {
+                        tracing::warn!(error = %e, "could not save the hash cache");
+                    }
+                }
+                Ok::<_, Error>(tree)
+            })
+            .await
+            .map_err(|e| Error::new(ErrorKind::Io, format!("scan task failed: {e}")))??
+        };
+        let scan_ms = started.elapsed().as_millis() as u64;
+
+        // 2. diff against the committed snapshot
+        let committed = lock(&self.state)?
+            .get(&spec.name)
+            .and_then(|s| s.committed.clone());
+        let prev_dir = committed.as_ref().map(|c| &c.index.dir_index);
+        let dd = diff(&local, prev_dir);
+        let totals = dd.totals();
+
+        // 3. plan the blobs: reuse what the committed snapshot holds, send each new content once
+        let mut blob_of: HashMap<Sha256, String> = HashMap::new();
+        if let Some(c) = &committed {
+            for (_, f) in c.index.present_files() {
+                if let (Some(sha), [blob]) = (f.sha256, f.blobs.as_slice()) {
+                    blob_of.entry(sha).or_insert_with(|| blob.blob_id.clone());
+                }
+            }
+        }
+        let mut to_put: Vec<&LocalFile> = Vec::new();
+        let mut deduplicated = 0u64;
+        for f in dd.added_files() {
+            let sha = f.digest.sha256;
+            if blob_of.contains_key(&sha) {
+                deduplicated += 1;
+                continue;
+            }
+            blob_of.insert(sha, StoreScope::blob_id(id, sha));
+            to_put.push(f);
+        }
+        let upload_started = Instant::now();
+        let jobs: Vec<(String, PathBuf, u64, Sha256)> = to_put
+            .iter()
+            .map(|f| {
+                let sha = f.digest.sha256;
+                (StoreScope::blob_id(id, sha), f.path.clone(), f.digest.size, sha)
+            })
+            .collect();
+        let requests: u64 = futures::stream::iter(jobs)
+            .map(|(blob_id, path, len, sha)| self.put_blob(scope, blob_id, path, len, sha))
+        // The shared limiter bounds what is on the wire; this only bounds futures in hand.
+        .buffer_unordered(64)
+        .try_fold(0u64, |acc, r| async move { Ok(acc + r) })
+        .await?;
+
+        // 4. the index
+        let index = SnapshotIndex {
+            format_version: FORMAT_VERSION,
+            creation_time_millis: self.clock.now_millis(),
+            snapshot_metadata: SnapshotMetadata {
+                checkpoint_id: id,
+                job_name: self.task.job_name.clone(),
+                job_id: self.task.job_id.clone(),
+                task_name: self.task.task_name.clone(),
+                store_name: spec.name.clone(),
+            },
+            dir_index: build_dir(&dd, &blob_of)?,
+            prev_snapshot_index_blob_id: committed.as_ref().map(|c| c.marker.to_string()),
+        };
+        let bytes = index.to_bytes()?;
+        let marker = IndexMarker::of(id, &bytes);
+        let key = scope.index_key(&marker)?;
+        let index_len = bytes.len() as u64;
+        match self
+            .blob_store
+            .put(
+                &key,
+                PutBody::Bytes(bytes.into()),
+                PutOptions::create_only(marker.sha256),
+            )
+            .await
+        {
+            Ok(_) => {}
+            // The key is the hash of the bytes: an existing object with the same key and the
+            // same hash is this very index (a retried upload).
+            Err(e) if e.kind() == ErrorKind::Conflict => {
+                let (sha, _) = hash_object(self.blob_store.as_ref(), &key).await?;
+                if sha != marker.sha256 {
+                    return Err(e.context(format!("index {key} exists with other bytes")));
+                }
+            }
+            Err(e) => return Err(e.context(format!("put index {key}"))),
+        }
+
+        let stats = UploadStats {
+            files: totals.files_added + totals.files_retained,
+            bytes: totals.bytes_added + totals.bytes_retained,
+            files_added: totals.files_added,
+            bytes_added: totals.bytes_added,
+            files_retained: totals.files_retained,
+            bytes_retained: totals.bytes_retained,
+            files_removed: totals.files_removed,
+            bytes_removed: totals.bytes_removed,
+            blobs_uploaded: to_put.len() as u64,
+            bytes_uploaded: to_put.iter().map(|f| f.digest.size).sum(),
+            blobs_deduplicated: deduplicated,
+            requests: requests + 1,
+            bytes_hashed: scan_stats.bytes_hashed.load(std::sync::atomic::Ordering::Relaxed),
+            hash_cache_hits: scan_stats.cache_hits.load(std::sync::atomic::Ordering::Relaxed),
+            index_bytes: index_len,
+            scan_ms,
+            upload_ms: upload_started.elapsed().as_millis() as u64,
+        };
+        tracing::info!(
+            marker = %marker,
+            files = stats.files,
+            files_added = stats.files_added,
+            files_retained = stats.files_retained,
+            files_removed = stats.files_removed,
+            blobs_uploaded = stats.blobs_uploaded,
+            bytes_uploaded = stats.bytes_uploaded,
+            bytes_retained = stats.bytes_retained,
+            requests = stats.requests,
+            bytes_hashed = stats.bytes_hashed,
+            scan_ms = stats.scan_ms,
+            upload_ms = stats.upload_ms,
+            "uploaded store snapshot"
+        );
+        lock(&self.stats)?.insert(spec.name.clone(), stats);
+        lock(&self.state)?
+            .entry(spec.name.clone())
+            .or_default()
+            .uploaded
+            .insert(
+                marker,
+                Snapshot {
+                    marker,
+                    index: Arc::new(index),
+                },
+            );
+        Ok(marker)
+    }
+
+    /// PUT one blob (create-only); returns the requests it took.
+    async fn put_blob(
+        &self,
+        scope: &StoreScope,
+        blob_id: String,
+        path: PathBuf,
+        len: u64,
+        sha256: Sha256,
+    ) -> Result<u64> {
+        let _permit = self
+            .settings
+            .limiter
+            .acquire()
+            .await
+            .map_err(|_| Error::new(ErrorKind::Cancelled, "upload limiter closed"))?;
+        let key = scope.key(&blob_id)?;
+        let body = PutBody::File {
+            path: path.clone(),
+            len,
+        };
+        match self
+            .blob_store
+            .put(&key, body, PutOptions::create_only(sha256))
+            .await
+        {
+            Ok(r) => Ok(u64::from(r.requests)),
+            // Written by an earlier attempt of this same checkpoint: keys are never
+            // overwritten, so check that what is there is this content.
+            Err(e) if e.kind() == ErrorKind::Conflict => {
+                let (sha, size) = hash_object(self.blob_store.as_ref(), &key).await?;
+                if sha == sha256 && size == len {
+                    Ok(1)
+                } else {
+                    Err(Error::corrupt(format!(
+                        "blob {key} already exists with SHA-256 {sha}, expected {sha256}"
+                    )))
+                }
+            }
+            Err(e) => Err(e.context(format!("upload {} as {key}", path.display()))),
+        }
+    }
+}
+
+fn file_index(f: &LocalFile, blob_id: String) -> FileIndex {
+    FileIndex {
+        file_name: f.name.clone(),
+        blobs: vec![FileBlob { blob_id, offset: 0 }],
+        file_metadata: f.metadata.clone(),
+        checksum: f.digest.crc32,
+        sha256: Some(f.digest.sha256),
+    }
+}
+
+/// The new DirIndex: retained files keep their blob (with attributes from disk now), added
+/// files get the blob planned for their content.
+fn build_dir(d: &DirDiff<'_>, blob_of: &HashMap<Sha256, String>) -> Result<DirIndex> {
+    let mut files = Vec::with_capacity(d.files_added.len() + d.files_retained.len());
+    for (local, prev) in &d.files_retained {
+        let mut fi = (*prev).clone();
+        fi.file_metadata = local.metadata.clone();
+        files.push(fi);
+    }
+    for f in &d.files_added {
+        let blob = blob_of.get(&f.digest.sha256).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Io,
+                format!("internal: no blob planned for {}", f.path.display()),
+            )
+        })?;
+        files.push(file_index(f, blob.clone()));
+    }
+    let mut dirs = Vec::new();
+    for sub in d.sub_dirs_added.iter().chain(&d.sub_dirs_retained) {
+        dirs.push(build_dir(sub, blob_of)?);
+    }
+    Ok(DirIndex {
+        dir_name: d.name.clone(),
+        files_present: files,
+        files_removed: d.files_removed.iter().map(|f| (*f).clone()).collect(),
+        sub_dirs_present: dirs,
+        sub_dirs_removed: d.sub_dirs_removed.iter().map(|d| (*d).clone()).collect(),
+    })
+}
+
+#[async_trait]
+impl TaskBackupManager for BlobBackupManager {
+    /// Load the committed index of every store that has a marker in `last`. A store without
+    /// one (new store, V1 checkpoint, no checkpoint) starts from nothing.
+    async fn init(&self, last: Option<&Checkpoint>) -> Result<()> {
+        let v2 = last.and_then(Checkpoint::as_v2);
+        if last.is_some() && v2.is_none() {
+            tracing::warn!(task = %self.task.task_name, "last checkpoint is V1: no blob snapshots to build on");
+        }
+        for (spec, scope, _) in &self.stores {
+            let committed = match v2.and_then(|c| c.marker(FACTORY_NAME, &spec.name)) {
+                Some(marker) => Some(self.load_committed(spec, scope, marker).await?),
+                None => None,
+            };
+            lock(&self.state)?.insert(
+                spec.name.clone(),
+                StoreState {
+                    committed,
+                    uploaded: HashMap::new(),
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Nothing to do synchronously: the commit manager made the checkpoint dirs.
+    fn snapshot(&self, _id: CheckpointId) -> Result<StoreMarkers> {
+        Ok(StoreMarkers::new())
+    }
+
+    async fn upload(
+        &self,
+        id: CheckpointId,
+        _snapshot_markers: &StoreMarkers,
+        dirs: &BTreeMap<String, PathBuf>,
+    ) -> Result<StoreMarkers> {
+        let mut jobs = Vec::new();
+        for (spec, scope, cache) in &self.stores {
+            let dir = dirs.get(&spec.name).ok_or_else(|| {
+                Error::invalid(format!(
+                    "no checkpoint directory given for store {:?}",
+                    spec.name
+                ))
+            })?;
+            let name = spec.name.clone();
+            let fut = self.upload_store(id, spec, scope, cache.clone(), dir.clone());
+            jobs.push(async move {
+                fut.await
+                    .map(|m| (name.clone(), m.to_string()))
+                    .map_err(|e| e.context(format!("upload store {name} at checkpoint {id}")))
+            });
+        }
+        futures::future::try_join_all(jobs)
+            .await
+            .map(|v| v.into_iter().collect())
+    }
+
+    /// The checkpoint naming `markers` is committed: each store's index named there becomes
+    /// the baseline of the next upload. Idempotent.
+    async fn cleanup(&self, id: CheckpointId, markers: &StoreMarkers) -> Result<()> {
+        for (spec, scope, _) in &self.stores {
+            let Some(marker_str) = markers.get(&spec.name) else {
+                continue;
+            };
+            let marker: IndexMarker = marker_str.parse()?;
+            let known = {
+                let mut state = lock(&self.state)?;
+                let st = state.entry(spec.name.clone()).or_default();
+                if st.committed.as_ref().is_some_and(|c| c.marker == marker) {
+                    continue;
+                }
+                let found = st.uploaded.remove(&marker);
+                if found.is_some() {
+                    // Uploads older than the committed one can never commit now.
+                    st.uploaded
+                        .retain(|m, _| m.checkpoint_id > marker.checkpoint_id);
+                }
+                found
+            };
+            let snap = match known {
+                Some(s) => s,
+                None => self.load_committed(spec, scope, marker_str).await?,
+            };
+            tracing::debug!(store = %spec.name, checkpoint = %id, marker = %snap.marker, "committed");
+            lock(&self.state)?
+                .entry(spec.name.clone())
+                .or_default()
+                .committed = Some(snap);
+        }
+        Ok(())
+    }
+
+    async fn close(&self) -> Result<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,221 @@
+//! Walking a store's checkpoint directory: every file hashed (SHA-256 + CRC32 in one read),
+//! nested directories kept, anything that is not a regular file or directory refused.
+//!
+//! Blocking: call from `spawn_blocking`.
+
+use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::hashcache::{CacheKey, HashCache};
+use crate::digest::{hash_file, FileDigest};
+use crate::error::{Error, Result};
+use crate::index::{validate_name, FileMetadata};
+
+/// A scanned file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalFile {
+    /// Its name.
+    pub name: String,
+    /// Its full path.
+    pub path: PathBuf,
+    /// Digest and size (as hashed).
+    pub digest: FileDigest,
+    /// POSIX attributes for the index.
+    pub metadata: FileMetadata,
+}
+
+/// A scanned directory.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LocalDir {
+    /// Its name (`""` for the root).
+    pub name: String,
+    /// Its files, sorted by name.
+    pub files: Vec<LocalFile>,
+    /// Its sub-directories, sorted by name.
+    pub dirs: Vec<LocalDir>,
+}
+
+impl LocalDir {
+    /// Every file with its path relative to the root.
+    pub fn all_files(&self) -> Vec<(String, &LocalFile)> {
+        let mut out = Vec::new();
+        self.collect("", &mut out);
+        out
+    }
+
+    fn collect<'a>(&'a self, prefix: &str, out: &mut Vec<(String, &'a LocalFile)>) {
+        for f in &self.files {
+            out.push((format!("{prefix}{}", f.name), f));
+        }
+        for d in &self.dirs {
+            d.collect(&format!("{prefix}{}/", d.name), out);
+        }
+    }
+}
+
+/// What a scan did.
+#[derive(Debug, Default)]
+pub struct ScanStats {
+    /// Files found.
+    pub files: AtomicU64,
+    /// Bytes read to hash files.
+    pub bytes_hashed: AtomicU64,
+    /// Files whose hash came from the cache.
+    pub cache_hits: AtomicU64,
+}
+
+/// Whether a file is immutable by contract (RocksDB never rewrites an SST or blob file in
+/// place), so its hash may be cached.
+pub fn is_immutable(name: &str) -> bool {
+    name.ends_with(".sst") || name.ends_with(".blob")
+}
+
+/// Resolves uids and gids to names (from /etc/passwd and /etc/group, once).
+#[derive(Debug, Default)]
+pub struct Owners {
+    users: HashMap<u32, String>,
+    groups: HashMap<u32, String>,
+}
+
+impl Owners {
+    /// Load the local user and group databases (missing files give numeric names).
+    pub fn load() -> Self {
+        fn parse(path: &str) -> HashMap<u32, String> {
+            std::fs::read_to_string(path)
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| {
+                    let mut it = l.split(':');
+                    let name = it.next()?;
+                    let _pw = it.next()?;
+                    let id = it.next()?.parse().ok()?;
+                    Some((id, name.to_string()))
+                })
+                .collect()
+        }
+        Owners {
+            users: parse("/etc/passwd"),
+            groups: parse("/etc/group"),
+        }
+    }
+
+    fn user(&self, uid: u32) -> String {
+        self.users.get(&uid).cloned().unwrap_or_else(|| uid.to_string())
+    }
+
+    fn group(&self, gid: u32) -> String {
+        self.groups.get(&gid).cloned().unwrap_or_else(|| gid.to_string())
+    }
+}
+
+fn millis(secs: i64, nsec: i64) -> u64 {
+    (secs.max(0) as u64) * 1000 + (nsec.max(0) as u64) / 1_000_000
+}
+
+/// Scan `root` recursively. Immutable files are looked up in (and added to) `cache`.
+pub fn scan_dir(
+    root: &Path,
+    cache: Option<&HashCache>,
+    owners: &Owners,
+    stats: &ScanStats,
+) -> Result<LocalDir> {
+    scan(root, String::new(), cache, owners, stats)
+}
+
+fn scan(
+    dir: &Path,
+    name: String,
+    cache: Option<&HashCache>,
+    owners: &Owners,
+    stats: &ScanStats,
+) -> Result<LocalDir> {
+    let mut out = LocalDir {
+        name,
+        ..Default::default()
+    };
+    let entries =
+        std::fs::read_dir(dir).map_err(|e| Error::io(format!("list {}", dir.display()), e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io(format!("list {}", dir.display()), e))?;
+        let path = entry.path();
+        let name = entry.file_name().into_string().map_err(|n| {
+            Error::invalid(format!(
+                "{}: file name {n:?} is not UTF-8",
+                dir.display()
+            ))
+        })?;
+        validate_name(&name).map_err(|e| Error::invalid(format!("{}: {}", path.display(), e.message())))?;
+        let md = std::fs::symlink_metadata(&path)
+            .map_err(|e| Error::io(format!("stat {}", path.display()), e))?;
+        let ft = md.file_type();
+        if ft.is_dir() {
+            out.dirs.push(scan(&path, name, cache, owners, stats)?);
+        } else if ft.is_file() {
+            stats.files.fetch_add(1, Ordering::Relaxed);
+            let key = CacheKey {
+                name: name.clone(),
+                dev: md.dev(),
+                ino: md.ino(),
+                size: md.len(),
+                mtime_ns: md.mtime() as i128 * 1_000_000_000 + md.mtime_nsec() as i128,
+            };
+            let cached = if is_immutable(&name) {
+                cache.and_then(|c| c.get(&key))
+            } else {
+                None
+            };
+            let digest = match cached {
+                Some(d) => {
+                    stats.cache_hits.fetch_add(1, Ordering::Relaxed);
+                    d
+                }
+                None => {
+                    let d = hash_file(&path)?;
+                    stats.bytes_hashed.fetch_add(d.size, Ordering::Relaxed);
+                    if d.size != md.len() {
+                        return Err(Error::invalid(format!(
+                            "{} changed while being hashed ({} bytes, then {})",
+                            path.display(),
+                            md.len(),
+                            d.size
+                        )));
+                    }
+                    if is_immutable(&name) {
+                        if let Some(c) = cache {
+                            c.insert(key, d);
+                        }
+                    }
+                    d
+                }
+            };
+            out.files.push(LocalFile {
+                name,
+                path,
+                digest,
+                metadata: FileMetadata {
+                    creation_time_millis: millis(md.mtime(), md.mtime_nsec()),
+                    last_modified_time_millis: millis(md.mtime(), md.mtime_nsec()),
+                    size: digest.size,
+                    owner: owners.user(md.uid()),
+                    group: owners.group(md.gid()),
+                    permissions: FileMetadata::permissions_of(md.mode()),
+                },
+            });
+        } else {
+            let what = if ft.is_symlink() {
+                "a symbolic link"
+            } else {
+                "not a regular file or directory"
+            };
+            return Err(Error::invalid(format!(
+                "{} is {what}; a store snapshot may hold only regular files and directories",
+                path.display()
+            )));
+        }
+    }
+    out.files.sort_by(|a, b| a.name.cmp(&b.name));
+    out.dirs.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
