@@ -6,9 +6,9 @@
 # 1. installs what the build needs when missing (libclang-dev for RocksDB's bindgen);
 # 2. installs (once, into ~/.cache/blobsnap) and starts LocalStack on 127.0.0.1:4566;
 # 3. runs fmt, clippy (-D warnings), rustdoc (-D warnings) and `cargo test` — the unit
-#    tests, the format tests and the conformance suite against the local store and an
-#    in-process s3s-fs server;
-# 4. runs the external-endpoint conformance suite against LocalStack;
+#    tests, the format tests, the conformance suite and the backup suite (real RocksDB)
+#    against the local store and an in-process s3s-fs server;
+# 4. runs the external-endpoint suites (conformance, backup) against LocalStack;
 # 5. stops LocalStack (by its PID) and exits non-zero if anything failed.
 #
 # Each stage prints its duration. Set CARGO_TARGET_DIR to reuse a build directory.
@@ -48,8 +48,8 @@ cargo clippy --locked --all-targets -- -D warnings
 stage "cargo test (unit, formats, conformance on local + in-process s3s-fs)"
 cargo test --locked
 
-stage "conformance on LocalStack ($BLOBSNAP_TEST_S3_ENDPOINT)"
-cargo test --locked --test conformance -- --ignored external::
+stage "external-endpoint suites (conformance, backup) on LocalStack ($BLOBSNAP_TEST_S3_ENDPOINT)"
+cargo test --locked --tests -- --ignored external::
 
 stage "cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps

@@ -288,15 +288,20 @@ impl BlobBackupManager {
             .iter()
             .map(|f| {
                 let sha = f.digest.sha256;
-                (StoreScope::blob_id(id, sha), f.path.clone(), f.digest.size, sha)
+                (
+                    StoreScope::blob_id(id, sha),
+                    f.path.clone(),
+                    f.digest.size,
+                    sha,
+                )
             })
             .collect();
         let requests: u64 = futures::stream::iter(jobs)
             .map(|(blob_id, path, len, sha)| self.put_blob(scope, blob_id, path, len, sha))
-        // The shared limiter bounds what is on the wire; this only bounds futures in hand.
-        .buffer_unordered(64)
-        .try_fold(0u64, |acc, r| async move { Ok(acc + r) })
-        .await?;
+            // The shared limiter bounds what is on the wire; this only bounds futures in hand.
+            .buffer_unordered(64)
+            .try_fold(0u64, |acc, r| async move { Ok(acc + r) })
+            .await?;
 
         // 4. the index
         let index = SnapshotIndex {
@@ -350,8 +355,12 @@ impl BlobBackupManager {
             bytes_uploaded: to_put.iter().map(|f| f.digest.size).sum(),
             blobs_deduplicated: deduplicated,
             requests: requests + 1,
-            bytes_hashed: scan_stats.bytes_hashed.load(std::sync::atomic::Ordering::Relaxed),
-            hash_cache_hits: scan_stats.cache_hits.load(std::sync::atomic::Ordering::Relaxed),
+            bytes_hashed: scan_stats
+                .bytes_hashed
+                .load(std::sync::atomic::Ordering::Relaxed),
+            hash_cache_hits: scan_stats
+                .cache_hits
+                .load(std::sync::atomic::Ordering::Relaxed),
             index_bytes: index_len,
             scan_ms,
             upload_ms: upload_started.elapsed().as_millis() as u64,

@@ -214,10 +214,34 @@ mod tests {
             name: String::new(),
             files: vec![lf("a", b"a"), lf("c", b"c")],
             dirs: vec![
-                LocalDir { name: "p".into(), files: vec![], dirs: vec![LocalDir { name: "m".into(), files: vec![lf("3", b"3")], dirs: vec![] }] },
-                LocalDir { name: "q".into(), files: vec![], dirs: vec![LocalDir { name: "n".into(), files: vec![lf("4", b"4")], dirs: vec![] }] },
-                LocalDir { name: "y".into(), files: vec![lf("2", b"2")], dirs: vec![] },
-                LocalDir { name: "z".into(), files: vec![lf("1", b"1")], dirs: vec![] },
+                LocalDir {
+                    name: "p".into(),
+                    files: vec![],
+                    dirs: vec![LocalDir {
+                        name: "m".into(),
+                        files: vec![lf("3", b"3")],
+                        dirs: vec![],
+                    }],
+                },
+                LocalDir {
+                    name: "q".into(),
+                    files: vec![],
+                    dirs: vec![LocalDir {
+                        name: "n".into(),
+                        files: vec![lf("4", b"4")],
+                        dirs: vec![],
+                    }],
+                },
+                LocalDir {
+                    name: "y".into(),
+                    files: vec![lf("2", b"2")],
+                    dirs: vec![],
+                },
+                LocalDir {
+                    name: "z".into(),
+                    files: vec![lf("1", b"1")],
+                    dirs: vec![],
+                },
             ],
         };
         let d = |name: &str, files: Vec<FileIndex>, dirs: Vec<DirIndex>| DirIndex {
@@ -230,7 +254,11 @@ mod tests {
             "",
             vec![fi("a", b"a"), fi("b", b"b")],
             vec![
-                d("p", vec![], vec![d("m", vec![fi("3", b"3"), fi("5", b"5")], vec![])]),
+                d(
+                    "p",
+                    vec![],
+                    vec![d("m", vec![fi("3", b"3"), fi("5", b"5")], vec![])],
+                ),
                 d("r", vec![], vec![d("o", vec![fi("6", b"6")], vec![])]),
                 d("x", vec![fi("2", b"2")], vec![]),
                 d("z", vec![fi("1", b"1")], vec![]),
@@ -243,17 +271,31 @@ mod tests {
         assert_eq!(t.files_removed, 4, "b, p/m/5, r/o/6, x/2");
         let added: Vec<&str> = diff.added_files().iter().map(|f| f.name.as_str()).collect();
         assert_eq!(added, ["c", "4", "2"]);
-        assert_eq!(diff.sub_dirs_removed.iter().map(|d| d.dir_name.as_str()).collect::<Vec<_>>(), ["r", "x"]);
+        assert_eq!(
+            diff.sub_dirs_removed
+                .iter()
+                .map(|d| d.dir_name.as_str())
+                .collect::<Vec<_>>(),
+            ["r", "x"]
+        );
         let pm = &diff.sub_dirs_retained[0].sub_dirs_retained[0];
         assert_eq!(pm.files_removed[0].file_name, "5");
     }
 
     #[test]
     fn changed_content_is_removed_plus_added_and_samza_entries_never_retained() {
-        let local = LocalDir { name: String::new(), files: vec![lf("CURRENT", b"MANIFEST-2"), lf("OPTIONS", b"o")], dirs: vec![] };
+        let local = LocalDir {
+            name: String::new(),
+            files: vec![lf("CURRENT", b"MANIFEST-2"), lf("OPTIONS", b"o")],
+            dirs: vec![],
+        };
         let mut samza = fi("OPTIONS", b"o");
         samza.sha256 = None;
-        let prev = DirIndex { dir_name: String::new(), files_present: vec![fi("CURRENT", b"MANIFEST-1"), samza], ..Default::default() };
+        let prev = DirIndex {
+            dir_name: String::new(),
+            files_present: vec![fi("CURRENT", b"MANIFEST-1"), samza],
+            ..Default::default()
+        };
         let d = diff(&local, Some(&prev));
         assert_eq!(d.files_added.len(), 2);
         assert_eq!(d.files_removed.len(), 2);
@@ -262,7 +304,8 @@ mod tests {
 
     fn arb_tree(depth: u32) -> BoxedStrategy<BTreeMap<String, Option<u8>>> {
         // name -> Some(content byte) for a file, None for a directory (flattened paths)
-        let leaf = proptest::collection::btree_map("[a-c]{1,2}", proptest::option::of(0u8..3), 0..5);
+        let leaf =
+            proptest::collection::btree_map("[a-c]{1,2}", proptest::option::of(0u8..3), 0..5);
         let _ = depth;
         leaf.boxed()
     }
@@ -277,8 +320,16 @@ mod tests {
                     index.files_present.push(fi(name, &[*c]));
                 }
                 None => {
-                    local.dirs.push(LocalDir { name: name.clone(), files: vec![lf("f", name.as_bytes())], dirs: vec![] });
-                    index.sub_dirs_present.push(DirIndex { dir_name: name.clone(), files_present: vec![fi("f", name.as_bytes())], ..Default::default() });
+                    local.dirs.push(LocalDir {
+                        name: name.clone(),
+                        files: vec![lf("f", name.as_bytes())],
+                        dirs: vec![],
+                    });
+                    index.sub_dirs_present.push(DirIndex {
+                        dir_name: name.clone(),
+                        files_present: vec![fi("f", name.as_bytes())],
+                        ..Default::default()
+                    });
                 }
             }
         }

@@ -102,11 +102,17 @@ impl Owners {
     }
 
     fn user(&self, uid: u32) -> String {
-        self.users.get(&uid).cloned().unwrap_or_else(|| uid.to_string())
+        self.users
+            .get(&uid)
+            .cloned()
+            .unwrap_or_else(|| uid.to_string())
     }
 
     fn group(&self, gid: u32) -> String {
-        self.groups.get(&gid).cloned().unwrap_or_else(|| gid.to_string())
+        self.groups
+            .get(&gid)
+            .cloned()
+            .unwrap_or_else(|| gid.to_string())
     }
 }
 
@@ -141,12 +147,10 @@ fn scan(
         let entry = entry.map_err(|e| Error::io(format!("list {}", dir.display()), e))?;
         let path = entry.path();
         let name = entry.file_name().into_string().map_err(|n| {
-            Error::invalid(format!(
-                "{}: file name {n:?} is not UTF-8",
-                dir.display()
-            ))
+            Error::invalid(format!("{}: file name {n:?} is not UTF-8", dir.display()))
         })?;
-        validate_name(&name).map_err(|e| Error::invalid(format!("{}: {}", path.display(), e.message())))?;
+        validate_name(&name)
+            .map_err(|e| Error::invalid(format!("{}: {}", path.display(), e.message())))?;
         let md = std::fs::symlink_metadata(&path)
             .map_err(|e| Error::io(format!("stat {}", path.display()), e))?;
         let ft = md.file_type();
