@@ -22,6 +22,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -100,6 +101,39 @@ pub struct UploadStats {
     pub upload_ms: u64,
 }
 
+/// Live progress of one store's upload (Samza's `files-to-upload`, `bytes-uploaded`, …
+/// gauges); reset at the start of each upload. Remaining = to upload − uploaded.
+#[derive(Debug, Default)]
+pub struct BackupProgress {
+    /// Blobs this upload must PUT.
+    pub files_to_upload: AtomicU64,
+    /// Their bytes.
+    pub bytes_to_upload: AtomicU64,
+    /// Blobs PUT so far.
+    pub files_uploaded: AtomicU64,
+    /// Their bytes.
+    pub bytes_uploaded: AtomicU64,
+    /// Files reused from the committed snapshot (no request).
+    pub files_to_retain: AtomicU64,
+    /// Their bytes.
+    pub bytes_to_retain: AtomicU64,
+}
+
+impl BackupProgress {
+    fn reset(&self) {
+        for a in [
+            &self.files_to_upload,
+            &self.bytes_to_upload,
+            &self.files_uploaded,
+            &self.bytes_uploaded,
+            &self.files_to_retain,
+            &self.bytes_to_retain,
+        ] {
+            a.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
 #[derive(Clone)]
 struct Snapshot {
     marker: IndexMarker,
@@ -117,6 +151,7 @@ pub struct BlobBackupManager {
     blob_store: Arc<dyn BlobStore>,
     task: TaskContext,
     stores: Vec<(StoreSpec, StoreScope, Option<Arc<HashCache>>)>,
+    progress: HashMap<String, Arc<BackupProgress>>,
     clock: Arc<dyn Clock>,
     settings: BackupSettings,
     owners: Arc<Owners>,
@@ -150,6 +185,7 @@ impl BlobBackupManager {
         let job = JobScope::new(&task.job_name, &task.job_id)?;
         let mut specs = Vec::with_capacity(stores.len());
         let mut seen = std::collections::HashSet::new();
+        let mut progress = HashMap::new();
         for spec in stores {
             if !seen.insert(spec.name.clone()) {
                 return Err(Error::invalid(format!(
@@ -162,11 +198,13 @@ impl BlobBackupManager {
                 .hash_cache
                 .then(|| Arc::new(HashCache::load(HashCache::path_for(&spec.dir))));
             specs.push((spec.clone(), scope, cache));
+            progress.insert(spec.name.clone(), Arc::default());
         }
         Ok(BlobBackupManager {
             blob_store,
             task,
             stores: specs,
+            progress,
             clock,
             settings,
             owners: Arc::new(Owners::load()),
@@ -178,6 +216,11 @@ impl BlobBackupManager {
     /// Per store, what the last upload did.
     pub fn last_upload_stats(&self) -> BTreeMap<String, UploadStats> {
         self.stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Live progress of `store`'s current (or last) upload.
+    pub fn progress(&self, store: &str) -> Option<Arc<BackupProgress>> {
+        self.progress.get(store).cloned()
     }
 
     /// The committed marker of `store`, if any.
@@ -283,6 +326,23 @@ impl BlobBackupManager {
             blob_of.insert(sha, StoreScope::blob_id(id, sha));
             to_put.push(f);
         }
+        let progress = self.progress.get(&spec.name).cloned().unwrap_or_default();
+        progress.reset();
+        progress
+            .files_to_upload
+            .store(to_put.len() as u64, Ordering::Relaxed);
+        progress.bytes_to_upload.store(
+            to_put.iter().map(|f| f.digest.size).sum(),
+            Ordering::Relaxed,
+        );
+        progress
+            .files_to_retain
+            .store(totals.files_retained + deduplicated, Ordering::Relaxed);
+        progress.bytes_to_retain.store(
+            totals.bytes_added + totals.bytes_retained
+                - to_put.iter().map(|f| f.digest.size).sum::<u64>(),
+            Ordering::Relaxed,
+        );
         let upload_started = Instant::now();
         let jobs: Vec<(String, PathBuf, u64, Sha256)> = to_put
             .iter()
@@ -297,7 +357,15 @@ impl BlobBackupManager {
             })
             .collect();
         let requests: u64 = futures::stream::iter(jobs)
-            .map(|(blob_id, path, len, sha)| self.put_blob(scope, blob_id, path, len, sha))
+            .map(|(blob_id, path, len, sha)| {
+                let progress = Arc::clone(&progress);
+                async move {
+                    let r = self.put_blob(scope, blob_id, path, len, sha).await?;
+                    progress.files_uploaded.fetch_add(1, Ordering::Relaxed);
+                    progress.bytes_uploaded.fetch_add(len, Ordering::Relaxed);
+                    Ok::<_, Error>(r)
+                }
+            })
             // The shared limiter bounds what is on the wire; this only bounds futures in hand.
             .buffer_unordered(64)
             .try_fold(0u64, |acc, r| async move { Ok(acc + r) })

@@ -104,17 +104,19 @@ pub fn s3s_config(addr: SocketAddr, bucket: &str) -> S3Config {
 }
 
 pub async fn s3s() -> Harness {
+    s3s_with(|_| {}).await
+}
+
+/// An s3s-fs harness with adjusted client settings.
+pub async fn s3s_with(adjust: impl FnOnce(&mut S3Config)) -> Harness {
     let dir = tempfile::tempdir().unwrap();
     let addr = start_s3s(dir.path()).await;
     let bucket = "blobsnap-test";
-    let store = S3Store::connect_with_credentials(
-        s3s_config(addr, bucket),
-        S3S_ACCESS_KEY,
-        S3S_SECRET_KEY,
-        None,
-    )
-    .await
-    .unwrap();
+    let mut config = s3s_config(addr, bucket);
+    adjust(&mut config);
+    let store = S3Store::connect_with_credentials(config, S3S_ACCESS_KEY, S3S_SECRET_KEY, None)
+        .await
+        .unwrap();
     store
         .client()
         .create_bucket()
