@@ -309,6 +309,29 @@ mod cases {
         fx.check_blobs("plain", &idx).await;
     }
 
+    pub async fn empty_store_and_empty_dir(h: &Harness) {
+        let mut fx = Fixture::new(h);
+        let tmp = tempfile::tempdir().unwrap();
+        // A RocksDB store that was opened but never written.
+        let db = RocksStore::open("empty", &tmp.path().join("empty")).unwrap();
+        let spec = StoreSpec { name: "empty".into(), dir: db.dir().to_path_buf() };
+        let mgr = fx.manager(std::slice::from_ref(&spec));
+        mgr.init(None).await.unwrap();
+        let (_, m, s) = commit_rocks(&mut fx, &mgr, &db).await;
+        assert!(s.files >= 3, "CURRENT, MANIFEST, OPTIONS at least: {s:?}");
+        let idx = fx.index("empty", &m).await;
+        assert!(!idx.present_files().iter().any(|(p, _)| p.ends_with(".sst")));
+        fx.check_blobs("empty", &idx).await;
+        // A checkpoint dir with no files at all.
+        let cp = tmp.path().join("nothing");
+        std::fs::create_dir_all(&cp).unwrap();
+        let id = fx.next_id();
+        let m = mgr.upload(id, &StoreMarkers::new(), &BTreeMap::from([("empty".into(), cp)])).await.unwrap();
+        let idx = fx.index("empty", &m["empty"]).await;
+        assert!(idx.present_files().is_empty());
+        assert_eq!(mgr.last_upload_stats()["empty"].files_removed, s.files);
+    }
+
     pub async fn large_file_goes_multipart(h: &Harness) {
         if h.name.starts_with("s3s-fs") {
             // s3s-fs keeps multipart metadata in one file named after the base64 of the whole
@@ -606,6 +629,7 @@ macro_rules! suite {
             suite!(@cases $make, $attrs,
                 second_commit_sends_only_new_content,
                 nested_removed_rewritten_and_duplicate_files,
+                empty_store_and_empty_dir,
                 large_file_goes_multipart,
                 two_stores_upload_concurrently,
                 failed_upload_does_not_wedge_or_become_baseline,
