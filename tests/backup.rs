@@ -314,7 +314,10 @@ mod cases {
         let tmp = tempfile::tempdir().unwrap();
         // A RocksDB store that was opened but never written.
         let db = RocksStore::open("empty", &tmp.path().join("empty")).unwrap();
-        let spec = StoreSpec { name: "empty".into(), dir: db.dir().to_path_buf() };
+        let spec = StoreSpec {
+            name: "empty".into(),
+            dir: db.dir().to_path_buf(),
+        };
         let mgr = fx.manager(std::slice::from_ref(&spec));
         mgr.init(None).await.unwrap();
         let (_, m, s) = commit_rocks(&mut fx, &mgr, &db).await;
@@ -326,7 +329,14 @@ mod cases {
         let cp = tmp.path().join("nothing");
         std::fs::create_dir_all(&cp).unwrap();
         let id = fx.next_id();
-        let m = mgr.upload(id, &StoreMarkers::new(), &BTreeMap::from([("empty".into(), cp)])).await.unwrap();
+        let m = mgr
+            .upload(
+                id,
+                &StoreMarkers::new(),
+                &BTreeMap::from([("empty".into(), cp)]),
+            )
+            .await
+            .unwrap();
         let idx = fx.index("empty", &m["empty"]).await;
         assert!(idx.present_files().is_empty());
         assert_eq!(mgr.last_upload_stats()["empty"].files_removed, s.files);

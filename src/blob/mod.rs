@@ -4,12 +4,15 @@
 //! - [`backup::BlobBackupManager`]: scan a checkpoint dir (hash cache), diff it against the
 //!   last *committed* index, PUT only content the committed snapshot does not reference,
 //!   write the index, return its key as the marker.
+//! - [`restore::BlobRestoreManager`]: plan (reuse local bytes, download what is missing),
+//!   execute into a staging dir with verified downloads, swap atomically.
 //! - [`diff`]: local tree vs index, shared by backup and restore.
 //!
 //! Markers are stored in CheckpointV2 under [`FACTORY_NAME`].
 
 pub mod backup;
 pub mod diff;
+pub mod restore;
 
 use futures::TryStreamExt as _;
 

@@ -1,0 +1,907 @@
+//! The blob backend's [`TaskRestoreManager`]: restore each store from its committed index,
+//! reusing every local byte it can, downloading only what is missing, verifying everything,
+//! and swapping the new tree in atomically (DESIGN §8).
+//!
+//! **Plan, then execute.** [`plan_store`] decides, for each file of the index, whether it is
+//! already in the staging dir of an interrupted restore, reusable from a local file (the live
+//! store dir, any local checkpoint dir of the store) with the same size and a SHA-256
+//! **recomputed now**, or to be downloaded; and which local files are left over. The plan has
+//! totals and prints itself. Free disk space is checked against it before anything is written.
+//!
+//! **Execute** builds the new tree in `<store dir>.blobsnap-staging`: SST/blob files are
+//! hard-linked (unless their mode differs from the index's: never chmod a linked inode), other
+//! files are copied (RocksDB may rewrite them in place), downloads stream into a temp file that
+//! is SHA-256-verified and fsynced before its rename (large blobs as parallel ranged GETs). A
+//! mismatch is retried a bounded number of times, then fails as `Corrupt` naming file and
+//! blob. When the tree is complete: a `RESTORED` marker (checkpoint id, index key), fsync of
+//! the staging tree bottom-up, `renameat2(RENAME_EXCHANGE)` of staging and store dir, fsync of
+//! the parent, removal of the old tree. Where the filesystem lacks EXCHANGE, two renames with an
+//! intent file, rolled forward by the next restore. A crash at any point leaves the old store
+//! or the complete new one; a rerun reuses what staging already holds.
+//!
+//! A store without a marker (new store, V1 checkpoint, no checkpoint) is reset to an empty
+//! directory the same way: only that store's own directory is touched.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use futures::{StreamExt as _, TryStreamExt as _};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use super::{read_index, Expected, FACTORY_NAME};
+use crate::backend::{StoreSpec, TaskContext, TaskRestoreManager};
+use crate::blobstore::{download_to_file, BlobStore, DownloadOptions};
+use crate::checkpoint::{Checkpoint, CheckpointId};
+use crate::digest::{hash_file, Sha256};
+use crate::error::{Error, ErrorKind, Result};
+use crate::index::{FileIndex, IndexMarker, SnapshotIndex};
+use crate::layout::{JobScope, StoreScope};
+use crate::local::scan::is_immutable;
+
+/// Name of the marker file written into a restored store.
+pub const RESTORED_MARKER: &str = "RESTORED";
+
+/// Settings of the restore side.
+#[derive(Clone, Debug)]
+pub struct RestoreSettings {
+    /// Shared budget of concurrent downloads (share one `Arc` across a process).
+    pub limiter: Arc<Semaphore>,
+    /// Blobs larger than this are fetched as parallel ranged GETs of this size.
+    pub part_size: u64,
+    /// Ranged GETs in flight per blob.
+    pub part_concurrency: usize,
+    /// Downloads of one blob that fail verification before the restore fails as `Corrupt`.
+    pub max_attempts: u32,
+    /// Cancels the restore (also stops when the `restore()` future is dropped).
+    pub cancel: CancellationToken,
+}
+
+impl Default for RestoreSettings {
+    fn default() -> Self {
+        RestoreSettings {
+            limiter: Arc::new(Semaphore::new(8)),
+            part_size: 16 << 20,
+            part_concurrency: 4,
+            max_attempts: 3,
+            cancel: CancellationToken::new(),
+        }
+    }
+}
+
+/// Where a file of the restored tree comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// Already in the staging dir of an interrupted restore, verified.
+    Staged,
+    /// A local file with the same size and SHA-256 (recomputed now).
+    Local(PathBuf),
+    /// The blob store.
+    Download,
+}
+
+/// One file of the plan.
+#[derive(Clone, Debug)]
+pub struct PlannedFile {
+    /// Path relative to the store dir.
+    pub path: String,
+    /// Its index entry.
+    pub entry: FileIndex,
+    /// Where its bytes come from.
+    pub source: Source,
+}
+
+/// Totals of a plan.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PlanTotals {
+    /// Files in the snapshot.
+    pub files: u64,
+    /// Bytes in the snapshot.
+    pub bytes: u64,
+    /// Files reused from local disk (live dir, checkpoint dirs, staging).
+    pub files_reused: u64,
+    /// Their bytes.
+    pub bytes_reused: u64,
+    /// Files to download.
+    pub files_to_download: u64,
+    /// Their bytes.
+    pub bytes_to_download: u64,
+    /// Files in the live store dir that the snapshot does not have (gone after the swap).
+    pub files_to_delete: u64,
+}
+
+/// What restoring one store will do.
+#[derive(Clone, Debug)]
+pub struct RestorePlan {
+    /// The store.
+    pub store: String,
+    /// The index restored from (`None`: reset to empty).
+    pub marker: Option<IndexMarker>,
+    /// Every file of the snapshot.
+    pub files: Vec<PlannedFile>,
+    /// Every directory of the snapshot (relative, parents first).
+    pub dirs: Vec<String>,
+    /// Live files not in the snapshot.
+    pub leftover: Vec<String>,
+    /// Totals.
+    pub totals: PlanTotals,
+}
+
+impl fmt::Display for RestorePlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let t = &self.totals;
+        match &self.marker {
+            Some(m) => writeln!(f, "restore store {} from {m}", self.store)?,
+            None => writeln!(f, "reset store {} to empty (no snapshot)", self.store)?,
+        }
+        writeln!(
+            f,
+            "  {} files, {} bytes: reuse {} files ({} bytes), download {} files ({} bytes), delete {} local files",
+            t.files, t.bytes, t.files_reused, t.bytes_reused, t.files_to_download, t.bytes_to_download, t.files_to_delete
+        )?;
+        for p in &self.files {
+            let how = match &p.source {
+                Source::Staged => "staged".to_string(),
+                Source::Local(from) => format!("reuse {}", from.display()),
+                Source::Download => format!("download {}", p.entry.blobs[0].blob_id),
+            };
+            writeln!(f, "  {:>12}  {}  {how}", p.entry.file_metadata.size, p.path)?;
+        }
+        for l in &self.leftover {
+            writeln!(f, "  {:>12}  {l}  delete", "")?;
+        }
+        Ok(())
+    }
+}
+
+/// Live progress of one store's restore (Samza's `files-to-restore`, `bytes-restored`, …).
+#[derive(Debug, Default)]
+pub struct RestoreProgress {
+    /// Files to download.
+    pub files_to_fetch: AtomicU64,
+    /// Bytes to download.
+    pub bytes_to_fetch: AtomicU64,
+    /// Files downloaded so far.
+    pub files_fetched: AtomicU64,
+    /// Bytes downloaded so far (verified files only).
+    pub bytes_fetched: AtomicU64,
+    /// Files reused from local disk.
+    pub files_reused: AtomicU64,
+    /// Their bytes.
+    pub bytes_reused: AtomicU64,
+}
+
+/// The marker a restore leaves in the store dir.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct RestoredMarker {
+    /// The checkpoint restored (absent for a reset).
+    pub checkpoint_id: Option<CheckpointId>,
+    /// The index key restored from (absent for a reset).
+    pub index: Option<String>,
+}
+
+fn sibling(dir: &Path, suffix: &str) -> Result<PathBuf> {
+    let name = dir
+        .file_name()
+        .ok_or_else(|| Error::invalid(format!("store dir {} has no name", dir.display())))?;
+    let mut n = name.to_os_string();
+    n.push(suffix);
+    Ok(dir.with_file_name(n))
+}
+
+/// `<store dir>.blobsnap-staging`
+pub fn staging_dir(store_dir: &Path) -> Result<PathBuf> {
+    sibling(store_dir, ".blobsnap-staging")
+}
+
+fn intent_file(store_dir: &Path) -> Result<PathBuf> {
+    sibling(store_dir, ".blobsnap-intent")
+}
+
+fn io(what: impl fmt::Display) -> impl FnOnce(std::io::Error) -> Error {
+    move |e| Error::io(what, e)
+}
+
+/// Regular files below `dir`, relative path → (full path, size). Missing dir: empty.
+fn list_files(dir: &Path) -> Result<BTreeMap<String, (PathBuf, u64)>> {
+    fn walk(dir: &Path, rel: &str, out: &mut BTreeMap<String, (PathBuf, u64)>) -> Result<()> {
+        let entries = match std::fs::read_dir(dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(Error::io(format!("list {}", dir.display()), e)),
+        };
+        for entry in entries {
+            let entry = entry.map_err(io(format!("list {}", dir.display())))?;
+            let Ok(name) = entry.file_name().into_string() else {
+                continue;
+            };
+            let path = entry.path();
+            let md =
+                std::fs::symlink_metadata(&path).map_err(io(format!("stat {}", path.display())))?;
+            let r = format!("{rel}{name}");
+            if md.is_dir() {
+                walk(&path, &format!("{r}/"), out)?;
+            } else if md.is_file() {
+                out.insert(r, (path, md.len()));
+            }
+        }
+        Ok(())
+    }
+    let mut out = BTreeMap::new();
+    walk(dir, "", &mut out)?;
+    Ok(out)
+}
+
+/// Plan the restore of `spec` to `index` (blocking: hashes local candidates).
+pub fn plan_store(
+    spec: &StoreSpec,
+    marker: Option<IndexMarker>,
+    index: Option<&SnapshotIndex>,
+) -> Result<RestorePlan> {
+    let staging = staging_dir(&spec.dir)?;
+    let live = list_files(&spec.dir)?;
+    let staged = list_files(&staging)?;
+    // Reuse candidates, by size: the live dir first, then every local checkpoint dir.
+    let mut by_size: HashMap<u64, Vec<PathBuf>> = HashMap::new();
+    for (path, size) in live.values() {
+        by_size.entry(*size).or_default().push(path.clone());
+    }
+    let checkpoints = sibling(&spec.dir, ".checkpoints")?;
+    if let Ok(entries) = std::fs::read_dir(&checkpoints) {
+        for e in entries.flatten() {
+            for (path, size) in list_files(&e.path())?.into_values() {
+                by_size.entry(size).or_default().push(path);
+            }
+        }
+    }
+    let mut hashes: HashMap<PathBuf, Option<Sha256>> = HashMap::new();
+    let mut hash_of = |p: &Path| -> Option<Sha256> {
+        *hashes
+            .entry(p.to_path_buf())
+            .or_insert_with(|| hash_file(p).ok().map(|d| d.sha256))
+    };
+
+    let mut files = Vec::new();
+    let mut dirs = Vec::new();
+    let mut totals = PlanTotals::default();
+    if let Some(index) = index {
+        fn collect_dirs(d: &crate::index::DirIndex, prefix: &str, out: &mut Vec<String>) {
+            for s in &d.sub_dirs_present {
+                let p = format!("{prefix}{}", s.dir_name);
+                out.push(p.clone());
+                collect_dirs(s, &format!("{p}/"), out);
+            }
+        }
+        collect_dirs(&index.dir_index, "", &mut dirs);
+        for (path, entry) in index.present_files() {
+            let sha = entry.sha256.ok_or_else(|| {
+                Error::corrupt(format!(
+                    "index entry {path} has no sha256 (a Samza index?): blobsnap restores only verifiable files"
+                ))
+            })?;
+            if entry.blobs.len() != 1 {
+                return Err(Error::corrupt(format!(
+                    "index entry {path} has {} blobs; blobsnap restores single-blob files",
+                    entry.blobs.len()
+                )));
+            }
+            let size = entry.file_metadata.size;
+            totals.files += 1;
+            totals.bytes += size;
+            let source = if staged
+                .get(&path)
+                .is_some_and(|(p, s)| *s == size && hash_of(p) == Some(sha))
+            {
+                Source::Staged
+            } else {
+                // Prefer the same path in the live dir, then any candidate of that size.
+                let mut cands: Vec<PathBuf> = Vec::new();
+                if let Some((p, s)) = live.get(&path) {
+                    if *s == size {
+                        cands.push(p.clone());
+                    }
+                }
+                cands.extend(by_size.get(&size).into_iter().flatten().cloned());
+                match cands.into_iter().find(|p| hash_of(p) == Some(sha)) {
+                    Some(p) => Source::Local(p),
+                    None => Source::Download,
+                }
+            };
+            match source {
+                Source::Download => {
+                    totals.files_to_download += 1;
+                    totals.bytes_to_download += size;
+                }
+                _ => {
+                    totals.files_reused += 1;
+                    totals.bytes_reused += size;
+                }
+            }
+            files.push(PlannedFile {
+                path,
+                entry: entry.clone(),
+                source,
+            });
+        }
+    }
+    let wanted: HashSet<&str> = files.iter().map(|f| f.path.as_str()).collect();
+    let leftover: Vec<String> = live
+        .keys()
+        .filter(|k| !wanted.contains(k.as_str()))
+        .cloned()
+        .collect();
+    totals.files_to_delete = leftover.len() as u64;
+    Ok(RestorePlan {
+        store: spec.name.clone(),
+        marker,
+        files,
+        dirs,
+        leftover,
+        totals,
+    })
+}
+
+fn available_bytes(dir: &Path) -> Option<u64> {
+    let mut probe = dir.to_path_buf();
+    while !probe.exists() {
+        probe = probe.parent()?.to_path_buf();
+    }
+    rustix::fs::statvfs(&probe)
+        .ok()
+        .map(|s| s.f_bavail.saturating_mul(s.f_frsize))
+}
+
+fn fsync_dir(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(format!("fsync {}", dir.display())))
+}
+
+fn fsync_tree(dir: &Path) -> Result<()> {
+    for entry in std::fs::read_dir(dir).map_err(io(format!("list {}", dir.display())))? {
+        let entry = entry.map_err(io(format!("list {}", dir.display())))?;
+        let md = std::fs::symlink_metadata(entry.path())
+            .map_err(io(format!("stat {}", entry.path().display())))?;
+        if md.is_dir() {
+            fsync_tree(&entry.path())?;
+        }
+    }
+    fsync_dir(dir)
+}
+
+fn remove_tree(dir: &Path) -> Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io(format!("remove {}", dir.display()), e)),
+    }
+}
+
+/// Finish a swap that an earlier run left half done (the rename fallback): if the intent
+/// file exists, the staging dir is complete; move it into place.
+fn roll_forward(store_dir: &Path) -> Result<()> {
+    let intent = intent_file(store_dir)?;
+    if !intent.exists() {
+        return Ok(());
+    }
+    let staging = staging_dir(store_dir)?;
+    let old = sibling(store_dir, ".blobsnap-old")?;
+    if staging.join(RESTORED_MARKER).exists() {
+        if store_dir.exists() {
+            std::fs::rename(store_dir, &old)
+                .map_err(io(format!("move {} aside", store_dir.display())))?;
+        }
+        std::fs::rename(&staging, store_dir)
+            .map_err(io(format!("move {} into place", staging.display())))?;
+    }
+    if let Some(parent) = store_dir.parent() {
+        fsync_dir(parent)?;
+    }
+    std::fs::remove_file(&intent).map_err(io(format!("remove {}", intent.display())))?;
+    remove_tree(&old)
+}
+
+/// Exchange the complete staging tree with the store dir, atomically.
+fn swap_in(store_dir: &Path, staging: &Path) -> Result<()> {
+    let parent = store_dir.parent().ok_or_else(|| {
+        Error::invalid(format!("store dir {} has no parent", store_dir.display()))
+    })?;
+    if !store_dir.exists() {
+        std::fs::rename(staging, store_dir)
+            .map_err(io(format!("move {} into place", staging.display())))?;
+        return fsync_dir(parent);
+    }
+    match rustix::fs::renameat_with(
+        rustix::fs::CWD,
+        staging,
+        rustix::fs::CWD,
+        store_dir,
+        rustix::fs::RenameFlags::EXCHANGE,
+    ) {
+        Ok(()) => {
+            fsync_dir(parent)?;
+            // `staging` now holds the old tree.
+            remove_tree(staging)
+        }
+        Err(e)
+            if e == rustix::io::Errno::INVAL
+                || e == rustix::io::Errno::NOSYS
+                || e == rustix::io::Errno::OPNOTSUPP =>
+        {
+            tracing::warn!(dir = %store_dir.display(), "filesystem lacks RENAME_EXCHANGE; swapping with two renames and an intent file");
+            let intent = intent_file(store_dir)?;
+            std::fs::write(&intent, b"swap").map_err(io(format!("write {}", intent.display())))?;
+            fsync_dir(parent)?;
+            roll_forward(store_dir)
+        }
+        Err(e) => Err(Error::io(
+            format!(
+                "exchange {} with {}",
+                staging.display(),
+                store_dir.display()
+            ),
+            std::io::Error::from(e),
+        )),
+    }
+}
+
+#[derive(Clone)]
+struct Loaded {
+    marker: IndexMarker,
+    index: Arc<SnapshotIndex>,
+}
+
+/// The blob backend's restore manager for one task.
+pub struct BlobRestoreManager {
+    blob_store: Arc<dyn BlobStore>,
+    task: TaskContext,
+    stores: Vec<(StoreSpec, StoreScope)>,
+    settings: RestoreSettings,
+    loaded: Mutex<Option<HashMap<String, Option<Loaded>>>>,
+    progress: HashMap<String, Arc<RestoreProgress>>,
+    plans: Mutex<BTreeMap<String, PlanTotals>>,
+}
+
+impl fmt::Debug for BlobRestoreManager {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BlobRestoreManager")
+            .field("task", &self.task)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> Result<std::sync::MutexGuard<'_, T>> {
+    m.lock()
+        .map_err(|_| Error::new(ErrorKind::Io, "restore manager lock poisoned"))
+}
+
+impl BlobRestoreManager {
+    /// A restore manager for `task`'s `stores`, reading from `blob_store`.
+    pub fn new(
+        blob_store: Arc<dyn BlobStore>,
+        task: TaskContext,
+        stores: &[StoreSpec],
+        settings: RestoreSettings,
+    ) -> Result<Self> {
+        let job = JobScope::new(&task.job_name, &task.job_id)?;
+        let mut specs = Vec::new();
+        let mut progress = HashMap::new();
+        for s in stores {
+            specs.push((s.clone(), job.store(&task.task_name, &s.name)?));
+            progress.insert(s.name.clone(), Arc::default());
+        }
+        Ok(BlobRestoreManager {
+            blob_store,
+            task,
+            stores: specs,
+            settings,
+            loaded: Mutex::new(None),
+            progress,
+            plans: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// Live progress of `store`.
+    pub fn progress(&self, store: &str) -> Option<Arc<RestoreProgress>> {
+        self.progress.get(store).cloned()
+    }
+
+    /// The totals of each store's last plan.
+    pub fn plan_totals(&self) -> BTreeMap<String, PlanTotals> {
+        self.plans.lock().map(|p| p.clone()).unwrap_or_default()
+    }
+
+    /// Plan every store without changing anything (after [`init`](TaskRestoreManager::init)).
+    pub async fn plan(&self) -> Result<Vec<RestorePlan>> {
+        let loaded = self.loaded()?;
+        let mut plans = Vec::new();
+        for (spec, _) in &self.stores {
+            let l = loaded.get(&spec.name).cloned().flatten();
+            let spec = spec.clone();
+            let plan = tokio::task::spawn_blocking(move || {
+                plan_store(
+                    &spec,
+                    l.as_ref().map(|l| l.marker),
+                    l.as_ref().map(|l| l.index.as_ref()),
+                )
+            })
+            .await
+            .map_err(|e| Error::new(ErrorKind::Io, format!("plan task: {e}")))??;
+            plans.push(plan);
+        }
+        Ok(plans)
+    }
+
+    fn loaded(&self) -> Result<HashMap<String, Option<Loaded>>> {
+        lock(&self.loaded)?
+            .clone()
+            .ok_or_else(|| Error::invalid("restore manager used before init"))
+    }
+
+    async fn restore_store(
+        &self,
+        spec: &StoreSpec,
+        scope: &StoreScope,
+        loaded: Option<Loaded>,
+    ) -> Result<()> {
+        let spec_c = spec.clone();
+        tokio::task::spawn_blocking(move || roll_forward(&spec_c.dir))
+            .await
+            .map_err(|e| Error::new(ErrorKind::Io, format!("recovery task: {e}")))??;
+        let plan = {
+            let spec = spec.clone();
+            let l = loaded.clone();
+            tokio::task::spawn_blocking(move || {
+                plan_store(
+                    &spec,
+                    l.as_ref().map(|l| l.marker),
+                    l.as_ref().map(|l| l.index.as_ref()),
+                )
+            })
+            .await
+            .map_err(|e| Error::new(ErrorKind::Io, format!("plan task: {e}")))??
+        };
+        tracing::info!(store = %spec.name, plan = ?plan.totals, "restore plan");
+        lock(&self.plans)?.insert(spec.name.clone(), plan.totals);
+        if loaded.is_none() {
+            tracing::warn!(task = %self.task.task_name, store = %spec.name,
+                "no snapshot for this store in the checkpoint: resetting it to empty");
+        }
+
+        // Room for what is downloaded or copied (hard links cost nothing).
+        let need: u64 = plan
+            .files
+            .iter()
+            .filter(|f| match &f.source {
+                Source::Download => true,
+                Source::Local(_) => !is_immutable(&f.path),
+                Source::Staged => false,
+            })
+            .map(|f| f.entry.file_metadata.size)
+            .sum();
+        if let Some(avail) = available_bytes(&spec.dir) {
+            if need > avail {
+                return Err(Error::new(
+                    ErrorKind::Io,
+                    format!(
+                        "restore of store {} needs {need} bytes on disk, {avail} are free; nothing was changed",
+                        spec.name
+                    ),
+                ));
+            }
+        }
+
+        let progress = self.progress.get(&spec.name).cloned().unwrap_or_default();
+        let t = plan.totals;
+        progress
+            .files_to_fetch
+            .store(t.files_to_download, Ordering::Relaxed);
+        progress
+            .bytes_to_fetch
+            .store(t.bytes_to_download, Ordering::Relaxed);
+        progress.files_fetched.store(0, Ordering::Relaxed);
+        progress.bytes_fetched.store(0, Ordering::Relaxed);
+        progress
+            .files_reused
+            .store(t.files_reused, Ordering::Relaxed);
+        progress
+            .bytes_reused
+            .store(t.bytes_reused, Ordering::Relaxed);
+
+        let staging = staging_dir(&spec.dir)?;
+        {
+            let (staging, plan) = (staging.clone(), plan.clone());
+            tokio::task::spawn_blocking(move || prepare_staging(&staging, &plan))
+                .await
+                .map_err(|e| Error::new(ErrorKind::Io, format!("staging task: {e}")))??;
+        }
+
+        let downloads: Vec<PlannedFile> = plan
+            .files
+            .iter()
+            .filter(|f| f.source == Source::Download)
+            .cloned()
+            .collect();
+        futures::stream::iter(downloads)
+            .map(|f| {
+                let progress = Arc::clone(&progress);
+                let staging = staging.clone();
+                async move {
+                    let _permit =
+                        self.settings.limiter.acquire().await.map_err(|_| {
+                            Error::new(ErrorKind::Cancelled, "download limiter closed")
+                        })?;
+                    self.download_one(scope, &staging, &f).await?;
+                    progress.files_fetched.fetch_add(1, Ordering::Relaxed);
+                    progress
+                        .bytes_fetched
+                        .fetch_add(f.entry.file_metadata.size, Ordering::Relaxed);
+                    Ok::<_, Error>(())
+                }
+            })
+            .buffer_unordered(64)
+            .try_collect::<Vec<()>>()
+            .await
+            .map_err(|e| e.context(format!("restore store {}", spec.name)))?;
+
+        let marker = RestoredMarker {
+            checkpoint_id: plan.marker.map(|m| m.checkpoint_id),
+            index: plan.marker.map(|m| m.to_string()),
+        };
+        let dir = spec.dir.clone();
+        tokio::task::spawn_blocking(move || {
+            let bytes =
+                serde_json::to_vec(&marker).map_err(|e| Error::invalid(format!("marker: {e}")))?;
+            let path = staging.join(RESTORED_MARKER);
+            std::fs::write(&path, bytes).map_err(io(format!("write {}", path.display())))?;
+            std::fs::File::open(&path)
+                .and_then(|f| f.sync_all())
+                .map_err(io(format!("fsync {}", path.display())))?;
+            fsync_tree(&staging)?;
+            swap_in(&dir, &staging)
+        })
+        .await
+        .map_err(|e| Error::new(ErrorKind::Io, format!("swap task: {e}")))??;
+        tracing::info!(store = %spec.name, files = t.files, downloaded = t.bytes_to_download, reused = t.bytes_reused, "store restored");
+        Ok(())
+    }
+
+    async fn download_one(
+        &self,
+        scope: &StoreScope,
+        staging: &Path,
+        f: &PlannedFile,
+    ) -> Result<()> {
+        let blob = &f.entry.blobs[0].blob_id;
+        let key = scope.key(blob)?;
+        let dest = staging.join(&f.path);
+        let tmp = dest.with_file_name(format!(
+            ".{}.blobsnap-part",
+            dest.file_name().and_then(|n| n.to_str()).unwrap_or("file")
+        ));
+        let opts = DownloadOptions {
+            expected_size: f.entry.file_metadata.size,
+            expected_sha256: f.entry.sha256,
+            part_size: self.settings.part_size,
+            concurrency: self.settings.part_concurrency,
+        };
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            if self.settings.cancel.is_cancelled() {
+                return Err(Error::new(ErrorKind::Cancelled, "restore cancelled"));
+            }
+            match download_to_file(self.blob_store.as_ref(), &key, &tmp, opts).await {
+                Ok(_) => break,
+                Err(e)
+                    if e.kind() == ErrorKind::Corrupt && attempt < self.settings.max_attempts =>
+                {
+                    tracing::warn!(file = %f.path, %key, attempt, error = %e, "downloaded blob failed verification; fetching it again");
+                }
+                Err(e) if matches!(e.kind(), ErrorKind::Corrupt | ErrorKind::NotFound) => {
+                    let _ = std::fs::remove_file(&tmp);
+                    return Err(e.context(format!(
+                        "file {} (blob {key}) after {attempt} attempts",
+                        f.path
+                    )));
+                }
+                Err(e) if e.is_transient() && attempt < self.settings.max_attempts => {
+                    tracing::warn!(file = %f.path, %key, attempt, error = %e, "download failed; retrying");
+                }
+                Err(e) => {
+                    let _ = std::fs::remove_file(&tmp);
+                    return Err(e.context(format!("file {} (blob {key})", f.path)));
+                }
+            }
+        }
+        if let Some(mode) = f.entry.file_metadata.mode() {
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
+                .map_err(io(format!("chmod {}", tmp.display())))?;
+        }
+        std::fs::rename(&tmp, &dest).map_err(io(format!("rename into {}", dest.display())))
+    }
+}
+
+/// Make the staging dir hold exactly the plan's staged files, the directories, and the reused
+/// local files (linked or copied); downloads are added afterwards.
+fn prepare_staging(staging: &Path, plan: &RestorePlan) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::create_dir_all(staging).map_err(io(format!("create {}", staging.display())))?;
+    let keep: HashSet<&str> = plan
+        .files
+        .iter()
+        .filter(|f| f.source == Source::Staged)
+        .map(|f| f.path.as_str())
+        .collect();
+    for (rel, (path, _)) in list_files(staging)? {
+        if !keep.contains(rel.as_str()) {
+            std::fs::remove_file(&path).map_err(io(format!("remove {}", path.display())))?;
+        }
+    }
+    // Directories in staging that the snapshot does not have.
+    let wanted_dirs: HashSet<&str> = plan.dirs.iter().map(String::as_str).collect();
+    fn prune(dir: &Path, rel: &str, wanted: &HashSet<&str>) -> Result<()> {
+        for e in std::fs::read_dir(dir)
+            .map_err(io(format!("list {}", dir.display())))?
+            .flatten()
+        {
+            let Ok(name) = e.file_name().into_string() else {
+                continue;
+            };
+            let r = format!("{rel}{name}");
+            if e.path().is_dir() {
+                if wanted.contains(r.as_str()) {
+                    prune(&e.path(), &format!("{r}/"), wanted)?;
+                } else {
+                    remove_tree(&e.path())?;
+                }
+            }
+        }
+        Ok(())
+    }
+    prune(staging, "", &wanted_dirs)?;
+    for d in &plan.dirs {
+        let p = staging.join(d);
+        std::fs::create_dir_all(&p).map_err(io(format!("create {}", p.display())))?;
+    }
+    for f in &plan.files {
+        let Source::Local(from) = &f.source else {
+            continue;
+        };
+        let dest = staging.join(&f.path);
+        let mode = f.entry.file_metadata.mode();
+        let src_mode = std::fs::metadata(from)
+            .map(|m| m.permissions().mode() & 0o777)
+            .map_err(io(format!("stat {}", from.display())))?;
+        let linkable = is_immutable(&f.path) && mode.is_none_or(|m| m == src_mode);
+        if linkable {
+            match std::fs::hard_link(from, &dest) {
+                Ok(()) => continue,
+                // Another filesystem (EXDEV) or no link support: copy instead.
+                Err(e) => {
+                    tracing::debug!(from = %from.display(), error = %e, "cannot hard-link; copying")
+                }
+            }
+        }
+        std::fs::copy(from, &dest).map_err(io(format!(
+            "copy {} to {}",
+            from.display(),
+            dest.display()
+        )))?;
+        if let Some(mode) = mode {
+            std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(mode))
+                .map_err(io(format!("chmod {}", dest.display())))?;
+        }
+        // Re-verify the copy: the source could have changed since it was hashed.
+        let d = hash_file(&dest)?;
+        if Some(d.sha256) != f.entry.sha256 {
+            return Err(Error::corrupt(format!(
+                "{} changed while being copied for {}",
+                from.display(),
+                f.path
+            )));
+        }
+        std::fs::File::open(&dest)
+            .and_then(|file| file.sync_all())
+            .map_err(io(format!("fsync {}", dest.display())))?;
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl TaskRestoreManager for BlobRestoreManager {
+    /// Read and check the index of every store that has a marker in `checkpoint`: its bytes
+    /// against the marker's SHA-256, its names, its metadata against this job/task/store and
+    /// its checkpoint id against the checkpoint's. Stores without a marker will be reset.
+    async fn init(&self, checkpoint: Option<&Checkpoint>) -> Result<()> {
+        let v2 = checkpoint.and_then(Checkpoint::as_v2);
+        if checkpoint.is_some() && v2.is_none() {
+            tracing::warn!(task = %self.task.task_name, "checkpoint is V1: it names no blob snapshots; stores will be reset");
+        }
+        let mut loaded = HashMap::new();
+        for (spec, scope) in &self.stores {
+            let entry = match v2.and_then(|c| c.marker(FACTORY_NAME, &spec.name).map(|m| (c.id, m)))
+            {
+                None => None,
+                Some((cp_id, m)) => {
+                    let marker: IndexMarker = m
+                        .parse()
+                        .map_err(|e: Error| e.context(format!("store {}", spec.name)))?;
+                    let expected = Expected {
+                        job_name: &self.task.job_name,
+                        job_id: &self.task.job_id,
+                        task_name: &self.task.task_name,
+                        store_name: &spec.name,
+                    };
+                    let index = read_index(self.blob_store.as_ref(), scope, &marker, &expected)
+                        .await
+                        .map_err(|e| e.context(format!("store {}", spec.name)))?;
+                    if index.snapshot_metadata.checkpoint_id != cp_id {
+                        return Err(Error::corrupt(format!(
+                            "store {}: index {marker} belongs to checkpoint {}, the checkpoint is {cp_id}",
+                            spec.name, index.snapshot_metadata.checkpoint_id
+                        )));
+                    }
+                    for (path, f) in index.present_files() {
+                        if f.sha256.is_none() {
+                            return Err(Error::corrupt(format!(
+                                "store {}: index entry {path} has no sha256; cannot verify a restore",
+                                spec.name
+                            )));
+                        }
+                        for b in &f.blobs {
+                            let key = scope.key(&b.blob_id).map_err(|e| {
+                                Error::corrupt(format!(
+                                    "store {}: index entry {path}: bad blob id {:?}: {}",
+                                    spec.name,
+                                    b.blob_id,
+                                    e.message()
+                                ))
+                            })?;
+                            if !b.blob_id.starts_with("blobs/") || !key.is_in(scope.scope()) {
+                                return Err(Error::corrupt(format!(
+                                    "store {}: index entry {path}: blob {:?} is outside the store's blobs/",
+                                    spec.name, b.blob_id
+                                )));
+                            }
+                        }
+                    }
+                    Some(Loaded {
+                        marker,
+                        index: Arc::new(index),
+                    })
+                }
+            };
+            loaded.insert(spec.name.clone(), entry);
+        }
+        *lock(&self.loaded)? = Some(loaded);
+        Ok(())
+    }
+
+    /// Restore every store; stops cleanly when cancelled (the old state stays in place).
+    async fn restore(&self) -> Result<()> {
+        let loaded = self.loaded()?;
+        let work = async {
+            for (spec, scope) in &self.stores {
+                let l = loaded.get(&spec.name).cloned().flatten();
+                self.restore_store(spec, scope, l).await?;
+            }
+            Ok(())
+        };
+        tokio::select! {
+            r = work => r,
+            () = self.settings.cancel.cancelled() => Err(Error::new(ErrorKind::Cancelled, "restore cancelled; the store dirs are unchanged")),
+        }
+    }
+
+    async fn close(&self) -> Result<()> {
+        Ok(())
+    }
+}

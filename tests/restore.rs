@@ -1,0 +1,585 @@
+//! Restore through the SPI with real RocksDB, against the local store, the in-process s3s-fs
+//! server and (ignored here, run by scripts/test.sh) LocalStack. Bytes fetched are counted by
+//! a `CountingStore` layer.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use blobsnap::backend::{
+    Clock, StoreEngine, StoreMarkers, StoreSpec, SystemClock, TaskBackupManager, TaskContext,
+    TaskRestoreManager,
+};
+use blobsnap::blob::backup::{BackupSettings, BlobBackupManager};
+use blobsnap::blob::restore::{
+    BlobRestoreManager, RestoreSettings, RestoredMarker, RESTORED_MARKER,
+};
+use blobsnap::blob::{read_index, Expected, FACTORY_NAME};
+use blobsnap::blobstore::counting::{Counters, CountingStore};
+use blobsnap::blobstore::{BlobStore, PutBody, PutOptions};
+use blobsnap::checkpoint::{Checkpoint, CheckpointId, CheckpointIdGen, CheckpointV2};
+use blobsnap::digest::Sha256;
+use blobsnap::index::{IndexMarker, SnapshotIndex};
+use blobsnap::layout::{JobScope, StoreScope};
+use blobsnap::local::rocks::RocksStore;
+use blobsnap::ErrorKind;
+use support::Harness;
+
+struct Fx {
+    task: TaskContext,
+    counters: Arc<Counters>,
+    store: Arc<dyn BlobStore>,
+    ids: CheckpointIdGen,
+    clock: Arc<dyn Clock>,
+    tmp: tempfile::TempDir,
+}
+
+impl Fx {
+    fn new(h: &Harness) -> Self {
+        let counting = CountingStore::new(Arc::clone(&h.store));
+        Fx {
+            task: TaskContext {
+                job_name: h.scope.as_str().trim_end_matches('/').to_string(),
+                job_id: "1".into(),
+                task_name: "Partition 0".into(),
+            },
+            counters: counting.counters(),
+            store: Arc::new(counting),
+            ids: CheckpointIdGen::new(),
+            clock: Arc::new(SystemClock),
+            tmp: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn spec(&self, dir: &str) -> StoreSpec {
+        StoreSpec {
+            name: "counts".into(),
+            dir: self.tmp.path().join(dir),
+        }
+    }
+
+    fn scope(&self) -> StoreScope {
+        JobScope::new(&self.task.job_name, &self.task.job_id)
+            .unwrap()
+            .store(&self.task.task_name, "counts")
+            .unwrap()
+    }
+
+    fn backup(&self, spec: &StoreSpec) -> BlobBackupManager {
+        BlobBackupManager::new(
+            Arc::clone(&self.store),
+            self.task.clone(),
+            std::slice::from_ref(spec),
+            Arc::clone(&self.clock),
+            BackupSettings::default(),
+        )
+        .unwrap()
+    }
+
+    fn restorer(&self, spec: &StoreSpec) -> BlobRestoreManager {
+        BlobRestoreManager::new(
+            Arc::clone(&self.store),
+            self.task.clone(),
+            std::slice::from_ref(spec),
+            RestoreSettings {
+                part_size: 5 << 20,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    }
+
+    /// Flush, checkpoint, upload, commit: the checkpoint a job would write.
+    async fn commit(&mut self, mgr: &BlobBackupManager, db: &RocksStore) -> Checkpoint {
+        let id = self.ids.next(self.clock.now_millis()).unwrap();
+        let spec = StoreSpec {
+            name: db.name().into(),
+            dir: db.dir().to_path_buf(),
+        };
+        db.flush().unwrap();
+        let cp = spec.checkpoint_dir(id);
+        db.checkpoint_to(&cp).unwrap();
+        let markers = mgr
+            .upload(
+                id,
+                &StoreMarkers::new(),
+                &BTreeMap::from([(spec.name.clone(), cp)]),
+            )
+            .await
+            .unwrap();
+        mgr.cleanup(id, &markers).await.unwrap();
+        checkpoint(id, &markers["counts"])
+    }
+
+    async fn index(&self, cp: &Checkpoint) -> SnapshotIndex {
+        let marker: IndexMarker = cp
+            .as_v2()
+            .unwrap()
+            .marker(FACTORY_NAME, "counts")
+            .unwrap()
+            .parse()
+            .unwrap();
+        read_index(
+            self.store.as_ref(),
+            &self.scope(),
+            &marker,
+            &Expected {
+                job_name: &self.task.job_name,
+                job_id: &self.task.job_id,
+                task_name: &self.task.task_name,
+                store_name: "counts",
+            },
+        )
+        .await
+        .unwrap()
+    }
+
+    fn fetched(&self) -> u64 {
+        self.counters.snapshot().get.bytes
+    }
+}
+
+fn checkpoint(id: CheckpointId, marker: &str) -> Checkpoint {
+    Checkpoint::V2(CheckpointV2 {
+        id,
+        input_offsets: Default::default(),
+        state_checkpoint_markers: BTreeMap::from([(
+            FACTORY_NAME.to_string(),
+            BTreeMap::from([("counts".to_string(), marker.to_string())]),
+        )]),
+    })
+}
+
+fn write_keys(db: &RocksStore, from: u32, n: u32, seed: u64) {
+    use rand::{RngCore as _, SeedableRng as _};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    for i in from..from + n {
+        let mut v = vec![0u8; 512];
+        rng.fill_bytes(&mut v);
+        db.db().put(format!("key{i:08}"), v).unwrap();
+    }
+}
+
+/// Every key and value of the store at `dir`, read from a copy (opening RocksDB rewrites
+/// MANIFEST and friends, which would change the dir under test).
+fn all_keys(dir: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let copy = tempfile::tempdir().unwrap();
+    for (rel, bytes) in snapshot_of(dir) {
+        let p = copy.path().join("db").join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, bytes).unwrap();
+    }
+    let db = RocksStore::open("check", &copy.path().join("db")).unwrap();
+    db.db()
+        .iterator(rocksdb::IteratorMode::Start)
+        .map(|r| {
+            let (k, v) = r.unwrap();
+            (k.to_vec(), v.to_vec())
+        })
+        .collect()
+}
+
+/// Relative path → content of every file under `dir`.
+fn snapshot_of(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    fn walk(d: &Path, rel: &str, out: &mut BTreeMap<String, Vec<u8>>) {
+        for e in std::fs::read_dir(d).unwrap().flatten() {
+            let name = e.file_name().into_string().unwrap();
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, &format!("{rel}{name}/"), out)
+            } else {
+                out.insert(format!("{rel}{name}"), std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    if dir.exists() {
+        walk(dir, "", &mut out);
+    }
+    out
+}
+
+/// Restore `spec` to `cp`; returns the blob bytes fetched by the restore itself (after init,
+/// which reads the index).
+async fn restore(fx: &Fx, spec: &StoreSpec, cp: Option<&Checkpoint>) -> blobsnap::Result<u64> {
+    let r = fx.restorer(spec);
+    r.init(cp).await?;
+    let before = fx.fetched();
+    r.restore().await?;
+    Ok(fx.fetched() - before)
+}
+
+mod cases {
+    use super::*;
+
+    /// Restore into an empty dir, then into the exact snapshot (nothing fetched), then check
+    /// the next backup re-uploads no SST.
+    pub async fn round_trip_and_exact_reuse(h: &Harness) {
+        let mut fx = Fx::new(h);
+        let src = fx.spec("src");
+        let db = RocksStore::open("counts", &src.dir).unwrap();
+        write_keys(&db, 0, 3000, 1);
+        let mgr = fx.backup(&src);
+        mgr.init(None).await.unwrap();
+        let cp = fx.commit(&mgr, &db).await;
+        let expected = {
+            drop(db);
+            all_keys(&src.dir)
+        };
+        let idx = fx.index(&cp).await;
+        let total: u64 = idx
+            .present_files()
+            .iter()
+            .map(|(_, f)| f.file_metadata.size)
+            .sum();
+
+        let dst = fx.spec("dst");
+        let fetched = restore(&fx, &dst, Some(&cp)).await.unwrap();
+        assert_eq!(
+            fetched, total,
+            "{}: an empty dir downloads every byte",
+            h.name
+        );
+        let marker: RestoredMarker =
+            serde_json::from_slice(&std::fs::read(dst.dir.join(RESTORED_MARKER)).unwrap()).unwrap();
+        assert_eq!(marker.checkpoint_id, Some(cp.as_v2().unwrap().id));
+        for (path, f) in idx.present_files() {
+            let bytes = std::fs::read(dst.dir.join(&path)).unwrap();
+            assert_eq!(Some(Sha256::of(&bytes)), f.sha256, "{path}");
+        }
+        assert_eq!(all_keys(&dst.dir), expected);
+
+        // Into a dir that holds exactly the snapshot: nothing crosses the network.
+        let r = fx.restorer(&dst);
+        r.init(Some(&cp)).await.unwrap();
+        let before = fx.fetched();
+        r.restore().await.unwrap();
+        assert_eq!(fx.fetched() - before, 0, "{}", h.name);
+        assert_eq!(r.plan_totals()["counts"].files_to_download, 0);
+        assert_eq!(all_keys(&dst.dir), expected);
+
+        // The next backup of the restored store re-uploads no SST.
+        let db = RocksStore::open("counts", &dst.dir).unwrap();
+        let mgr = fx.backup(&dst);
+        mgr.init(Some(&cp)).await.unwrap();
+        let cp2 = fx.commit(&mgr, &db).await;
+        let idx2 = fx.index(&cp2).await;
+        let id2 = cp2.as_v2().unwrap().id;
+        for (path, f) in idx2.present_files() {
+            if path.ends_with(".sst") {
+                assert!(
+                    !f.blobs[0].blob_id.contains(&id2.to_string()),
+                    "{path} re-uploaded"
+                );
+            }
+        }
+        assert!(mgr.last_upload_stats()["counts"].files_retained >= 1);
+    }
+
+    /// Restore a newer snapshot over an older one: only the missing files are fetched; junk
+    /// is removed; a locally corrupted SST (mtime kept) is fetched again, not reused.
+    pub async fn older_snapshot_junk_and_corrupt_local_file(h: &Harness) {
+        let mut fx = Fx::new(h);
+        let src = fx.spec("src");
+        let db = RocksStore::open("counts", &src.dir).unwrap();
+        let mgr = fx.backup(&src);
+        mgr.init(None).await.unwrap();
+        write_keys(&db, 0, 2000, 2);
+        let cp1 = fx.commit(&mgr, &db).await;
+        write_keys(&db, 2000, 2000, 3);
+        let cp2 = fx.commit(&mgr, &db).await;
+        let expected = {
+            drop(db);
+            all_keys(&src.dir)
+        };
+        let (idx1, idx2) = (fx.index(&cp1).await, fx.index(&cp2).await);
+
+        let dst = fx.spec("dst");
+        restore(&fx, &dst, Some(&cp1)).await.unwrap();
+        std::fs::write(dst.dir.join("junk"), b"junk").unwrap();
+        std::fs::create_dir_all(dst.dir.join("junkdir/x")).unwrap();
+        std::fs::write(dst.dir.join("junkdir/x/y"), b"y").unwrap();
+        let old: std::collections::HashSet<Sha256> = idx1
+            .present_files()
+            .iter()
+            .filter_map(|(_, f)| f.sha256)
+            .collect();
+        let missing: u64 = idx2
+            .present_files()
+            .iter()
+            .filter(|(_, f)| !old.contains(&f.sha256.unwrap()))
+            .map(|(_, f)| f.file_metadata.size)
+            .sum();
+        let fetched = restore(&fx, &dst, Some(&cp2)).await.unwrap();
+        assert_eq!(fetched, missing, "{}: only the missing files", h.name);
+        assert!(!dst.dir.join("junk").exists() && !dst.dir.join("junkdir").exists());
+        assert_eq!(all_keys(&dst.dir), expected);
+
+        // Corrupt one local SST in place, keeping size and mtime: it must be fetched again.
+        let (sst, entry) = idx2
+            .present_files()
+            .into_iter()
+            .find(|(p, _)| p.ends_with(".sst"))
+            .unwrap();
+        let path = dst.dir.join(&sst);
+        let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[100] ^= 0xff;
+        // Write a copy (the file may be hard-linked elsewhere) and put it in place.
+        let tmp = dst.dir.join("corrupt.tmp");
+        std::fs::write(&tmp, &bytes).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(mtime)
+            .unwrap();
+        let fetched = restore(&fx, &dst, Some(&cp2)).await.unwrap();
+        assert_eq!(
+            fetched, entry.file_metadata.size,
+            "{}: exactly the corrupted SST",
+            h.name
+        );
+        assert_eq!(
+            Some(Sha256::of(&std::fs::read(&path).unwrap())),
+            entry.sha256
+        );
+        assert_eq!(all_keys(&dst.dir), expected);
+    }
+
+    /// No marker (new store, or killed before the first commit): the store is reset to empty,
+    /// and only that store's dir is touched.
+    pub async fn no_snapshot_resets_the_store(h: &Harness) {
+        let fx = Fx::new(h);
+        let dst = fx.spec("dst");
+        let db = RocksStore::open("counts", &dst.dir).unwrap();
+        write_keys(&db, 0, 100, 4);
+        drop(db);
+        let neighbour = fx.tmp.path().join("other-store");
+        std::fs::create_dir_all(&neighbour).unwrap();
+        std::fs::write(neighbour.join("keep"), b"keep").unwrap();
+        restore(&fx, &dst, None).await.unwrap();
+        let left = snapshot_of(&dst.dir);
+        assert_eq!(
+            left.keys().collect::<Vec<_>>(),
+            [RESTORED_MARKER],
+            "{left:?}"
+        );
+        assert!(all_keys(&dst.dir).is_empty());
+        assert!(neighbour.join("keep").exists());
+        // A V1 checkpoint names no snapshot either.
+        let v1 = Checkpoint::V1(Default::default());
+        restore(&fx, &dst, Some(&v1)).await.unwrap();
+    }
+
+    /// A blob corrupted or deleted in the bucket fails the restore with Corrupt / NotFound,
+    /// naming file and blob, and leaves the store dir untouched.
+    pub async fn bad_blobs_fail_and_leave_the_store_alone(h: &Harness) {
+        let mut fx = Fx::new(h);
+        let src = fx.spec("src");
+        let db = RocksStore::open("counts", &src.dir).unwrap();
+        let mgr = fx.backup(&src);
+        mgr.init(None).await.unwrap();
+        write_keys(&db, 0, 1000, 5);
+        let cp = fx.commit(&mgr, &db).await;
+        drop(db);
+        let idx = fx.index(&cp).await;
+        let (sst, entry) = idx
+            .present_files()
+            .into_iter()
+            .find(|(p, _)| p.ends_with(".sst"))
+            .unwrap();
+        let key = fx.scope().key(&entry.blobs[0].blob_id).unwrap();
+        let good = blobsnap::blobstore::get_bytes(fx.store.as_ref(), &key, 1 << 30)
+            .await
+            .unwrap();
+
+        // The destination holds other state that must survive the failed restore.
+        let dst = fx.spec("dst");
+        std::fs::create_dir_all(&dst.dir).unwrap();
+        std::fs::write(dst.dir.join("precious"), b"old state").unwrap();
+        let before = snapshot_of(&dst.dir);
+
+        let mut bad = good.to_vec();
+        bad[10] ^= 1;
+        fx.store
+            .put(&key, PutBody::Bytes(bad.into()), PutOptions::default())
+            .await
+            .unwrap();
+        let e = restore(&fx, &dst, Some(&cp)).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&sst) && msg.contains(key.as_str()),
+            "names file and blob: {msg}"
+        );
+        assert_eq!(snapshot_of(&dst.dir), before);
+
+        fx.store
+            .delete_many(std::slice::from_ref(&key))
+            .await
+            .unwrap();
+        let e = restore(&fx, &dst, Some(&cp)).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+        assert!(e.to_string().contains(&sst), "{e}");
+        assert_eq!(snapshot_of(&dst.dir), before);
+
+        // Put it back: the restore completes.
+        fx.store
+            .put(&key, PutBody::Bytes(good), PutOptions::default())
+            .await
+            .unwrap();
+        restore(&fx, &dst, Some(&cp)).await.unwrap();
+        assert!(!dst.dir.join("precious").exists());
+    }
+
+    /// Bad indexes are refused at init, before anything is written.
+    pub async fn bad_indexes_are_refused_before_any_write(h: &Harness) {
+        let mut fx = Fx::new(h);
+        let src = fx.spec("src");
+        let db = RocksStore::open("counts", &src.dir).unwrap();
+        let mgr = fx.backup(&src);
+        mgr.init(None).await.unwrap();
+        write_keys(&db, 0, 200, 6);
+        let cp = fx.commit(&mgr, &db).await;
+        let id = cp.as_v2().unwrap().id;
+        let idx = fx.index(&cp).await;
+        let dst = fx.spec("dst");
+        std::fs::create_dir_all(&dst.dir).unwrap();
+        std::fs::write(dst.dir.join("precious"), b"old state").unwrap();
+        let before = snapshot_of(&dst.dir);
+
+        // Store `bytes` as an index under its correct key, and return a checkpoint naming it.
+        let publish = |bytes: Vec<u8>| {
+            let marker = IndexMarker::of(id, &bytes);
+            let key = fx.scope().index_key(&marker).unwrap();
+            let store = Arc::clone(&fx.store);
+            async move {
+                store
+                    .put(&key, PutBody::Bytes(bytes.into()), PutOptions::default())
+                    .await
+                    .unwrap();
+                checkpoint(id, &marker.to_string())
+            }
+        };
+        // 1. A name with "..".
+        let mut hostile = idx.clone();
+        hostile.dir_index.files_present[0].file_name = "..".into();
+        let cp_bad = publish(serde_json::to_vec(&hostile).unwrap()).await;
+        let e = restore(&fx, &dst, Some(&cp_bad)).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+        // 2. A blob id that leaves the store's scope.
+        let mut escape = idx.clone();
+        escape.dir_index.files_present[0].blobs[0].blob_id = "../../other/blobs/x".into();
+        let e = restore(
+            &fx,
+            &dst,
+            Some(&publish(serde_json::to_vec(&escape).unwrap()).await),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+        // 3. Another task's metadata.
+        let mut foreign = idx.clone();
+        foreign.snapshot_metadata.task_name = "Partition 9".into();
+        let e = restore(&fx, &dst, Some(&publish(foreign.to_bytes().unwrap()).await))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Corrupt);
+        assert!(
+            e.to_string().contains("Partition 9") && e.to_string().contains("Partition 0"),
+            "{e}"
+        );
+        // 4. An index whose bytes do not hash to its key.
+        let real: IndexMarker = cp
+            .as_v2()
+            .unwrap()
+            .marker(FACTORY_NAME, "counts")
+            .unwrap()
+            .parse()
+            .unwrap();
+        let key = fx.scope().index_key(&real).unwrap();
+        let mut altered = idx.to_bytes().unwrap();
+        let pos = altered.len() - 3;
+        altered[pos] = b' ';
+        fx.store
+            .put(&key, PutBody::Bytes(altered.into()), PutOptions::default())
+            .await
+            .unwrap();
+        let e = restore(&fx, &dst, Some(&cp)).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+        assert!(e.to_string().contains("hash"), "{e}");
+        assert_eq!(snapshot_of(&dst.dir), before, "nothing was written");
+        assert!(!blobsnap::blob::restore::staging_dir(&dst.dir)
+            .unwrap()
+            .exists());
+    }
+
+    /// Cancelling a restore leaves the store as it was; a rerun completes.
+    pub async fn cancelled_restore_keeps_old_state(h: &Harness) {
+        let mut fx = Fx::new(h);
+        let src = fx.spec("src");
+        let db = RocksStore::open("counts", &src.dir).unwrap();
+        let mgr = fx.backup(&src);
+        mgr.init(None).await.unwrap();
+        write_keys(&db, 0, 1000, 7);
+        let cp = fx.commit(&mgr, &db).await;
+        let expected = {
+            drop(db);
+            all_keys(&src.dir)
+        };
+        let dst = fx.spec("dst");
+        std::fs::create_dir_all(&dst.dir).unwrap();
+        std::fs::write(dst.dir.join("precious"), b"old state").unwrap();
+        let before = snapshot_of(&dst.dir);
+        let settings = RestoreSettings::default();
+        settings.cancel.cancel();
+        let r = BlobRestoreManager::new(
+            Arc::clone(&fx.store),
+            fx.task.clone(),
+            std::slice::from_ref(&dst),
+            settings,
+        )
+        .unwrap();
+        r.init(Some(&cp)).await.unwrap();
+        let e = r.restore().await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Cancelled);
+        assert_eq!(snapshot_of(&dst.dir), before);
+        restore(&fx, &dst, Some(&cp)).await.unwrap();
+        assert_eq!(all_keys(&dst.dir), expected);
+    }
+}
+
+macro_rules! suite {
+    ($backend:ident, $make:path, $attrs:tt) => {
+        mod $backend {
+            use super::*;
+            suite!(@cases $make, $attrs,
+                round_trip_and_exact_reuse,
+                older_snapshot_junk_and_corrupt_local_file,
+                no_snapshot_resets_the_store,
+                bad_blobs_fail_and_leave_the_store_alone,
+                bad_indexes_are_refused_before_any_write,
+                cancelled_restore_keeps_old_state);
+        }
+    };
+    (@cases $make:path, $attrs:tt, $($case:ident),*) => {
+        $( suite!(@one $make, $attrs, $case); )*
+    };
+    (@one $make:path, [$(#[$attr:meta])*], $case:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        $(#[$attr])*
+        async fn $case() {
+            let h = $make().await;
+            cases::$case(&h).await;
+            h.cleanup().await;
+        }
+    };
+}
+
+suite!(local, support::local, []);
+suite!(s3s, support::s3s, []);
+suite!(external, support::external, [#[ignore = "needs BLOBSNAP_TEST_S3_ENDPOINT; run by scripts/test.sh"]]);
