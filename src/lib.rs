@@ -56,6 +56,7 @@ pub mod blob;
 pub mod blobstore;
 pub mod checkpoint;
 pub mod config;
+pub mod crash;
 pub mod digest;
 pub mod error;
 pub mod index;

@@ -1,20 +1,92 @@
 //! The `blobsnap` command.
 
 use std::io::Read as _;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
-use clap::{Parser, Subcommand};
+use blobsnap::backend::{StoreSpec, TaskContext, TaskRestoreManager as _};
+use blobsnap::blob::restore::{BlobRestoreManager, RestoreSettings};
+use blobsnap::blob::FACTORY_NAME;
+use blobsnap::blobstore::local::LocalStore;
+use blobsnap::blobstore::retry::RetryStore;
+use blobsnap::blobstore::BlobStore;
+use blobsnap::checkpoint::{Checkpoint, CheckpointV2};
+use blobsnap::config::{Settings, StoreKind};
+use blobsnap::index::IndexMarker;
+use blobsnap::{Error, ErrorKind};
+use clap::{Args, Parser, Subcommand};
 
 /// blobsnap: blob-store state backend for CheckpointV2 stream jobs.
+///
+/// Exit codes: 0 ok, 2 usage, 3 not found, 4 corrupt, 5 invalid input, 6 conflict,
+/// 7 transient, 8 permanent, 9 I/O, 10 cancelled.
 #[derive(Parser)]
 #[command(version, about)]
 struct Cli {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// Print machine-readable JSON on stdout (documents carry a `schema` number).
+    #[arg(long, global = true)]
+    json: bool,
     #[command(subcommand)]
     command: Command,
 }
 
+/// Where the blob store is: a settings file, `BLOBSNAP_*`/`AWS_*` environment, or these flags
+/// (flags win).
+#[derive(Args)]
+struct StoreArgs {
+    /// A TOML settings file (see the README).
+    #[arg(long, global = true, env = "BLOBSNAP_CONFIG")]
+    config: Option<PathBuf>,
+    /// Use the local directory store at DIR.
+    #[arg(long, global = true, value_name = "DIR")]
+    local: Option<PathBuf>,
+    /// Use S3 (or an S3-compatible server) with this bucket.
+    #[arg(long, global = true)]
+    bucket: Option<String>,
+    /// S3 endpoint URL (MinIO, LocalStack, Garage: http://127.0.0.1:PORT).
+    #[arg(long, global = true)]
+    s3_endpoint: Option<String>,
+    /// S3 region.
+    #[arg(long, global = true)]
+    s3_region: Option<String>,
+    /// Key prefix inside the bucket ("" or ending in "/").
+    #[arg(long, global = true)]
+    s3_prefix: Option<String>,
+    /// Path-style addressing (most S3-compatible servers need it).
+    #[arg(long, global = true)]
+    s3_path_style: bool,
+}
+
 #[derive(Subcommand)]
 enum Command {
+    /// Restore one store from a snapshot marker into a directory: the plan is printed first;
+    /// only files missing locally are downloaded, every byte is verified, and the new tree is
+    /// swapped in atomically.
+    Restore {
+        /// The marker (`index/<checkpoint-id>.<sha256>.json`).
+        marker: String,
+        /// The job's name.
+        #[arg(long)]
+        job: String,
+        /// The job's id.
+        #[arg(long, default_value = "1")]
+        job_id: String,
+        /// The task's name.
+        #[arg(long)]
+        task: String,
+        /// The store's name.
+        #[arg(long)]
+        store: String,
+        /// The directory to restore into (created if missing).
+        #[arg(long)]
+        to: PathBuf,
+        /// Print the plan and stop.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Parse a CheckpointV2/V1 JSON document (ours or Samza's) and print it normalized.
     Checkpoint {
         #[command(subcommand)]
@@ -37,17 +109,16 @@ enum ShowAction {
 }
 
 /// Exit codes by error kind (clap uses 2 for usage errors).
-fn exit_code(kind: blobsnap::ErrorKind) -> u8 {
-    use blobsnap::ErrorKind::*;
+fn exit_code(kind: ErrorKind) -> u8 {
     match kind {
-        NotFound => 3,
-        Corrupt => 4,
-        InvalidInput => 5,
-        Conflict => 6,
-        Transient => 7,
-        Permanent => 8,
-        Io => 9,
-        Cancelled => 10,
+        ErrorKind::NotFound => 3,
+        ErrorKind::Corrupt => 4,
+        ErrorKind::InvalidInput => 5,
+        ErrorKind::Conflict => 6,
+        ErrorKind::Transient => 7,
+        ErrorKind::Permanent => 8,
+        ErrorKind::Io => 9,
+        ErrorKind::Cancelled => 10,
         _ => 1,
     }
 }
@@ -55,23 +126,59 @@ fn exit_code(kind: blobsnap::ErrorKind) -> u8 {
 fn read_input(file: &str) -> blobsnap::Result<Vec<u8>> {
     let mut buf = Vec::new();
     if file == "-" {
-        std::io::stdin().read_to_end(&mut buf).map_err(|e| {
-            blobsnap::Error::new(blobsnap::ErrorKind::Io, format!("read stdin: {e}"))
-        })?;
+        std::io::stdin()
+            .read_to_end(&mut buf)
+            .map_err(|e| Error::new(ErrorKind::Io, format!("read stdin: {e}")))?;
     } else {
-        buf = std::fs::read(file).map_err(|e| {
-            blobsnap::Error::new(blobsnap::ErrorKind::Io, format!("read {file}: {e}"))
-        })?;
+        buf = std::fs::read(file)
+            .map_err(|e| Error::new(ErrorKind::Io, format!("read {file}: {e}")))?;
     }
     Ok(buf)
 }
 
-fn run(cli: Cli) -> blobsnap::Result<()> {
+async fn open_store(args: &StoreArgs) -> blobsnap::Result<Arc<dyn BlobStore>> {
+    let mut settings = Settings::load(args.config.as_deref())?;
+    if let Some(dir) = &args.local {
+        settings.store.kind = StoreKind::Local;
+        settings.store.local_dir = dir.clone();
+    }
+    if let Some(b) = &args.bucket {
+        settings.store.kind = StoreKind::S3;
+        settings.s3.bucket = b.clone();
+    }
+    if let Some(v) = &args.s3_endpoint {
+        settings.s3.endpoint = Some(v.clone());
+    }
+    if let Some(v) = &args.s3_region {
+        settings.s3.region = Some(v.clone());
+    }
+    if let Some(v) = &args.s3_prefix {
+        settings.s3.prefix = v.clone();
+    }
+    if args.s3_path_style {
+        settings.s3.path_style = true;
+    }
+    if settings.store.kind == StoreKind::Local && args.local.is_none() && args.config.is_none() {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            "no blob store given: use --local DIR, --bucket B (S3), --config FILE or BLOBSNAP_STORE",
+        ));
+    }
+    match settings.store.kind {
+        StoreKind::Local => Ok(Arc::new(RetryStore::new(
+            LocalStore::new(&settings.store.local_dir)?,
+            settings.retry,
+        ))),
+        StoreKind::S3 => settings.open_store().await,
+    }
+}
+
+async fn run(cli: Cli) -> blobsnap::Result<()> {
     match cli.command {
         Command::Checkpoint {
             action: ShowAction::Show { file },
         } => {
-            let cp = blobsnap::checkpoint::Checkpoint::from_json(&read_input(&file)?)?;
+            let cp = Checkpoint::from_json(&read_input(&file)?)?;
             println!("{}", String::from_utf8_lossy(&cp.to_json()?));
         }
         Command::Index {
@@ -80,13 +187,104 @@ fn run(cli: Cli) -> blobsnap::Result<()> {
             let index = blobsnap::index::SnapshotIndex::from_slice(&read_input(&file)?)?;
             println!("{}", String::from_utf8_lossy(&index.to_bytes()?));
         }
+        Command::Restore {
+            marker,
+            job,
+            job_id,
+            task,
+            store,
+            to,
+            dry_run,
+        } => {
+            let parsed: IndexMarker = marker.parse()?;
+            let blob_store = open_store(&cli.store).await?;
+            let ctx = TaskContext {
+                job_name: job,
+                job_id,
+                task_name: task,
+            };
+            let spec = StoreSpec {
+                name: store.clone(),
+                dir: to,
+            };
+            let mgr = BlobRestoreManager::new(
+                blob_store,
+                ctx,
+                std::slice::from_ref(&spec),
+                RestoreSettings::default(),
+            )?;
+            let checkpoint = Checkpoint::V2(CheckpointV2 {
+                id: parsed.checkpoint_id,
+                input_offsets: Default::default(),
+                state_checkpoint_markers: [(
+                    FACTORY_NAME.to_string(),
+                    [(store.clone(), marker.clone())].into(),
+                )]
+                .into(),
+            });
+            mgr.init(Some(&checkpoint)).await?;
+            let plans = mgr.plan().await?;
+            if !cli.json {
+                for p in &plans {
+                    print!("{p}");
+                }
+            }
+            if dry_run {
+                if cli.json {
+                    let totals: Vec<_> = plans.iter().map(|p| (&p.store, p.totals)).collect();
+                    println!(
+                        "{}",
+                        serde_json::json!({"schema": 1, "dry-run": true, "plans": totals})
+                    );
+                }
+                return Ok(());
+            }
+            mgr.restore().await?;
+            let totals = mgr.plan_totals();
+            let progress = mgr.progress(&store);
+            let fetched = progress
+                .as_ref()
+                .map(|p| p.bytes_fetched.load(std::sync::atomic::Ordering::Relaxed))
+                .unwrap_or(0);
+            if cli.json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "schema": 1,
+                        "store": store,
+                        "marker": marker,
+                        "plan": totals.get(&store),
+                        "bytes-fetched": fetched,
+                    })
+                );
+            } else {
+                println!("restored {store} from {marker}: {fetched} bytes downloaded");
+            }
+        }
     }
     Ok(())
 }
 
 fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let cli = Cli::parse();
-    match run(cli) {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("blobsnap: cannot start the async runtime: {e}");
+            return ExitCode::from(9);
+        }
+    };
+    match rt.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("blobsnap: {e}");

@@ -426,6 +426,7 @@ fn swap_in(store_dir: &Path, staging: &Path) -> Result<()> {
     ) {
         Ok(()) => {
             fsync_dir(parent)?;
+            crate::crash::point("restore.after-exchange");
             // `staging` now holds the old tree.
             remove_tree(staging)
         }
@@ -568,6 +569,7 @@ impl BlobRestoreManager {
             .map_err(|e| Error::new(ErrorKind::Io, format!("plan task: {e}")))??
         };
         tracing::info!(store = %spec.name, plan = ?plan.totals, "restore plan");
+        crate::crash::point("restore.after-plan");
         lock(&self.plans)?.insert(spec.name.clone(), plan.totals);
         if loaded.is_none() {
             tracing::warn!(task = %self.task.task_name, store = %spec.name,
@@ -638,6 +640,7 @@ impl BlobRestoreManager {
                             Error::new(ErrorKind::Cancelled, "download limiter closed")
                         })?;
                     self.download_one(scope, &staging, &f).await?;
+                    crate::crash::point("restore.mid-download");
                     progress.files_fetched.fetch_add(1, Ordering::Relaxed);
                     progress
                         .bytes_fetched
@@ -656,6 +659,7 @@ impl BlobRestoreManager {
         };
         let dir = spec.dir.clone();
         tokio::task::spawn_blocking(move || {
+            crate::crash::point("restore.before-marker");
             let bytes =
                 serde_json::to_vec(&marker).map_err(|e| Error::invalid(format!("marker: {e}")))?;
             let path = staging.join(RESTORED_MARKER);
@@ -664,6 +668,7 @@ impl BlobRestoreManager {
                 .and_then(|f| f.sync_all())
                 .map_err(io(format!("fsync {}", path.display())))?;
             fsync_tree(&staging)?;
+            crate::crash::point("restore.after-marker");
             swap_in(&dir, &staging)
         })
         .await
