@@ -1,4 +1,4 @@
-//! End-to-end backup benchmark (not a test: it prints numbers).
+//! End-to-end backup and restore benchmark (not a test: it prints numbers).
 //!
 //! ```sh
 //! cargo bench --bench backup -- [--size-mib 1024] [--stores local,s3s,external]
@@ -7,7 +7,9 @@
 //! Generates a RocksDB store of the given size (random, incompressible 16 KiB values), then
 //! for each store measures: the sync snapshot step (flush + RocksDB checkpoint, with an empty
 //! memtable), a full upload (MB/s, requests), and, after writing 5 % new data, the snapshot
-//! step (now with a memtable flush) and the incremental upload (bytes and requests sent).
+//! step (now with a memtable flush) and the incremental upload (bytes and requests sent);
+//! then restores the latest snapshot into an empty directory, and into one that holds 90 % of
+//! the files (MB/s, bytes downloaded, GET requests).
 //!
 //! Stores: `local` (a directory on the same disk), `s3s` (the in-process s3s-fs server of the
 //! test harness, on loopback), `external` (the server named by `BLOBSNAP_TEST_S3_ENDPOINT`,
@@ -21,10 +23,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
+use blobsnap::backend::TaskRestoreManager as _;
 use blobsnap::backend::{
     Clock, StoreEngine, StoreMarkers, StoreSpec, SystemClock, TaskBackupManager, TaskContext,
 };
 use blobsnap::blob::backup::{BackupSettings, BlobBackupManager};
+use blobsnap::blob::restore::{BlobRestoreManager, RestoreSettings};
 use blobsnap::blobstore::counting::CountingStore;
 use blobsnap::blobstore::BlobStore;
 use blobsnap::checkpoint::CheckpointIdGen;
@@ -98,11 +102,13 @@ async fn run(name: &str, h: support::Harness, size_mib: u64) {
     let counting = CountingStore::new(Arc::clone(&h.store));
     let counters = counting.counters();
     let store: Arc<dyn BlobStore> = Arc::new(counting);
+    let store_for_restore = Arc::clone(&store);
     let task = TaskContext {
         job_name: h.scope.as_str().trim_end_matches('/').into(),
         job_id: "1".into(),
         task_name: "Partition 0".into(),
     };
+    let task_for_restore = task.clone();
     let mgr = BlobBackupManager::new(
         store,
         task,
@@ -170,6 +176,61 @@ async fn run(name: &str, h: support::Harness, size_mib: u64) {
     let incr = counters.snapshot().since(&before);
     let s_incr = mgr.last_upload_stats()["bench"];
 
+    // Restore into an empty dir.
+    let cp2 = blobsnap::checkpoint::Checkpoint::V2(blobsnap::checkpoint::CheckpointV2 {
+        id: id2,
+        input_offsets: Default::default(),
+        state_checkpoint_markers: BTreeMap::from([(
+            blobsnap::blob::FACTORY_NAME.to_string(),
+            m2.clone(),
+        )]),
+    });
+    let target = StoreSpec {
+        name: "bench".into(),
+        dir: tmp.path().join("restored"),
+    };
+    let restore = |spec: StoreSpec| {
+        let store = Arc::clone(&store_for_restore);
+        let task = task_for_restore.clone();
+        let cp = cp2.clone();
+        async move {
+            let r = BlobRestoreManager::new(
+                store,
+                task,
+                std::slice::from_ref(&spec),
+                RestoreSettings::default(),
+            )
+            .expect("restorer");
+            r.init(Some(&cp)).await.expect("init");
+            let t = Instant::now();
+            r.restore().await.expect("restore");
+            (t.elapsed().as_secs_f64(), r.plan_totals()["bench"])
+        }
+    };
+    let before = counters.snapshot();
+    let (empty_s, empty_plan) = restore(target.clone()).await;
+    let empty = counters.snapshot().since(&before);
+    // Remove about 10 % of the bytes (whole SSTs), then restore again.
+    let mut removed = 0u64;
+    let mut ssts: Vec<_> = std::fs::read_dir(&target.dir)
+        .expect("ls")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".sst"))
+        .map(|e| (e.path(), e.metadata().expect("stat").len()))
+        .collect();
+    ssts.sort();
+    let total = dir_size(&target.dir);
+    for (p, len) in ssts {
+        if removed * 10 >= total {
+            break;
+        }
+        std::fs::remove_file(p).expect("rm");
+        removed += len;
+    }
+    let before = counters.snapshot();
+    let (partial_s, partial_plan) = restore(target.clone()).await;
+    let partial = counters.snapshot().since(&before);
+
     println!(
         "\n== {name}: {} ({size_mib} MiB of values, generated in {gen_s:.1} s)",
         h.name
@@ -206,6 +267,24 @@ async fn run(name: &str, h: support::Harness, size_mib: u64) {
         s_incr.files_retained,
         s_incr.hash_cache_hits,
         s_incr.bytes_hashed as f64 / (1 << 20) as f64
+    );
+    println!(
+        "restore into an empty dir: {:.2} s, {:.1} MiB/s, {} MiB downloaded, {} GET requests (plan: {} files to download)",
+        empty_s,
+        mbps(empty.get.bytes, empty_s),
+        empty.get.bytes >> 20,
+        empty.get.requests,
+        empty_plan.files_to_download
+    );
+    println!(
+        "restore into a dir holding {:.0} % of the bytes: {:.2} s ({:.2} of the empty-dir time), {:.1} MiB downloaded ({} missing), {} GET requests, {} files reused",
+        100.0 - removed as f64 * 100.0 / total as f64,
+        partial_s,
+        partial_s / empty_s,
+        partial.get.bytes as f64 / (1 << 20) as f64,
+        removed,
+        partial.get.requests,
+        partial_plan.files_reused
     );
     h.cleanup().await;
 }

@@ -99,6 +99,23 @@ impl Error {
         &self.message
     }
 
+    /// Whether this is (or was caused by) a full disk (ENOSPC).
+    pub fn is_no_space(&self) -> bool {
+        let mut cur: Option<&(dyn std::error::Error + 'static)> = self
+            .source
+            .as_ref()
+            .map(|s| s.as_ref() as &(dyn std::error::Error + 'static));
+        while let Some(e) = cur {
+            if let Some(io) = e.downcast_ref::<std::io::Error>() {
+                if io.raw_os_error() == Some(28) {
+                    return true;
+                }
+            }
+            cur = e.source();
+        }
+        false
+    }
+
     /// Whether retrying the same operation may succeed.
     pub fn is_transient(&self) -> bool {
         self.kind == ErrorKind::Transient

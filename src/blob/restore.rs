@@ -617,6 +617,29 @@ impl BlobRestoreManager {
             .store(t.bytes_reused, Ordering::Relaxed);
 
         let staging = staging_dir(&spec.dir)?;
+        match self.execute(spec, scope, plan, &progress, &staging).await {
+            Err(e) if e.is_no_space() => {
+                let st = staging.clone();
+                let _ = tokio::task::spawn_blocking(move || remove_tree(&st)).await;
+                Err(e.context(format!(
+                    "restore of store {}: the disk is full; the staging dir was removed and the old state kept",
+                    spec.name
+                )))
+            }
+            other => other,
+        }
+    }
+
+    async fn execute(
+        &self,
+        spec: &StoreSpec,
+        scope: &StoreScope,
+        plan: RestorePlan,
+        progress: &Arc<RestoreProgress>,
+        staging: &Path,
+    ) -> Result<()> {
+        let t = plan.totals;
+        let staging = staging.to_path_buf();
         {
             let (staging, plan) = (staging.clone(), plan.clone());
             tokio::task::spawn_blocking(move || prepare_staging(&staging, &plan))
@@ -632,7 +655,7 @@ impl BlobRestoreManager {
             .collect();
         futures::stream::iter(downloads)
             .map(|f| {
-                let progress = Arc::clone(&progress);
+                let progress = Arc::clone(progress);
                 let staging = staging.clone();
                 async move {
                     let _permit =
