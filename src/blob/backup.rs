@@ -448,6 +448,7 @@ impl BlobBackupManager {
             upload_ms = stats.upload_ms,
             "uploaded store snapshot"
         );
+        record_upload_metrics(&self.task.task_name, &spec.name, &stats);
         lock(&self.stats)?.insert(spec.name.clone(), stats);
         lock(&self.state)?
             .entry(spec.name.clone())
@@ -504,6 +505,29 @@ impl BlobBackupManager {
             Err(e) => Err(e.context(format!("upload {} as {key}", path.display()))),
         }
     }
+}
+
+/// Publish an upload through the `metrics` facade (any recorder the application installs:
+/// Prometheus, StatsD, …). Names follow Samza's backup metrics (reference §7.4).
+fn record_upload_metrics(task: &str, store: &str, s: &UploadStats) {
+    let labels = [("task", task.to_string()), ("store", store.to_string())];
+    metrics::counter!("blobsnap_backup_uploads_total", &labels).increment(1);
+    metrics::counter!("blobsnap_backup_files_uploaded_total", &labels).increment(s.blobs_uploaded);
+    metrics::counter!("blobsnap_backup_bytes_uploaded_total", &labels).increment(s.bytes_uploaded);
+    metrics::counter!("blobsnap_backup_files_retained_total", &labels).increment(s.files_retained);
+    metrics::counter!("blobsnap_backup_bytes_retained_total", &labels).increment(s.bytes_retained);
+    metrics::counter!("blobsnap_backup_files_deduplicated_total", &labels)
+        .increment(s.blobs_deduplicated);
+    metrics::counter!("blobsnap_backup_bytes_hashed_total", &labels).increment(s.bytes_hashed);
+    metrics::counter!("blobsnap_backup_hash_cache_hits_total", &labels)
+        .increment(s.hash_cache_hits);
+    metrics::counter!("blobsnap_backup_requests_total", &labels).increment(s.requests);
+    metrics::gauge!("blobsnap_backup_files_to_upload", &labels).set(s.blobs_uploaded as f64);
+    metrics::gauge!("blobsnap_backup_files_to_retain", &labels).set(s.files_retained as f64);
+    metrics::gauge!("blobsnap_backup_files_to_remove", &labels).set(s.files_removed as f64);
+    metrics::gauge!("blobsnap_backup_bytes_to_remove", &labels).set(s.bytes_removed as f64);
+    metrics::histogram!("blobsnap_backup_scan_seconds", &labels).record(s.scan_ms as f64 / 1e3);
+    metrics::histogram!("blobsnap_backup_upload_seconds", &labels).record(s.upload_ms as f64 / 1e3);
 }
 
 fn file_index(f: &LocalFile, blob_id: String) -> FileIndex {

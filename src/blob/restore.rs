@@ -697,6 +697,16 @@ impl BlobRestoreManager {
         .await
         .map_err(|e| Error::new(ErrorKind::Io, format!("swap task: {e}")))??;
         tracing::info!(store = %spec.name, files = t.files, downloaded = t.bytes_to_download, reused = t.bytes_reused, "store restored");
+        let labels = [
+            ("task", self.task.task_name.clone()),
+            ("store", spec.name.clone()),
+        ];
+        metrics::counter!("blobsnap_restore_files_downloaded_total", &labels)
+            .increment(t.files_to_download);
+        metrics::counter!("blobsnap_restore_bytes_downloaded_total", &labels)
+            .increment(t.bytes_to_download);
+        metrics::counter!("blobsnap_restore_files_reused_total", &labels).increment(t.files_reused);
+        metrics::counter!("blobsnap_restore_bytes_reused_total", &labels).increment(t.bytes_reused);
         Ok(())
     }
 
