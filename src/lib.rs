@@ -55,11 +55,13 @@ pub mod backend;
 pub mod blob;
 pub mod blobstore;
 pub mod checkpoint;
+pub mod commit;
 pub mod config;
 pub mod crash;
 pub mod digest;
 pub mod error;
 pub mod index;
+pub mod job;
 pub mod layout;
 pub mod local;
 

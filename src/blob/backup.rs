@@ -18,7 +18,10 @@
 //!    `index/<checkpoint-id>.<sha256>.json`. That key is the store's marker.
 //!
 //! [`cleanup`](TaskBackupManager::cleanup) is what makes an uploaded index the committed
-//! baseline; deleting what no retained snapshot needs comes with the lifecycle work.
+//! baseline. It then expires snapshots beyond [`BackupSettings::retention`] (default 2):
+//! exactly `blobs(leaving) − blobs(retained ∪ uploaded-but-uncommitted)`, by key, from the
+//! indexes in hand, then the leaving index. Never from `files-removed`: with content identity
+//! the same bytes can be removed in one place and present in another.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -51,6 +54,8 @@ pub struct BackupSettings {
     pub limiter: Arc<Semaphore>,
     /// Cache the hashes of immutable files next to each store.
     pub hash_cache: bool,
+    /// Committed snapshots kept per store (at least 1); older ones are deleted by cleanup.
+    pub retention: usize,
 }
 
 impl Default for BackupSettings {
@@ -58,6 +63,7 @@ impl Default for BackupSettings {
         BackupSettings {
             limiter: Arc::new(Semaphore::new(8)),
             hash_cache: true,
+            retention: 2,
         }
     }
 }
@@ -143,7 +149,30 @@ struct Snapshot {
 #[derive(Default)]
 struct StoreState {
     committed: Option<Snapshot>,
+    /// Committed snapshots still retained, oldest first (the last is `committed`).
+    retained: std::collections::VecDeque<Snapshot>,
     uploaded: HashMap<IndexMarker, Snapshot>,
+}
+
+/// What cleanup deleted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CleanupStats {
+    /// Snapshots that left retention.
+    pub snapshots_expired: u64,
+    /// Blobs deleted.
+    pub blobs_deleted: u64,
+    /// Their bytes.
+    pub bytes_deleted: u64,
+}
+
+fn blob_keys(scope: &StoreScope, index: &SnapshotIndex) -> Result<HashMap<crate::blobstore::BlobKey, u64>> {
+    let mut out = HashMap::new();
+    for (_, f) in index.present_files() {
+        for b in &f.blobs {
+            out.insert(scope.key(&b.blob_id)?, f.file_metadata.size);
+        }
+    }
+    Ok(out)
 }
 
 /// The blob backend's backup manager for one task.
@@ -157,6 +186,7 @@ pub struct BlobBackupManager {
     owners: Arc<Owners>,
     state: Mutex<HashMap<String, StoreState>>,
     stats: Mutex<BTreeMap<String, UploadStats>>,
+    cleanup_stats: Mutex<CleanupStats>,
 }
 
 impl std::fmt::Debug for BlobBackupManager {
@@ -210,6 +240,7 @@ impl BlobBackupManager {
             owners: Arc::new(Owners::load()),
             state: Mutex::new(HashMap::new()),
             stats: Mutex::new(BTreeMap::new()),
+            cleanup_stats: Mutex::new(CleanupStats::default()),
         })
     }
 
@@ -585,10 +616,32 @@ impl TaskBackupManager for BlobBackupManager {
                 Some(marker) => Some(self.load_committed(spec, scope, marker).await?),
                 None => None,
             };
+            // The retention window: the committed snapshot and the ones before it, followed
+            // through `prev-snapshot-index-blob-id` (best effort: a predecessor already gone
+            // ends the chain).
+            let mut retained = std::collections::VecDeque::new();
+            if let Some(c) = &committed {
+                retained.push_front(c.clone());
+                let mut prev = c.index.prev_snapshot_index_blob_id.clone();
+                while retained.len() < self.settings.retention.max(1) {
+                    let Some(p) = prev.take() else { break };
+                    match self.load_committed(spec, scope, &p).await {
+                        Ok(s) => {
+                            prev = s.index.prev_snapshot_index_blob_id.clone();
+                            retained.push_front(s);
+                        }
+                        Err(e) => {
+                            tracing::debug!(store = %spec.name, marker = %p, error = %e, "older snapshot not loaded");
+                            break;
+                        }
+                    }
+                }
+            }
             lock(&self.state)?.insert(
                 spec.name.clone(),
                 StoreState {
                     committed,
+                    retained,
                     uploaded: HashMap::new(),
                 },
             );
@@ -655,15 +708,87 @@ impl TaskBackupManager for BlobBackupManager {
                 None => self.load_committed(spec, scope, marker_str).await?,
             };
             tracing::debug!(store = %spec.name, checkpoint = %id, marker = %snap.marker, "committed");
-            lock(&self.state)?
-                .entry(spec.name.clone())
-                .or_default()
-                .committed = Some(snap);
+            let mut state = lock(&self.state)?;
+            let st = state.entry(spec.name.clone()).or_default();
+            st.committed = Some(snap.clone());
+            if st.retained.back().map(|s| s.marker) != Some(snap.marker) {
+                st.retained.push_back(snap);
+            }
         }
+        self.expire().await?;
         Ok(())
     }
 
     async fn close(&self) -> Result<()> {
         Ok(())
+    }
+}
+
+impl BlobBackupManager {
+    /// Delete the snapshots that left retention: exactly
+    /// `blobs(leaving) − blobs(retained ∪ uploaded-but-uncommitted)`, computed by key from the
+    /// indexes in hand (no listing), then the leaving index. Idempotent: a snapshot leaves the
+    /// window only once its deletes succeeded.
+    async fn expire(&self) -> Result<()> {
+        let mut total = CleanupStats::default();
+        for (spec, scope, _) in &self.stores {
+            loop {
+                let (leaving, keep) = {
+                    let state = lock(&self.state)?;
+                    let Some(st) = state.get(&spec.name) else { break };
+                    if st.retained.len() <= self.settings.retention.max(1) {
+                        break;
+                    }
+                    let Some(leaving) = st.retained.front().cloned() else { break };
+                    let keep: Vec<Arc<SnapshotIndex>> = st
+                        .retained
+                        .iter()
+                        .skip(1)
+                        .chain(st.uploaded.values())
+                        .map(|s| Arc::clone(&s.index))
+                        .collect();
+                    (leaving, keep)
+                };
+                let mut doomed = blob_keys(scope, &leaving.index)?;
+                for idx in &keep {
+                    for k in blob_keys(scope, idx)?.keys() {
+                        doomed.remove(k);
+                    }
+                }
+                let mut keys: Vec<_> = doomed.keys().cloned().collect();
+                keys.sort();
+                let bytes: u64 = doomed.values().sum();
+                keys.push(scope.index_key(&leaving.marker)?);
+                let failures = self.blob_store.delete_many(&keys).await?;
+                if let Some((k, e)) = failures.into_iter().next() {
+                    return Err(e.context(format!("cleanup of store {}: delete {k}", spec.name)));
+                }
+                total.snapshots_expired += 1;
+                total.blobs_deleted += keys.len() as u64 - 1;
+                total.bytes_deleted += bytes;
+                tracing::info!(store = %spec.name, expired = %leaving.marker, blobs = keys.len() - 1, bytes, "snapshot left retention");
+                let mut state = lock(&self.state)?;
+                if let Some(st) = state.get_mut(&spec.name) {
+                    st.retained.pop_front();
+                }
+            }
+        }
+        if total.snapshots_expired > 0 {
+            let labels = [("task", self.task.task_name.clone())];
+            metrics::counter!("blobsnap_gc_blobs_deleted_total", &labels).increment(total.blobs_deleted);
+            metrics::counter!("blobsnap_gc_bytes_deleted_total", &labels).increment(total.bytes_deleted);
+        }
+        lock(&self.cleanup_stats)?.snapshots_expired += total.snapshots_expired;
+        {
+            let mut c = lock(&self.cleanup_stats)?;
+            c.blobs_deleted += total.blobs_deleted;
+            c.bytes_deleted += total.bytes_deleted;
+        }
+        Ok(())
+    }
+
+    /// What cleanup has deleted since this manager was created.
+    pub fn cleanup_stats(&self) -> CleanupStats {
+        self.cleanup_stats.lock().map(|c| *c).unwrap_or_default()
     }
 }

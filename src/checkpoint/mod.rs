@@ -18,6 +18,7 @@
 //! Samza must read checkpoints blobsnap writes.
 
 mod id;
+mod blob_store;
 mod store;
 
 use std::collections::BTreeMap;
@@ -28,6 +29,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 pub use id::{CheckpointId, CheckpointIdGen};
+pub use blob_store::BlobCheckpointStore;
 pub use store::{CheckpointStore, CommittedCheckpoint};
 
 use crate::error::{Error, Result};

@@ -1,0 +1,163 @@
+//! [`CheckpointStore`] on any [`BlobStore`]: `<job>/<job-id>/checkpoints/<task>/<seq:020>.json`,
+//! written create-only. On the local directory store (the embedded default) that is a
+//! `link(2)` of an fsynced temp file and an fsync of the directory; on S3 a PUT with
+//! `If-None-Match: *`.
+//!
+//! Each document records the sequence number, the writer's nonce and the checkpoint in
+//! Samza's JSON. The nonce makes every writer's bytes unique, so the retry layer's read-back
+//! of an ambiguous create-only PUT tells "my write landed" from "another writer won".
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::TryStreamExt as _;
+use serde::{Deserialize, Serialize};
+
+use super::{Checkpoint, CheckpointStore, CommittedCheckpoint, MAX_CHECKPOINT_BYTES};
+use crate::blobstore::{get_bytes, BlobKey, BlobStore, CreateOnly, PutBody, PutOptions};
+use crate::digest::Sha256;
+use crate::error::{Error, ErrorKind, Result};
+use crate::layout::JobScope;
+
+#[derive(Serialize, Deserialize)]
+struct Document {
+    #[serde(rename = "blobsnap-checkpoint")]
+    format: u32,
+    seq: u64,
+    writer: String,
+    checkpoint: serde_json::Value,
+}
+
+/// Committed checkpoints of one job deployment, in a blob store.
+#[derive(Debug, Clone)]
+pub struct BlobCheckpointStore {
+    store: Arc<dyn BlobStore>,
+    job: JobScope,
+}
+
+impl BlobCheckpointStore {
+    /// The checkpoint store of `job` in `store`.
+    pub fn new(store: Arc<dyn BlobStore>, job: JobScope) -> Self {
+        BlobCheckpointStore { store, job }
+    }
+
+    fn seq_of(&self, task: &str, key: &BlobKey) -> Option<u64> {
+        let scope = self.job.checkpoints(task).ok()?;
+        let name = key.strip_scope(&scope)?;
+        let digits = name.strip_suffix(".json")?;
+        if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        digits.parse().ok()
+    }
+
+    async fn seqs(&self, task: &str) -> Result<Vec<(u64, BlobKey)>> {
+        let scope = self.job.checkpoints(task)?;
+        let mut out: Vec<(u64, BlobKey)> = self
+            .store
+            .list(&scope)
+            .try_filter_map(|m| {
+                let seq = self.seq_of(task, &m.key);
+                async move { Ok(seq.map(|s| (s, m.key))) }
+            })
+            .try_collect()
+            .await?;
+        out.sort_by_key(|(s, _)| *s);
+        Ok(out)
+    }
+
+    async fn read(&self, task: &str, seq: u64, key: &BlobKey) -> Result<CommittedCheckpoint> {
+        let bytes = get_bytes(self.store.as_ref(), key, MAX_CHECKPOINT_BYTES as u64).await?;
+        let doc: Document = serde_json::from_slice(&bytes)
+            .map_err(|e| Error::corrupt(format!("checkpoint {key}: {e}")))?;
+        if doc.seq != seq {
+            return Err(Error::corrupt(format!(
+                "checkpoint {key} says it is number {}, its key says {seq}",
+                doc.seq
+            )));
+        }
+        let raw = serde_json::to_vec(&doc.checkpoint)
+            .map_err(|e| Error::corrupt(format!("checkpoint {key}: {e}")))?;
+        let checkpoint =
+            Checkpoint::from_json(&raw).map_err(|e| e.context(format!("checkpoint {key} of task {task}")))?;
+        Ok(CommittedCheckpoint {
+            seq,
+            writer: doc.writer,
+            checkpoint,
+        })
+    }
+}
+
+#[async_trait]
+impl CheckpointStore for BlobCheckpointStore {
+    fn enforces_exclusive_writes(&self) -> bool {
+        self.store.capabilities().create_only == CreateOnly::Atomic
+    }
+
+    async fn latest(&self, task: &str) -> Result<Option<CommittedCheckpoint>> {
+        match self.seqs(task).await?.pop() {
+            Some((seq, key)) => self.read(task, seq, &key).await.map(Some),
+            None => Ok(None),
+        }
+    }
+
+    async fn history(&self, task: &str, limit: usize) -> Result<Vec<CommittedCheckpoint>> {
+        let seqs = self.seqs(task).await?;
+        let mut out = Vec::new();
+        for (seq, key) in seqs.iter().rev().take(limit) {
+            out.push(self.read(task, *seq, key).await?);
+        }
+        Ok(out)
+    }
+
+    async fn write(
+        &self,
+        task: &str,
+        seq: u64,
+        writer: &str,
+        checkpoint: &Checkpoint,
+    ) -> Result<()> {
+        if seq == 0 {
+            return Err(Error::invalid("checkpoint sequence numbers start at 1"));
+        }
+        let checkpoint_json: serde_json::Value = serde_json::from_slice(&checkpoint.to_json()?)
+            .map_err(|e| Error::invalid(format!("checkpoint JSON: {e}")))?;
+        let doc = Document {
+            format: 1,
+            seq,
+            writer: writer.to_string(),
+            checkpoint: checkpoint_json,
+        };
+        let bytes = serde_json::to_vec(&doc).map_err(|e| Error::invalid(format!("checkpoint: {e}")))?;
+        let key = self.job.checkpoint_key(task, seq)?;
+        let sha = Sha256::of(&bytes);
+        self.store
+            .put(&key, PutBody::Bytes(Bytes::from(bytes)), PutOptions::create_only(sha))
+            .await
+            .map(|_| ())
+            .map_err(|e| {
+                if e.kind() == ErrorKind::Conflict {
+                    Error::conflict(format!(
+                        "checkpoint {seq} of task {task:?} was written by another process: this writer ({writer}) is fenced off and must stop"
+                    ))
+                } else {
+                    e.context(format!("write checkpoint {key}"))
+                }
+            })
+    }
+
+    async fn trim(&self, task: &str, keep: usize) -> Result<()> {
+        let seqs = self.seqs(task).await?;
+        let keep = keep.max(1);
+        if seqs.len() <= keep {
+            return Ok(());
+        }
+        let old: Vec<BlobKey> = seqs[..seqs.len() - keep].iter().map(|(_, k)| k.clone()).collect();
+        let failures = self.store.delete_many(&old).await?;
+        match failures.into_iter().next() {
+            Some((k, e)) => Err(e.context(format!("trim checkpoint {k}"))),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,317 @@
+//! The commit manager: drives every state backend of a task through a CheckpointV2 commit
+//! (DESIGN §7). It knows only the SPI, never a particular backend.
+//!
+//! Per commit, one at a time:
+//!
+//! 1. **sync** — the next [`CheckpointId`] (never ≤ the last committed, whatever the clock
+//!    says), the input offsets as given, a flush and a RocksDB checkpoint of every store into
+//!    `<store dir>.checkpoints/<id>`, every backend's `snapshot`;
+//! 2. **upload** — every backend's `upload`, giving store → marker;
+//! 3. **write the CheckpointV2** — the commit point, create-only under the next dense sequence
+//!    number, so a zombie writer of the same task loses with `Conflict` and must stop;
+//! 4. **cleanup** — every backend's `cleanup` (a failure is logged and retried at the next
+//!    commit: it never un-commits), then local checkpoint dirs older than the committed one are
+//!    deleted and the checkpoint history is trimmed to the retention.
+//!
+//! At startup [`TaskCommitManager::start`] reads the last checkpoint, claims the task's epoch
+//! by writing it again under the next sequence number (a zombie's next commit then collides),
+//! and re-runs cleanup for it.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::Mutex;
+
+use crate::backend::{Clock, StoreEngine, StoreMarkers, StoreSpec, TaskBackupManager, TaskContext};
+use crate::checkpoint::{
+    Checkpoint, CheckpointId, CheckpointIdGen, CheckpointStore, CheckpointV2, Markers, Ssp,
+};
+use crate::error::{Error, Result};
+
+/// One backend as the commit manager sees it: its factory name and its backup manager.
+pub struct Backend {
+    /// The key of its markers in `state-checkpoint-markers`.
+    pub name: String,
+    /// Its backup manager for this task.
+    pub manager: Arc<dyn TaskBackupManager>,
+}
+
+/// What one commit did.
+#[derive(Clone, Debug)]
+pub struct CommitReport {
+    /// The committed checkpoint.
+    pub checkpoint: CheckpointV2,
+    /// Its sequence number.
+    pub seq: u64,
+    /// Time of the sync stage (flush + checkpoint + snapshot), ms.
+    pub sync_ms: u64,
+    /// Time of the uploads, ms.
+    pub upload_ms: u64,
+    /// Time to write the checkpoint, ms.
+    pub write_ms: u64,
+    /// Time of cleanup, ms.
+    pub cleanup_ms: u64,
+}
+
+struct State {
+    ids: CheckpointIdGen,
+    seq: u64,
+    last: Option<Checkpoint>,
+    cleanup_pending: bool,
+}
+
+/// Drives the commits of one task.
+pub struct TaskCommitManager {
+    task: TaskContext,
+    stores: Vec<Arc<dyn StoreEngine>>,
+    backends: Vec<Backend>,
+    checkpoints: Arc<dyn CheckpointStore>,
+    clock: Arc<dyn Clock>,
+    writer: String,
+    retention: usize,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for TaskCommitManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TaskCommitManager")
+            .field("task", &self.task)
+            .field("writer", &self.writer)
+            .finish_non_exhaustive()
+    }
+}
+
+fn spec_of(engine: &dyn StoreEngine) -> StoreSpec {
+    StoreSpec {
+        name: engine.name().to_string(),
+        dir: engine.dir().to_path_buf(),
+    }
+}
+
+impl TaskCommitManager {
+    /// Read the task's last checkpoint and claim the task: the claim writes that checkpoint
+    /// again (or an empty one) under the next sequence number, so that any other live writer
+    /// of this task is fenced off. Refuses a checkpoint store that cannot fence unless
+    /// `unsafe_no_fencing`. Returns the manager and the checkpoint to restore from.
+    ///
+    /// The stores are not needed yet (restore comes first): attach them with
+    /// [`with_stores`](Self::with_stores), and the backends with
+    /// [`with_backends`](Self::with_backends), before the first commit.
+    pub async fn start(
+        task: TaskContext,
+        checkpoints: Arc<dyn CheckpointStore>,
+        clock: Arc<dyn Clock>,
+        retention: usize,
+        unsafe_no_fencing: bool,
+    ) -> Result<(Self, Option<Checkpoint>)> {
+        if !checkpoints.enforces_exclusive_writes() {
+            if !unsafe_no_fencing {
+                return Err(Error::permanent(format!(
+                    "the checkpoint store {checkpoints:?} does not enforce create-only writes, so two processes of task {:?} could both commit: refusing to run (set unsafe_no_fencing to run anyway)",
+                    task.task_name
+                )));
+            }
+            tracing::warn!(task = %task.task_name, "running without fencing (unsafe_no_fencing): a zombie writer could commit over this one");
+        }
+        let writer = format!("{:032x}", rand::random::<u128>());
+        let latest = checkpoints.latest(&task.task_name).await?;
+        let (seq, last) = match latest {
+            Some(c) => (c.seq, Some(c.checkpoint)),
+            None => (0, None),
+        };
+        let last_id = last.as_ref().and_then(|c| c.as_v2()).map(|c| c.id);
+        let mut ids = CheckpointIdGen::after(last_id);
+        // The claim: the same state again under the next number.
+        let claim = match &last {
+            Some(c) => c.clone(),
+            None => Checkpoint::V2(CheckpointV2 {
+                id: ids.next(clock.now_millis())?,
+                input_offsets: BTreeMap::new(),
+                state_checkpoint_markers: Markers::new(),
+            }),
+        };
+        checkpoints
+            .write(&task.task_name, seq + 1, &writer, &claim)
+            .await
+            .map_err(|e| e.context(format!("claim task {:?}", task.task_name)))?;
+        tracing::info!(task = %task.task_name, seq = seq + 1, writer, "claimed the task");
+        let mgr = TaskCommitManager {
+            task,
+            stores: Vec::new(),
+            backends: Vec::new(),
+            checkpoints,
+            clock,
+            writer,
+            retention: retention.max(1),
+            state: Mutex::new(State {
+                ids,
+                seq: seq + 1,
+                last: Some(claim.clone()),
+                cleanup_pending: true,
+            }),
+        };
+        Ok((mgr, Some(claim)))
+    }
+
+    /// Attach the open stores.
+    pub fn with_stores(mut self, stores: Vec<Arc<dyn StoreEngine>>) -> Self {
+        self.stores = stores;
+        self
+    }
+
+    /// Attach the backends (already `init`-ed with the restored checkpoint).
+    pub fn with_backends(mut self, backends: Vec<Backend>) -> Self {
+        self.backends = backends;
+        self
+    }
+
+    /// This process's writer nonce.
+    pub fn writer(&self) -> &str {
+        &self.writer
+    }
+
+    /// The last committed checkpoint.
+    pub async fn last(&self) -> Option<Checkpoint> {
+        self.state.lock().await.last.clone()
+    }
+
+    async fn run_cleanup(&self, id: CheckpointId, markers: &Markers) -> Result<()> {
+        for b in &self.backends {
+            let empty = StoreMarkers::new();
+            let m = markers.get(&b.name).unwrap_or(&empty);
+            b.manager
+                .cleanup(id, m)
+                .await
+                .map_err(|e| e.context(format!("cleanup of backend {} at {id}", b.name)))?;
+        }
+        Ok(())
+    }
+
+    /// Commit: snapshot every store, upload through every backend, write the checkpoint with
+    /// `offsets`, clean up. A `Conflict` means another process owns the task: stop.
+    pub async fn commit(&self, offsets: BTreeMap<Ssp, String>) -> Result<CommitReport> {
+        let mut st = self.state.lock().await;
+        // A cleanup that failed (or the startup one) runs before the next upload.
+        if st.cleanup_pending {
+            if let Some(cp) = st.last.as_ref().and_then(|c| c.as_v2()).cloned() {
+                match self.run_cleanup(cp.id, &cp.state_checkpoint_markers).await {
+                    Ok(()) => st.cleanup_pending = false,
+                    Err(e) => tracing::warn!(error = %e, "cleanup failed again; continuing"),
+                }
+            } else {
+                st.cleanup_pending = false;
+            }
+        }
+
+        // 1. sync
+        let t = Instant::now();
+        let id = st.ids.next(self.clock.now_millis())?;
+        let mut dirs: BTreeMap<String, PathBuf> = BTreeMap::new();
+        for engine in &self.stores {
+            let spec = spec_of(engine.as_ref());
+            let dir = spec.checkpoint_dir(id);
+            engine
+                .flush()
+                .map_err(|e| e.context(format!("flush store {}", spec.name)))?;
+            engine
+                .checkpoint_to(&dir)
+                .map_err(|e| e.context(format!("checkpoint store {}", spec.name)))?;
+            dirs.insert(spec.name, dir);
+        }
+        let mut snapshot_markers = BTreeMap::new();
+        for b in &self.backends {
+            snapshot_markers.insert(b.name.clone(), b.manager.snapshot(id)?);
+        }
+        let sync_ms = t.elapsed().as_millis() as u64;
+
+        // 2. upload
+        let t = Instant::now();
+        let mut markers = Markers::new();
+        for b in &self.backends {
+            let empty = StoreMarkers::new();
+            let snap = snapshot_markers.get(&b.name).unwrap_or(&empty);
+            let m = b
+                .manager
+                .upload(id, snap, &dirs)
+                .await
+                .map_err(|e| e.context(format!("upload of backend {} at {id}", b.name)))?;
+            markers.insert(b.name.clone(), m);
+        }
+        let upload_ms = t.elapsed().as_millis() as u64;
+        crate::crash::point("commit.before-checkpoint");
+
+        // 3. the commit point
+        let t = Instant::now();
+        let checkpoint = CheckpointV2 {
+            id,
+            input_offsets: offsets,
+            state_checkpoint_markers: markers.clone(),
+        };
+        let seq = st.seq + 1;
+        self.checkpoints
+            .write(&self.task.task_name, seq, &self.writer, &Checkpoint::V2(checkpoint.clone()))
+            .await?;
+        st.seq = seq;
+        st.last = Some(Checkpoint::V2(checkpoint.clone()));
+        let write_ms = t.elapsed().as_millis() as u64;
+        crate::crash::point("commit.after-checkpoint");
+
+        // 4. cleanup: never un-commits
+        let t = Instant::now();
+        match self.run_cleanup(id, &markers).await {
+            Ok(()) => st.cleanup_pending = false,
+            Err(e) => {
+                st.cleanup_pending = true;
+                tracing::warn!(error = %e, "cleanup failed; it will run again before the next upload");
+            }
+        }
+        for engine in &self.stores {
+            let spec = spec_of(engine.as_ref());
+            remove_older_checkpoint_dirs(&spec, id);
+        }
+        if let Err(e) = self
+            .checkpoints
+            .trim(&self.task.task_name, self.retention + 1)
+            .await
+        {
+            tracing::warn!(error = %e, "could not trim the checkpoint history");
+        }
+        let cleanup_ms = t.elapsed().as_millis() as u64;
+        let labels = [("task", self.task.task_name.clone())];
+        metrics::histogram!("blobsnap_commit_sync_seconds", &labels).record(sync_ms as f64 / 1e3);
+        metrics::histogram!("blobsnap_commit_upload_seconds", &labels).record(upload_ms as f64 / 1e3);
+        metrics::histogram!("blobsnap_commit_cleanup_seconds", &labels).record(cleanup_ms as f64 / 1e3);
+        metrics::counter!("blobsnap_commits_total", &labels).increment(1);
+        metrics::gauge!("blobsnap_last_commit_timestamp_seconds", &labels)
+            .set(self.clock.now_millis() as f64 / 1e3);
+        Ok(CommitReport {
+            checkpoint,
+            seq,
+            sync_ms,
+            upload_ms,
+            write_ms,
+            cleanup_ms,
+        })
+    }
+}
+
+/// Delete `<store dir>.checkpoints/<id>` dirs of ids older than `committed` (exact parse of
+/// the dir name, never a substring match).
+fn remove_older_checkpoint_dirs(spec: &StoreSpec, committed: CheckpointId) {
+    let parent = spec.checkpoint_dir(committed);
+    let Some(parent) = parent.parent() else { return };
+    let Ok(entries) = std::fs::read_dir(parent) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(id) = name.to_str().and_then(|n| n.parse::<CheckpointId>().ok()) else {
+            continue;
+        };
+        if id < committed {
+            if let Err(err) = std::fs::remove_dir_all(e.path()) {
+                tracing::warn!(dir = %e.path().display(), error = %err, "could not delete an old checkpoint dir");
+            }
+        }
+    }
+}

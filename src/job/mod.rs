@@ -1,0 +1,234 @@
+//! A small CheckpointV2 job runtime, and the demo job (word count).
+//!
+//! A job has N tasks; task `Partition p` reads partition `p` of a file-based input system (one
+//! append-only text file per partition, offsets are byte positions of line starts), keeps its
+//! state in one RocksDB store, and commits every `commit_every` messages through the
+//! [`TaskCommitManager`](crate::commit::TaskCommitManager) with the blob backend. At startup
+//! each task claims its epoch, restores its store from the last checkpoint (reusing local
+//! files), and resumes from the checkpointed offset — so state and offsets always come from
+//! the same commit, whatever killed the previous run.
+
+pub mod wordcount;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead as _, Seek as _};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::backend::{Clock, StoreEngine, StoreSpec, TaskBackupManager as _, TaskContext, TaskRestoreManager as _};
+use crate::blob::backup::{BackupSettings, BlobBackupManager};
+use crate::blob::restore::{BlobRestoreManager, RestoreSettings};
+use crate::blob::FACTORY_NAME;
+use crate::blobstore::BlobStore;
+use crate::checkpoint::{BlobCheckpointStore, CheckpointStore, Ssp};
+use crate::commit::{Backend, CommitReport, TaskCommitManager};
+use crate::error::{Error, Result};
+use crate::layout::JobScope;
+use crate::local::rocks::RocksStore;
+
+/// Settings of a job run.
+#[derive(Clone, Debug)]
+pub struct JobSettings {
+    /// The job's name.
+    pub job_name: String,
+    /// The job's id.
+    pub job_id: String,
+    /// Where the tasks' stores live (`<state dir>/<store>/<task>`).
+    pub state_dir: PathBuf,
+    /// The input system's directory (`<input dir>/<partition>.txt`).
+    pub input_dir: PathBuf,
+    /// The input stream's name (for SSPs).
+    pub stream: String,
+    /// Number of partitions (= tasks).
+    pub partitions: u32,
+    /// Commit after this many messages.
+    pub commit_every: u64,
+    /// Committed snapshots kept per store.
+    pub retention: usize,
+    /// Run even if the checkpoint store cannot fence a second writer.
+    pub unsafe_no_fencing: bool,
+}
+
+/// One input message.
+#[derive(Debug, Clone)]
+pub struct Message {
+    /// Its text.
+    pub line: String,
+    /// The offset of the next message.
+    pub next_offset: u64,
+}
+
+/// Reads one partition file from an offset.
+pub struct PartitionReader {
+    reader: std::io::BufReader<std::fs::File>,
+    offset: u64,
+}
+
+impl PartitionReader {
+    /// Open `path` at `offset`.
+    pub fn open(path: &Path, offset: u64) -> Result<Self> {
+        let mut file = std::fs::File::open(path).map_err(|e| Error::io(format!("open input {}", path.display()), e))?;
+        file.seek(std::io::SeekFrom::Start(offset))
+            .map_err(|e| Error::io(format!("seek input {}", path.display()), e))?;
+        Ok(PartitionReader {
+            reader: std::io::BufReader::new(file),
+            offset,
+        })
+    }
+
+    /// The next message, or `None` at the end of the file (a partial last line is not a
+    /// message yet).
+    pub fn next_message(&mut self) -> Result<Option<Message>> {
+        let mut line = String::new();
+        let n = self
+            .reader
+            .read_line(&mut line)
+            .map_err(|e| Error::io("read input", e))?;
+        if n == 0 || !line.ends_with('\n') {
+            return Ok(None);
+        }
+        self.offset += n as u64;
+        line.pop();
+        Ok(Some(Message {
+            line,
+            next_offset: self.offset,
+        }))
+    }
+}
+
+/// What a task's processing does with a message and its store.
+pub trait Processor: Send + Sync {
+    /// Apply one message to the store.
+    fn process(&self, db: &RocksStore, message: &Message) -> Result<()>;
+}
+
+/// What one task run did.
+#[derive(Debug, Default, Clone)]
+pub struct TaskSummary {
+    /// The task.
+    pub task: String,
+    /// Offset the run started from (restored from the checkpoint).
+    pub resumed_from: u64,
+    /// Messages processed in this run.
+    pub processed: u64,
+    /// Commits made in this run.
+    pub commits: Vec<CommitReport>,
+}
+
+/// The task name of partition `p`.
+pub fn task_name(p: u32) -> String {
+    format!("Partition {p}")
+}
+
+/// The store dir of `store` for `task`.
+pub fn store_dir(state_dir: &Path, store: &str, task: &str) -> PathBuf {
+    state_dir.join(store).join(task.replace(' ', "_"))
+}
+
+/// Run task `partition` to the end of its input: claim, restore, process, commit.
+/// `on_commit` is called after every commit.
+pub async fn run_task(
+    settings: &JobSettings,
+    partition: u32,
+    blob_store: Arc<dyn BlobStore>,
+    clock: Arc<dyn Clock>,
+    processor: Arc<dyn Processor>,
+    on_commit: &(dyn Fn(&str, &CommitReport, &BlobBackupManager) + Send + Sync),
+) -> Result<TaskSummary> {
+    let task = task_name(partition);
+    let ctx = TaskContext {
+        job_name: settings.job_name.clone(),
+        job_id: settings.job_id.clone(),
+        task_name: task.clone(),
+    };
+    let spec = StoreSpec {
+        name: "counts".into(),
+        dir: store_dir(&settings.state_dir, "counts", &task),
+    };
+    let checkpoints: Arc<dyn CheckpointStore> = Arc::new(BlobCheckpointStore::new(
+        Arc::clone(&blob_store),
+        JobScope::new(&settings.job_name, &settings.job_id)?,
+    ));
+    let (commits, last) = TaskCommitManager::start(
+        ctx.clone(),
+        checkpoints,
+        Arc::clone(&clock),
+        settings.retention,
+        settings.unsafe_no_fencing,
+    )
+    .await?;
+    crate::crash::point("task.after-claim");
+
+    let restorer = BlobRestoreManager::new(Arc::clone(&blob_store), ctx.clone(), std::slice::from_ref(&spec), RestoreSettings::default())?;
+    restorer.init(last.as_ref()).await?;
+    restorer.restore().await?;
+    crate::crash::point("task.after-restore");
+
+    let db: Arc<RocksStore> = Arc::new(RocksStore::open("counts", &spec.dir)?);
+    let backup = Arc::new(BlobBackupManager::new(
+        Arc::clone(&blob_store),
+        ctx.clone(),
+        std::slice::from_ref(&spec),
+        clock,
+        BackupSettings {
+            retention: settings.retention,
+            ..Default::default()
+        },
+    )?);
+    backup.init(last.as_ref()).await?;
+    let commits = commits
+        .with_stores(vec![Arc::clone(&db) as Arc<dyn StoreEngine>])
+        .with_backends(vec![Backend {
+            name: FACTORY_NAME.to_string(),
+            manager: Arc::clone(&backup) as Arc<dyn crate::backend::TaskBackupManager>,
+        }]);
+
+    let ssp = Ssp::new("files", settings.stream.clone(), partition);
+    let resumed_from: u64 = last
+        .as_ref()
+        .and_then(|c| c.offsets().get(&ssp).cloned())
+        .map(|o| {
+            o.parse()
+                .map_err(|_| Error::corrupt(format!("checkpointed offset {o:?} of {ssp} is not a number")))
+        })
+        .transpose()?
+        .unwrap_or(0);
+    let input = settings.input_dir.join(format!("{partition}.txt"));
+    let mut reader = PartitionReader::open(&input, resumed_from)?;
+    let mut summary = TaskSummary {
+        task: task.clone(),
+        resumed_from,
+        ..Default::default()
+    };
+    let mut offset = resumed_from;
+    let mut since_commit = 0u64;
+    loop {
+        let msg = {
+            let m = reader.next_message()?;
+            match m {
+                Some(m) => m,
+                None => break,
+            }
+        };
+        processor.process(&db, &msg)?;
+        offset = msg.next_offset;
+        summary.processed += 1;
+        since_commit += 1;
+        if since_commit >= settings.commit_every {
+            let report = commits
+                .commit(BTreeMap::from([(ssp.clone(), offset.to_string())]))
+                .await?;
+            on_commit(&task, &report, &backup);
+            summary.commits.push(report);
+            since_commit = 0;
+        }
+    }
+    if since_commit > 0 || summary.commits.is_empty() {
+        let report = commits
+            .commit(BTreeMap::from([(ssp.clone(), offset.to_string())]))
+            .await?;
+        on_commit(&task, &report, &backup);
+        summary.commits.push(report);
+    }
+    Ok(summary)
+}
