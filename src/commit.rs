@@ -251,7 +251,12 @@ impl TaskCommitManager {
         };
         let seq = st.seq + 1;
         self.checkpoints
-            .write(&self.task.task_name, seq, &self.writer, &Checkpoint::V2(checkpoint.clone()))
+            .write(
+                &self.task.task_name,
+                seq,
+                &self.writer,
+                &Checkpoint::V2(checkpoint.clone()),
+            )
             .await?;
         st.seq = seq;
         st.last = Some(Checkpoint::V2(checkpoint.clone()));
@@ -281,8 +286,10 @@ impl TaskCommitManager {
         let cleanup_ms = t.elapsed().as_millis() as u64;
         let labels = [("task", self.task.task_name.clone())];
         metrics::histogram!("blobsnap_commit_sync_seconds", &labels).record(sync_ms as f64 / 1e3);
-        metrics::histogram!("blobsnap_commit_upload_seconds", &labels).record(upload_ms as f64 / 1e3);
-        metrics::histogram!("blobsnap_commit_cleanup_seconds", &labels).record(cleanup_ms as f64 / 1e3);
+        metrics::histogram!("blobsnap_commit_upload_seconds", &labels)
+            .record(upload_ms as f64 / 1e3);
+        metrics::histogram!("blobsnap_commit_cleanup_seconds", &labels)
+            .record(cleanup_ms as f64 / 1e3);
         metrics::counter!("blobsnap_commits_total", &labels).increment(1);
         metrics::gauge!("blobsnap_last_commit_timestamp_seconds", &labels)
             .set(self.clock.now_millis() as f64 / 1e3);
@@ -301,8 +308,12 @@ impl TaskCommitManager {
 /// the dir name, never a substring match).
 fn remove_older_checkpoint_dirs(spec: &StoreSpec, committed: CheckpointId) {
     let parent = spec.checkpoint_dir(committed);
-    let Some(parent) = parent.parent() else { return };
-    let Ok(entries) = std::fs::read_dir(parent) else { return };
+    let Some(parent) = parent.parent() else {
+        return;
+    };
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
     for e in entries.flatten() {
         let name = e.file_name();
         let Some(id) = name.to_str().and_then(|n| n.parse::<CheckpointId>().ok()) else {

@@ -241,16 +241,17 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
                 settings.input_dir.display()
             );
             let json = cli.json;
-            let on_commit: Arc<
-                dyn Fn(&str, &blobsnap::commit::CommitReport, &blobsnap::blob::backup::BlobBackupManager)
-                    + Send
-                    + Sync,
-            > = Arc::new(move |task, report, backup| {
-                if json {
-                    return;
-                }
-                let s = backup.last_upload_stats().get("counts").copied().unwrap_or_default();
-                println!(
+            let on_commit: Arc<blobsnap::job::CommitObserver> = Arc::new(
+                move |task, report, backup| {
+                    if json {
+                        return;
+                    }
+                    let s = backup
+                        .last_upload_stats()
+                        .get("counts")
+                        .copied()
+                        .unwrap_or_default();
+                    println!(
                     "{task:<12} checkpoint {} (#{}): uploaded {} files / {:.2} MiB, reused {} files / {:.2} MiB, {} ms",
                     report.checkpoint.id,
                     report.seq,
@@ -260,7 +261,8 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
                     mib(s.bytes - s.bytes_uploaded),
                     report.sync_ms + report.upload_ms + report.write_ms + report.cleanup_ms
                 );
-            });
+                },
+            );
             let clock: Arc<dyn blobsnap::backend::Clock> = Arc::new(blobsnap::backend::SystemClock);
             let summaries = wordcount::run(&settings, blob_store, clock, on_commit).await?;
             let stored = wordcount::count_stores(&settings.state_dir, partitions)?;
@@ -406,6 +408,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     let rt = match tokio::runtime::Builder::new_multi_thread()

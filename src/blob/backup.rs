@@ -165,7 +165,10 @@ pub struct CleanupStats {
     pub bytes_deleted: u64,
 }
 
-fn blob_keys(scope: &StoreScope, index: &SnapshotIndex) -> Result<HashMap<crate::blobstore::BlobKey, u64>> {
+fn blob_keys(
+    scope: &StoreScope,
+    index: &SnapshotIndex,
+) -> Result<HashMap<crate::blobstore::BlobKey, u64>> {
     let mut out = HashMap::new();
     for (_, f) in index.present_files() {
         for b in &f.blobs {
@@ -735,11 +738,15 @@ impl BlobBackupManager {
             loop {
                 let (leaving, keep) = {
                     let state = lock(&self.state)?;
-                    let Some(st) = state.get(&spec.name) else { break };
+                    let Some(st) = state.get(&spec.name) else {
+                        break;
+                    };
                     if st.retained.len() <= self.settings.retention.max(1) {
                         break;
                     }
-                    let Some(leaving) = st.retained.front().cloned() else { break };
+                    let Some(leaving) = st.retained.front().cloned() else {
+                        break;
+                    };
                     let keep: Vec<Arc<SnapshotIndex>> = st
                         .retained
                         .iter()
@@ -775,8 +782,10 @@ impl BlobBackupManager {
         }
         if total.snapshots_expired > 0 {
             let labels = [("task", self.task.task_name.clone())];
-            metrics::counter!("blobsnap_gc_blobs_deleted_total", &labels).increment(total.blobs_deleted);
-            metrics::counter!("blobsnap_gc_bytes_deleted_total", &labels).increment(total.bytes_deleted);
+            metrics::counter!("blobsnap_gc_blobs_deleted_total", &labels)
+                .increment(total.blobs_deleted);
+            metrics::counter!("blobsnap_gc_bytes_deleted_total", &labels)
+                .increment(total.bytes_deleted);
         }
         lock(&self.cleanup_stats)?.snapshots_expired += total.snapshots_expired;
         {

@@ -79,8 +79,8 @@ impl BlobCheckpointStore {
         }
         let raw = serde_json::to_vec(&doc.checkpoint)
             .map_err(|e| Error::corrupt(format!("checkpoint {key}: {e}")))?;
-        let checkpoint =
-            Checkpoint::from_json(&raw).map_err(|e| e.context(format!("checkpoint {key} of task {task}")))?;
+        let checkpoint = Checkpoint::from_json(&raw)
+            .map_err(|e| e.context(format!("checkpoint {key} of task {task}")))?;
         Ok(CommittedCheckpoint {
             seq,
             writer: doc.writer,
@@ -129,7 +129,8 @@ impl CheckpointStore for BlobCheckpointStore {
             writer: writer.to_string(),
             checkpoint: checkpoint_json,
         };
-        let bytes = serde_json::to_vec(&doc).map_err(|e| Error::invalid(format!("checkpoint: {e}")))?;
+        let bytes =
+            serde_json::to_vec(&doc).map_err(|e| Error::invalid(format!("checkpoint: {e}")))?;
         let key = self.job.checkpoint_key(task, seq)?;
         let sha = Sha256::of(&bytes);
         self.store
@@ -153,7 +154,10 @@ impl CheckpointStore for BlobCheckpointStore {
         if seqs.len() <= keep {
             return Ok(());
         }
-        let old: Vec<BlobKey> = seqs[..seqs.len() - keep].iter().map(|(_, k)| k.clone()).collect();
+        let old: Vec<BlobKey> = seqs[..seqs.len() - keep]
+            .iter()
+            .map(|(_, k)| k.clone())
+            .collect();
         let failures = self.store.delete_many(&old).await?;
         match failures.into_iter().next() {
             Some((k, e)) => Err(e.context(format!("trim checkpoint {k}"))),

@@ -17,8 +17,8 @@
 //! on every dot and mis-reads dotted stream names (reference §2.2); avoid dotted stream names if
 //! Samza must read checkpoints blobsnap writes.
 
-mod id;
 mod blob_store;
+mod id;
 mod store;
 
 use std::collections::BTreeMap;
@@ -28,8 +28,8 @@ use std::str::FromStr;
 use serde::Serialize;
 use serde_json::Value;
 
-pub use id::{CheckpointId, CheckpointIdGen};
 pub use blob_store::BlobCheckpointStore;
+pub use id::{CheckpointId, CheckpointIdGen};
 pub use store::{CheckpointStore, CommittedCheckpoint};
 
 use crate::error::{Error, Result};

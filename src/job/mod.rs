@@ -15,7 +15,9 @@ use std::io::{BufRead as _, Seek as _};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::backend::{Clock, StoreEngine, StoreSpec, TaskBackupManager as _, TaskContext, TaskRestoreManager as _};
+use crate::backend::{
+    Clock, StoreEngine, StoreSpec, TaskBackupManager as _, TaskContext, TaskRestoreManager as _,
+};
 use crate::blob::backup::{BackupSettings, BlobBackupManager};
 use crate::blob::restore::{BlobRestoreManager, RestoreSettings};
 use crate::blob::FACTORY_NAME;
@@ -67,7 +69,8 @@ pub struct PartitionReader {
 impl PartitionReader {
     /// Open `path` at `offset`.
     pub fn open(path: &Path, offset: u64) -> Result<Self> {
-        let mut file = std::fs::File::open(path).map_err(|e| Error::io(format!("open input {}", path.display()), e))?;
+        let mut file = std::fs::File::open(path)
+            .map_err(|e| Error::io(format!("open input {}", path.display()), e))?;
         file.seek(std::io::SeekFrom::Start(offset))
             .map_err(|e| Error::io(format!("seek input {}", path.display()), e))?;
         Ok(PartitionReader {
@@ -102,6 +105,10 @@ pub trait Processor: Send + Sync {
     fn process(&self, db: &RocksStore, message: &Message) -> Result<()>;
 }
 
+/// Called after every commit of a task with its name, the report and the backup manager
+/// (for its upload statistics).
+pub type CommitObserver = dyn Fn(&str, &CommitReport, &BlobBackupManager) + Send + Sync;
+
 /// What one task run did.
 #[derive(Debug, Default, Clone)]
 pub struct TaskSummary {
@@ -133,7 +140,7 @@ pub async fn run_task(
     blob_store: Arc<dyn BlobStore>,
     clock: Arc<dyn Clock>,
     processor: Arc<dyn Processor>,
-    on_commit: &(dyn Fn(&str, &CommitReport, &BlobBackupManager) + Send + Sync),
+    on_commit: &CommitObserver,
 ) -> Result<TaskSummary> {
     let task = task_name(partition);
     let ctx = TaskContext {
@@ -159,7 +166,12 @@ pub async fn run_task(
     .await?;
     crate::crash::point("task.after-claim");
 
-    let restorer = BlobRestoreManager::new(Arc::clone(&blob_store), ctx.clone(), std::slice::from_ref(&spec), RestoreSettings::default())?;
+    let restorer = BlobRestoreManager::new(
+        Arc::clone(&blob_store),
+        ctx.clone(),
+        std::slice::from_ref(&spec),
+        RestoreSettings::default(),
+    )?;
     restorer.init(last.as_ref()).await?;
     restorer.restore().await?;
     crate::crash::point("task.after-restore");
@@ -188,8 +200,11 @@ pub async fn run_task(
         .as_ref()
         .and_then(|c| c.offsets().get(&ssp).cloned())
         .map(|o| {
-            o.parse()
-                .map_err(|_| Error::corrupt(format!("checkpointed offset {o:?} of {ssp} is not a number")))
+            o.parse().map_err(|_| {
+                Error::corrupt(format!(
+                    "checkpointed offset {o:?} of {ssp} is not a number"
+                ))
+            })
         })
         .transpose()?
         .unwrap_or(0);

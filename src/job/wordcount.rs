@@ -11,11 +11,11 @@ use std::io::Write as _;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::{run_task, task_name, store_dir, JobSettings, Message, Processor, TaskSummary};
+use super::{
+    run_task, store_dir, task_name, CommitObserver, JobSettings, Message, Processor, TaskSummary,
+};
 use crate::backend::Clock;
-use crate::blob::backup::BlobBackupManager;
 use crate::blobstore::BlobStore;
-use crate::commit::CommitReport;
 use crate::error::{Error, Result};
 use crate::local::rocks::RocksStore;
 
@@ -54,11 +54,55 @@ fn decode(v: &[u8]) -> Result<u64> {
 }
 
 const WORDS: &[&str] = &[
-    "the", "state", "of", "a", "stream", "job", "lives", "in", "rocksdb", "and", "every", "commit",
-    "uploads", "only", "what", "changed", "to", "blob", "store", "checkpoint", "marker", "index",
-    "restore", "reuses", "local", "bytes", "kafka", "samza", "partition", "offset", "task",
-    "snapshot", "sst", "manifest", "garbage", "collection", "retention", "crash", "resume",
-    "exactly", "counts", "words", "demo", "blobsnap", "s3", "bucket", "object", "key", "hash",
+    "the",
+    "state",
+    "of",
+    "a",
+    "stream",
+    "job",
+    "lives",
+    "in",
+    "rocksdb",
+    "and",
+    "every",
+    "commit",
+    "uploads",
+    "only",
+    "what",
+    "changed",
+    "to",
+    "blob",
+    "store",
+    "checkpoint",
+    "marker",
+    "index",
+    "restore",
+    "reuses",
+    "local",
+    "bytes",
+    "kafka",
+    "samza",
+    "partition",
+    "offset",
+    "task",
+    "snapshot",
+    "sst",
+    "manifest",
+    "garbage",
+    "collection",
+    "retention",
+    "crash",
+    "resume",
+    "exactly",
+    "counts",
+    "words",
+    "demo",
+    "blobsnap",
+    "s3",
+    "bucket",
+    "object",
+    "key",
+    "hash",
     "verify",
 ];
 
@@ -76,7 +120,8 @@ pub fn generate_input(dir: &Path, partitions: u32, lines: u64, seed: u64) -> Res
         let path = dir.join(format!("{p}.txt"));
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ (u64::from(p) << 32));
         let mut out = std::io::BufWriter::new(
-            std::fs::File::create(&path).map_err(|e| Error::io(format!("create {}", path.display()), e))?,
+            std::fs::File::create(&path)
+                .map_err(|e| Error::io(format!("create {}", path.display()), e))?,
         );
         for _ in 0..lines {
             let n = rng.random_range(3..12);
@@ -100,7 +145,8 @@ pub fn count_input(dir: &Path, partitions: u32) -> Result<BTreeMap<String, u64>>
     let mut counts = BTreeMap::new();
     for p in 0..partitions {
         let path = dir.join(format!("{p}.txt"));
-        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
         for w in text.split_whitespace() {
             *counts.entry(w.to_string()).or_insert(0) += 1;
         }
@@ -116,8 +162,10 @@ pub fn count_stores(state_dir: &Path, partitions: u32) -> Result<BTreeMap<String
         let dir = store_dir(state_dir, "counts", &task_name(p));
         let db = RocksStore::open("counts", &dir)?;
         for item in db.db().iterator(rocksdb::IteratorMode::Start) {
-            let (k, v) = item.map_err(|e| Error::new(crate::ErrorKind::Io, format!("iterate counts: {e}")))?;
-            let w = String::from_utf8(k.to_vec()).map_err(|_| Error::corrupt("a word that is not UTF-8"))?;
+            let (k, v) =
+                item.map_err(|e| Error::new(crate::ErrorKind::Io, format!("iterate counts: {e}")))?;
+            let w = String::from_utf8(k.to_vec())
+                .map_err(|_| Error::corrupt("a word that is not UTF-8"))?;
             *counts.entry(w).or_insert(0) += decode(&v)?;
         }
     }
@@ -129,7 +177,7 @@ pub async fn run(
     settings: &JobSettings,
     blob_store: Arc<dyn BlobStore>,
     clock: Arc<dyn Clock>,
-    on_commit: Arc<dyn Fn(&str, &CommitReport, &BlobBackupManager) + Send + Sync>,
+    on_commit: Arc<CommitObserver>,
 ) -> Result<Vec<TaskSummary>> {
     let processor: Arc<dyn Processor> = Arc::new(WordCount);
     let mut handles = Vec::new();
@@ -147,10 +195,12 @@ pub async fn run(
     }
     let mut out = Vec::new();
     for h in handles {
-        out.push(
-            h.await
-                .map_err(|e| Error::new(crate::ErrorKind::Io, format!("task panicked or was cancelled: {e}")))??,
-        );
+        out.push(h.await.map_err(|e| {
+            Error::new(
+                crate::ErrorKind::Io,
+                format!("task panicked or was cancelled: {e}"),
+            )
+        })??);
     }
     Ok(out)
 }
