@@ -23,12 +23,7 @@ stage() {
 }
 
 stage "build prerequisites"
-if ! ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 && ! ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1; then
-  echo "installing libclang-dev (RocksDB's bindgen needs it)" >&2
-  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libclang-dev >/dev/null
-fi
+bash scripts/prereqs.sh
 for tool in curl; do
   command -v "$tool" >/dev/null || { echo "missing $tool" >&2; exit 1; }
 done
