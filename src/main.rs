@@ -111,6 +111,29 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Sweep a job's scope: delete blobs and indexes that no retained checkpoint of any task
+    /// references and that are older than the grace period; abort stale multipart uploads.
+    /// Fails closed: if any root cannot be read, nothing is deleted.
+    Gc {
+        /// The job's name.
+        #[arg(long)]
+        job: String,
+        /// The job's id.
+        #[arg(long, default_value = "1")]
+        job_id: String,
+        /// Only this task.
+        #[arg(long)]
+        task: Option<String>,
+        /// Only this store.
+        #[arg(long)]
+        store: Option<String>,
+        /// Grace period in seconds: younger objects are never deleted.
+        #[arg(long, default_value_t = 86_400)]
+        grace_secs: u64,
+        /// Print the plan (exactly what a real run deletes) and stop.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Parse a CheckpointV2/V1 JSON document (ours or Samza's) and print it normalized.
     Checkpoint {
         #[command(subcommand)]
@@ -309,6 +332,60 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
                     ErrorKind::Corrupt,
                     "the stored counts differ from the input: state and offsets were not committed together",
                 ));
+            }
+        }
+        Command::Gc {
+            job,
+            job_id,
+            task,
+            store,
+            grace_secs,
+            dry_run,
+        } => {
+            use blobsnap::blob::gc;
+            let blob_store = open_store(&cli.store).await?;
+            let settings = gc::SweepSettings {
+                job_name: job,
+                job_id,
+                task,
+                store,
+                grace: std::time::Duration::from_secs(grace_secs),
+            };
+            let plan = gc::plan_sweep(&blob_store, &settings).await?;
+            let deleted = if dry_run {
+                0
+            } else {
+                gc::execute_sweep(blob_store.as_ref(), &plan).await?
+            };
+            if cli.json {
+                println!(
+                    "{}",
+                    serde_json::json!({"schema": 1, "dry-run": dry_run, "plan": plan, "deleted": deleted})
+                );
+            } else {
+                println!(
+                    "sweep of {}/{}: {} roots, {} live objects; {} objects ({} bytes) to delete, {} kept (younger than the grace), {} unknown keys, {} stale uploads",
+                    settings.job_name,
+                    settings.job_id,
+                    plan.roots,
+                    plan.live,
+                    plan.delete.len(),
+                    plan.bytes,
+                    plan.kept_young,
+                    plan.unknown.len(),
+                    plan.uploads.len()
+                );
+                for d in &plan.delete {
+                    println!("  delete {:>12}  {}", d.size, d.key);
+                }
+                for u in &plan.unknown {
+                    println!("  unknown (kept)  {u}");
+                }
+                if dry_run {
+                    println!("dry run: nothing deleted");
+                } else {
+                    println!("deleted {deleted} objects, freed {} bytes", plan.bytes);
+                }
             }
         }
         Command::Checkpoint {

@@ -461,3 +461,259 @@ async fn demo_on_s3s() {
         "{cps:?}"
     );
 }
+
+/// Every object under the job scope that the retained checkpoints reference: checkpoint
+/// documents, indexes, blobs.
+async fn referenced(store: &Arc<dyn BlobStore>, job: &str) -> BTreeSet<String> {
+    let scope = JobScope::new(job, "1").unwrap();
+    let cps = BlobCheckpointStore::new(Arc::clone(store), scope.clone());
+    let mut out = BTreeSet::new();
+    for p in 0..3u32 {
+        let task = format!("Partition {p}");
+        for c in cps.history(&task, usize::MAX).await.unwrap() {
+            out.insert(
+                scope
+                    .checkpoint_key(&task, c.seq)
+                    .unwrap()
+                    .as_str()
+                    .to_string(),
+            );
+            let Some(v2) = c.checkpoint.as_v2() else {
+                continue;
+            };
+            for (store_name, marker) in v2
+                .state_checkpoint_markers
+                .get(FACTORY_NAME)
+                .into_iter()
+                .flatten()
+            {
+                let ctx = TaskContext {
+                    job_name: job.into(),
+                    job_id: "1".into(),
+                    task_name: task.clone(),
+                };
+                let sscope = scope.store(&task, store_name).unwrap();
+                out.insert(sscope.key(marker).unwrap().as_str().to_string());
+                for (_, f) in index_of(store.as_ref(), &ctx, marker).await.present_files() {
+                    out.insert(
+                        sscope
+                            .key(&f.blobs[0].blob_id)
+                            .unwrap()
+                            .as_str()
+                            .to_string(),
+                    );
+                }
+            }
+        }
+    }
+    out
+}
+
+/// After a demo killed several times, a sweep with grace 0 leaves exactly what the retained
+/// checkpoints reference: no leak, nothing missing; and the job still restores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweep_after_kills_leaves_exactly_the_referenced_objects() {
+    use rand::{Rng as _, SeedableRng as _};
+    let bin = env!("CARGO_BIN_EXE_blobsnap");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("demo");
+    let demo = |extra: &[&str]| {
+        let mut cmd = tokio::process::Command::new(bin);
+        cmd.args(["--json", "demo", "--dir"])
+            .arg(&dir)
+            .args([
+                "--partitions",
+                "3",
+                "--lines",
+                "6000",
+                "--commit-every",
+                "300",
+            ])
+            .args(extra);
+        cmd
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    for _ in 0..5 {
+        let mut child = demo(&[])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(rng.random_range(100..900))).await;
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+    }
+    // Also a crash between upload and checkpoint write: orphan blobs for the sweep.
+    let _ = demo(&[])
+        .env("BLOBSNAP_CRASH_AT", "commit.before-checkpoint")
+        .output()
+        .await
+        .unwrap();
+    demo_counts_ok(&demo(&[]).output().await.unwrap());
+
+    let store: Arc<dyn BlobStore> =
+        Arc::new(blobsnap::blobstore::local::LocalStore::new(dir.join("store")).unwrap());
+    let job_scope = JobScope::new("wordcount", "1").unwrap();
+    let before: BTreeSet<String> = list_all(store.as_ref(), job_scope.scope())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.key.as_str().to_string())
+        .collect();
+    let expected = referenced(&store, "wordcount").await;
+    assert!(
+        before.is_superset(&expected),
+        "something referenced is missing before the sweep"
+    );
+    assert!(
+        before.len() > expected.len(),
+        "the crashes left orphans to sweep"
+    );
+
+    let gc = |dry: bool| {
+        let mut cmd = tokio::process::Command::new(bin);
+        cmd.args(["--json", "--local"])
+            .arg(dir.join("store"))
+            .args(["gc", "--job", "wordcount", "--grace-secs", "0"]);
+        if dry {
+            cmd.arg("--dry-run");
+        }
+        cmd
+    };
+    let out = gc(true).output().await.unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dry: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let planned: BTreeSet<String> = dry["plan"]["delete"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["key"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(dry["plan"]["unknown"].as_array().unwrap().len(), 0, "{dry}");
+    let after_dry: BTreeSet<String> = list_all(store.as_ref(), job_scope.scope())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.key.as_str().to_string())
+        .collect();
+    assert_eq!(after_dry, before, "a dry run deletes nothing");
+    assert!(
+        planned.is_disjoint(&expected),
+        "the plan never touches a referenced object"
+    );
+
+    let out = gc(false).output().await.unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let after: BTreeSet<String> = list_all(store.as_ref(), job_scope.scope())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.key.as_str().to_string())
+        .collect();
+    assert_eq!(after, expected, "exactly the referenced objects remain");
+    assert_eq!(
+        before.difference(&after).cloned().collect::<BTreeSet<_>>(),
+        planned,
+        "the dry run listed exactly what the real run deleted"
+    );
+    assert!(store
+        .list_multipart_uploads(job_scope.scope())
+        .await
+        .unwrap()
+        .is_empty());
+    // The job still restores and ends correct.
+    let _ = std::fs::remove_dir_all(dir.join("state"));
+    demo_counts_ok(&demo(&[]).output().await.unwrap());
+}
+
+/// An orphan younger than the grace is kept; one older is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweep_respects_the_grace_period() {
+    use blobsnap::blob::gc::{execute_sweep, plan_sweep, SweepSettings};
+    let h = support::local().await;
+    let root = match &h.kind {
+        support::Kind::Local(l) => l.root().to_path_buf(),
+        support::Kind::S3(_) => unreachable!(),
+    };
+    let ctx = task(&h);
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = StoreSpec {
+        name: "counts".into(),
+        dir: tmp.path().join("counts"),
+    };
+    let backup = BlobBackupManager::new(
+        Arc::clone(&h.store),
+        ctx.clone(),
+        std::slice::from_ref(&spec),
+        Arc::new(SystemClock),
+        BackupSettings::default(),
+    )
+    .unwrap();
+    backup.init(None).await.unwrap();
+    let db = RocksStore::open("counts", &spec.dir).unwrap();
+    write_keys(&db, 0, 500, 1);
+    // An upload whose checkpoint is never written: orphans.
+    let id = "1000-0".parse().unwrap();
+    db.checkpoint_to(&spec.checkpoint_dir(id)).unwrap();
+    backup
+        .upload(
+            id,
+            &Default::default(),
+            &BTreeMap::from([("counts".into(), spec.checkpoint_dir(id))]),
+        )
+        .await
+        .unwrap();
+    let settings = SweepSettings {
+        job_name: ctx.job_name.clone(),
+        job_id: "1".into(),
+        task: None,
+        store: None,
+        grace: std::time::Duration::from_secs(3600),
+    };
+    let plan = plan_sweep(&h.store, &settings).await.unwrap();
+    assert!(plan.delete.is_empty(), "young orphans are kept: {plan:?}");
+    assert!(plan.kept_young > 0);
+    // Age the orphans by two hours.
+    let scope = JobScope::new(&ctx.job_name, "1").unwrap();
+    let orphans: Vec<_> = list_all(h.store.as_ref(), scope.scope()).await.unwrap();
+    let two_hours_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(7200);
+    for m in &orphans {
+        std::fs::File::options()
+            .write(true)
+            .open(root.join(m.key.as_str()))
+            .unwrap()
+            .set_modified(two_hours_ago)
+            .unwrap();
+    }
+    // A fresh orphan, uploaded now.
+    write_keys(&db, 500, 500, 2);
+    let id2 = "2000-0".parse().unwrap();
+    db.checkpoint_to(&spec.checkpoint_dir(id2)).unwrap();
+    backup
+        .upload(
+            id2,
+            &Default::default(),
+            &BTreeMap::from([("counts".into(), spec.checkpoint_dir(id2))]),
+        )
+        .await
+        .unwrap();
+    let plan = plan_sweep(&h.store, &settings).await.unwrap();
+    let planned: BTreeSet<String> = plan.delete.iter().map(|d| d.key.clone()).collect();
+    let aged: BTreeSet<String> = orphans.iter().map(|m| m.key.as_str().to_string()).collect();
+    assert_eq!(planned, aged, "exactly the aged orphans");
+    assert_eq!(
+        execute_sweep(h.store.as_ref(), &plan).await.unwrap(),
+        aged.len() as u64
+    );
+    let left = list_all(h.store.as_ref(), scope.scope()).await.unwrap();
+    assert!(!left.is_empty(), "the fresh orphan is still there");
+    assert!(left.iter().all(|m| !aged.contains(m.key.as_str())));
+}

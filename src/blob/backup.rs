@@ -56,6 +56,9 @@ pub struct BackupSettings {
     pub hash_cache: bool,
     /// Committed snapshots kept per store (at least 1); older ones are deleted by cleanup.
     pub retention: usize,
+    /// The sweep's grace period: an upload still running half of it after its first PUT is
+    /// abandoned (its early blobs could otherwise be swept before it commits).
+    pub gc_grace: std::time::Duration,
 }
 
 impl Default for BackupSettings {
@@ -64,6 +67,7 @@ impl Default for BackupSettings {
             limiter: Arc::new(Semaphore::new(8)),
             hash_cache: true,
             retention: 2,
+            gc_grace: std::time::Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -405,7 +409,16 @@ impl BlobBackupManager {
             .try_fold(0u64, |acc, r| async move { Ok(acc + r) })
             .await?;
 
-        // 4. the index
+        // 4. the index — unless the upload took so long that the sweep could have taken
+        //    its first blobs (DESIGN §7 step 2).
+        if upload_started.elapsed() > self.settings.gc_grace / 2 {
+            return Err(Error::transient(format!(
+                "upload of store {} at {id} ran for {:?}, over half the sweep's grace ({:?}): abandoned; the next commit starts afresh",
+                spec.name,
+                upload_started.elapsed(),
+                self.settings.gc_grace
+            )));
+        }
         let index = SnapshotIndex {
             format_version: FORMAT_VERSION,
             creation_time_millis: self.clock.now_millis(),

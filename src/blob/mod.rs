@@ -12,6 +12,7 @@
 
 pub mod backup;
 pub mod diff;
+pub mod gc;
 pub mod restore;
 
 use futures::TryStreamExt as _;

@@ -3,7 +3,7 @@
 //! A job has N tasks; task `Partition p` reads partition `p` of a file-based input system (one
 //! append-only text file per partition, offsets are byte positions of line starts), keeps its
 //! state in one RocksDB store, and commits every `commit_every` messages through the
-//! [`TaskCommitManager`](crate::commit::TaskCommitManager) with the blob backend. At startup
+//! [`TaskCommitManager`] with the blob backend. At startup
 //! each task claims its epoch, restores its store from the last checkpoint (reusing local
 //! files), and resumes from the checkpointed offset — so state and offsets always come from
 //! the same commit, whatever killed the previous run.
