@@ -9,9 +9,10 @@
 //! 2. **upload** — every backend's `upload`, giving store → marker;
 //! 3. **write the CheckpointV2** — the commit point, create-only under the next dense sequence
 //!    number, so a zombie writer of the same task loses with `Conflict` and must stop;
-//! 4. **cleanup** — every backend's `cleanup` (a failure is logged and retried at the next
-//!    commit: it never un-commits), then local checkpoint dirs older than the committed one are
-//!    deleted and the checkpoint history is trimmed to the retention.
+//! 4. **cleanup** — the checkpoint history is trimmed to the retention (first, so that it never
+//!    names a snapshot about to be deleted), then every backend's `cleanup` (a failure is logged
+//!    and retried at the next commit: it never un-commits), then local checkpoint dirs older
+//!    than the committed one are deleted.
 //!
 //! At startup [`TaskCommitManager::start`] reads the last checkpoint, claims the task's epoch
 //! by writing it again under the next sequence number (a zombie's next commit then collides),
@@ -263,8 +264,16 @@ impl TaskCommitManager {
         let write_ms = t.elapsed().as_millis() as u64;
         crate::crash::point("commit.after-checkpoint");
 
-        // 4. cleanup: never un-commits
+        // 4. cleanup: never un-commits. The history is trimmed first, so that it never names
+        //    a snapshot a backend is about to delete.
         let t = Instant::now();
+        if let Err(e) = self
+            .checkpoints
+            .trim(&self.task.task_name, self.retention)
+            .await
+        {
+            tracing::warn!(error = %e, "could not trim the checkpoint history");
+        }
         match self.run_cleanup(id, &markers).await {
             Ok(()) => st.cleanup_pending = false,
             Err(e) => {
@@ -275,13 +284,6 @@ impl TaskCommitManager {
         for engine in &self.stores {
             let spec = spec_of(engine.as_ref());
             remove_older_checkpoint_dirs(&spec, id);
-        }
-        if let Err(e) = self
-            .checkpoints
-            .trim(&self.task.task_name, self.retention + 1)
-            .await
-        {
-            tracing::warn!(error = %e, "could not trim the checkpoint history");
         }
         let cleanup_ms = t.elapsed().as_millis() as u64;
         let labels = [("task", self.task.task_name.clone())];

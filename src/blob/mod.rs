@@ -10,6 +10,7 @@
 //!
 //! Markers are stored in CheckpointV2 under [`FACTORY_NAME`].
 
+pub mod admin;
 pub mod backup;
 pub mod diff;
 pub mod gc;

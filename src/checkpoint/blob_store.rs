@@ -151,13 +151,22 @@ impl CheckpointStore for BlobCheckpointStore {
     async fn trim(&self, task: &str, keep: usize) -> Result<()> {
         let seqs = self.seqs(task).await?;
         let keep = keep.max(1);
-        if seqs.len() <= keep {
+        // Walk newest first until `keep` distinct checkpoint ids are covered.
+        let mut ids = std::collections::HashSet::new();
+        let mut cut = 0;
+        for (i, (seq, key)) in seqs.iter().enumerate().rev() {
+            let c = self.read(task, *seq, key).await?;
+            let id = c.checkpoint.as_v2().map(|v| v.id.to_string());
+            ids.insert(id.unwrap_or_else(|| format!("v1-{seq}")));
+            if ids.len() > keep {
+                cut = i + 1;
+                break;
+            }
+        }
+        if cut == 0 {
             return Ok(());
         }
-        let old: Vec<BlobKey> = seqs[..seqs.len() - keep]
-            .iter()
-            .map(|(_, k)| k.clone())
-            .collect();
+        let old: Vec<BlobKey> = seqs[..cut].iter().map(|(_, k)| k.clone()).collect();
         let failures = self.store.delete_many(&old).await?;
         match failures.into_iter().next() {
             Some((k, e)) => Err(e.context(format!("trim checkpoint {k}"))),

@@ -34,7 +34,9 @@ pub struct CommittedCheckpoint {
 ///   acknowledged).
 /// - [`latest`](Self::latest) returns the highest sequence number written.
 /// - History is kept at least as long as the caller's retention; [`trim`](Self::trim) never
-///   deletes the latest.
+///   deletes the latest. The commit manager trims *before* a backend deletes the snapshots
+///   that left retention, so the history never names a deleted snapshot (a crash in between
+///   leaves orphans for the sweep, never a dangling root that would stop it).
 #[async_trait]
 pub trait CheckpointStore: Send + Sync + std::fmt::Debug {
     /// Whether concurrent writes of one sequence number are guaranteed exclusive.
@@ -56,6 +58,8 @@ pub trait CheckpointStore: Send + Sync + std::fmt::Debug {
         checkpoint: &Checkpoint,
     ) -> Result<()>;
 
-    /// Delete all but the newest `keep` checkpoints of `task` (at least one is always kept).
+    /// Delete the checkpoints of `task` older than the newest `keep` distinct checkpoint ids
+    /// (a claim repeats the last checkpoint under a new number: both copies count as one id).
+    /// At least the latest is always kept.
     async fn trim(&self, task: &str, keep: usize) -> Result<()>;
 }

@@ -1,0 +1,245 @@
+//! The blob backend's admin: create and validate resources, and the clear errors of a missing
+//! bucket, bad credentials, a dead endpoint, a scope owned by another deployment, and an
+//! expiration rule over the prefix.
+
+mod support;
+
+use std::sync::Arc;
+
+use blobsnap::backend::StateBackendAdmin as _;
+use blobsnap::blob::admin::BlobStoreAdmin;
+use blobsnap::blobstore::retry::{RetryPolicy, RetryStore};
+use blobsnap::blobstore::s3::S3Store;
+use blobsnap::blobstore::BlobStore;
+use blobsnap::ErrorKind;
+
+fn job(h: &support::Harness) -> String {
+    h.scope.as_str().trim_end_matches('/').to_string()
+}
+
+fn admin(h: &support::Harness, deployment: &str) -> BlobStoreAdmin {
+    let s3 = match &h.kind {
+        support::Kind::S3(s) => Some(s.clone()),
+        support::Kind::Local(_) => None,
+    };
+    BlobStoreAdmin::new(Arc::clone(&h.store), s3, &job(h), "1", deployment).unwrap()
+}
+
+async fn create_validate_and_ownership(h: &support::Harness) {
+    let a = admin(h, "deploy-a");
+    let e = a.validate_resources().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{}: {e}", h.name);
+    assert!(e.to_string().contains("create_resources"), "{e}");
+    a.create_resources().await.unwrap();
+    a.create_resources().await.unwrap(); // idempotent
+    a.validate_resources().await.unwrap();
+    let b = admin(h, "deploy-b");
+    let e = b.create_resources().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Conflict, "{}: {e}", h.name);
+    let e = b.validate_resources().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Conflict);
+    assert!(
+        e.to_string().contains("deploy-a") && e.to_string().contains("deploy-b"),
+        "{e}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_create_validate_and_ownership() {
+    let h = support::local().await;
+    create_validate_and_ownership(&h).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3s_create_validate_and_ownership() {
+    let h = support::s3s().await;
+    create_validate_and_ownership(&h).await;
+    h.cleanup().await;
+}
+
+fn quick_retry() -> RetryPolicy {
+    RetryPolicy {
+        initial_delay_ms: 10,
+        max_delay_ms: 50,
+        budget_ms: 500,
+        max_attempts: 0,
+        factor: 2.0,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_credentials_and_dead_endpoint_are_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = support::start_s3s(dir.path()).await;
+    let good = S3Store::connect_with_credentials(
+        support::s3s_config(addr, "blobsnap-test"),
+        support::S3S_ACCESS_KEY,
+        support::S3S_SECRET_KEY,
+        None,
+    )
+    .await
+    .unwrap();
+    good.client()
+        .create_bucket()
+        .bucket("blobsnap-test")
+        .send()
+        .await
+        .unwrap();
+    // Bad credentials: an unknown key, and a known key with the wrong secret.
+    for (ak, sk) in [
+        ("AKIAUNKNOWNKEY", "whatever-secret"),
+        (support::S3S_ACCESS_KEY, "wrong-secret-value"),
+    ] {
+        let s3 = S3Store::connect_with_credentials(
+            support::s3s_config(addr, "blobsnap-test"),
+            ak,
+            sk,
+            None,
+        )
+        .await
+        .unwrap();
+        let store: Arc<dyn BlobStore> = Arc::new(RetryStore::new(s3.clone(), quick_retry()));
+        let e = BlobStoreAdmin::new(store, Some(s3), "j", "1", "d")
+            .unwrap()
+            .validate_resources()
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Permanent, "{ak}: {e}");
+        assert!(e.to_string().contains("403"), "{ak}: {e}");
+        assert!(!e.to_string().contains(sk), "never print secrets: {e}");
+    }
+    // A dead endpoint: a classified, bounded failure, not a hang.
+    let dead: std::net::SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let s3 = S3Store::connect_with_credentials(
+        support::s3s_config(dead, "blobsnap-test"),
+        support::S3S_ACCESS_KEY,
+        support::S3S_SECRET_KEY,
+        None,
+    )
+    .await
+    .unwrap();
+    let store: Arc<dyn BlobStore> = Arc::new(RetryStore::new(s3.clone(), quick_retry()));
+    let started = std::time::Instant::now();
+    let e = BlobStoreAdmin::new(store, Some(s3), "j", "1", "d")
+        .unwrap()
+        .validate_resources()
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Transient, "{e}");
+    assert!(e.to_string().contains("could not reach"), "{e}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+}
+
+mod external {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs BLOBSNAP_TEST_S3_ENDPOINT; run by scripts/test.sh"]
+    async fn missing_bucket_is_clear() {
+        let h = support::external().await;
+        let support::Kind::S3(s3) = &h.kind else {
+            unreachable!()
+        };
+        let mut cfg = s3.config().clone();
+        cfg.bucket = format!("no-such-bucket-{:08x}", rand::random::<u32>());
+        let ak = std::env::var("BLOBSNAP_TEST_S3_ACCESS_KEY").unwrap_or_else(|_| "test".into());
+        let sk = std::env::var("BLOBSNAP_TEST_S3_SECRET_KEY").unwrap_or_else(|_| "test".into());
+        let missing = S3Store::connect_with_credentials(cfg, &ak, &sk, None)
+            .await
+            .unwrap();
+        let store: Arc<dyn BlobStore> = Arc::new(RetryStore::new(missing.clone(), quick_retry()));
+        let e = BlobStoreAdmin::new(store, Some(missing), "j", "1", "d")
+            .unwrap()
+            .validate_resources()
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Permanent, "{e}");
+        assert!(e.to_string().contains("does not exist"), "{e}");
+    }
+    use aws_sdk_s3::types::{
+        BucketLifecycleConfiguration, ExpirationStatus, LifecycleExpiration, LifecycleRule,
+        LifecycleRuleFilter,
+    };
+
+    /// On LocalStack: the abort-multipart rule is merged next to the user's rules, and an
+    /// expiration rule over the prefix fails validation.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs BLOBSNAP_TEST_S3_ENDPOINT; run by scripts/test.sh"]
+    async fn lifecycle_rules_are_merged_and_checked() {
+        let h = support::external().await;
+        let support::Kind::S3(s3) = &h.kind else {
+            unreachable!()
+        };
+        let bucket = s3.config().bucket.clone();
+        let rule = |id: &str, prefix: &str| {
+            LifecycleRule::builder()
+                .id(id)
+                .filter(LifecycleRuleFilter::builder().prefix(prefix).build())
+                .status(ExpirationStatus::Enabled)
+                .expiration(LifecycleExpiration::builder().days(30).build())
+                .build()
+                .unwrap()
+        };
+        let user_rule = format!("user-{}", job(&h));
+        s3.client()
+            .put_bucket_lifecycle_configuration()
+            .bucket(&bucket)
+            .lifecycle_configuration(
+                BucketLifecycleConfiguration::builder()
+                    .rules(rule(&user_rule, "unrelated/"))
+                    .build()
+                    .unwrap(),
+            )
+            .send()
+            .await
+            .unwrap();
+        create_validate_and_ownership(&h).await;
+        let rules = s3
+            .client()
+            .get_bucket_lifecycle_configuration()
+            .bucket(&bucket)
+            .send()
+            .await
+            .unwrap()
+            .rules
+            .unwrap_or_default();
+        assert!(
+            rules.iter().any(|r| r.id() == Some(user_rule.as_str())),
+            "the user's rule is kept: {rules:?}"
+        );
+        assert!(
+            rules
+                .iter()
+                .any(|r| r.id().is_some_and(|i| i.starts_with("blobsnap-abort-mpu-"))),
+            "{rules:?}"
+        );
+        // An expiration rule over our prefix.
+        let mut with_bad = rules.clone();
+        with_bad.push(rule("expire-everything", ""));
+        s3.client()
+            .put_bucket_lifecycle_configuration()
+            .bucket(&bucket)
+            .lifecycle_configuration(
+                BucketLifecycleConfiguration::builder()
+                    .set_rules(Some(with_bad))
+                    .build()
+                    .unwrap(),
+            )
+            .send()
+            .await
+            .unwrap();
+        let e = admin(&h, "deploy-a")
+            .validate_resources()
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Permanent, "{e}");
+        assert!(e.to_string().contains("expire-everything"), "{e}");
+        s3.client()
+            .delete_bucket_lifecycle()
+            .bucket(&bucket)
+            .send()
+            .await
+            .unwrap();
+        h.cleanup().await;
+    }
+}
