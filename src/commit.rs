@@ -226,6 +226,7 @@ impl TaskCommitManager {
             snapshot_markers.insert(b.name.clone(), b.manager.snapshot(id)?);
         }
         let sync_ms = t.elapsed().as_millis() as u64;
+        crate::crash::point("commit.before-upload");
 
         // 2. upload
         let t = Instant::now();
@@ -274,6 +275,7 @@ impl TaskCommitManager {
         {
             tracing::warn!(error = %e, "could not trim the checkpoint history");
         }
+        crate::crash::point("commit.during-cleanup");
         match self.run_cleanup(id, &markers).await {
             Ok(()) => st.cleanup_pending = false,
             Err(e) => {

@@ -5,7 +5,10 @@
 //! destructors, no buffered writes flushed, exactly what a `kill -9` or a power cut does to the
 //! process. Unset (always, in production), a crash point costs one load of a cached value.
 //!
-//! Points: `restore.after-plan`, `restore.mid-download` (after the first downloaded file is in
+//! Points: `task.after-claim`, `task.after-restore`; `commit.before-upload` (after the sync
+//! step), `backup.mid-upload` (after the first blob PUT), `commit.before-checkpoint` (after the
+//! index PUT), `commit.after-checkpoint`, `commit.during-cleanup` (after the history trim);
+//! `restore.after-plan`, `restore.mid-download` (after the first downloaded file is in
 //! staging), `restore.before-marker`, `restore.after-marker`, `restore.after-exchange` (before
 //! the old tree is deleted).
 

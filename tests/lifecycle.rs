@@ -323,54 +323,68 @@ async fn demo_survives_kill_9_local() {
             "400".into(),
         ]
     };
-    // Named crash points, each in a fresh run directory, then a clean rerun.
-    for (i, point) in [
+    // Every named crash point, twice: once with the local state kept (restart on the same
+    // host), once with it deleted first (restart on a new host: restore downloads). Each run
+    // dir first gets a short run killed at a random moment, so there is something to restore.
+    const POINTS: &[&str] = &[
         "task.after-claim",
         "task.after-restore",
+        "commit.before-upload",
+        "backup.mid-upload",
         "commit.before-checkpoint",
         "commit.after-checkpoint",
+        "commit.during-cleanup",
+        "restore.after-plan",
+        "restore.mid-download",
         "restore.after-marker",
-    ]
-    .iter()
-    .enumerate()
-    {
-        let dir = tmp.path().join(format!("points-{i}"));
-        // A first run that commits a little, so that restore has something to do.
-        if *point == "restore.after-marker" {
+        "restore.after-exchange",
+    ];
+    let mut killed_at_point = 0;
+    for (i, point) in POINTS.iter().enumerate() {
+        for new_host in [false, true] {
+            let dir = tmp.path().join(format!("points-{i}-{new_host}"));
             let mut child = tokio::process::Command::new(bin)
                 .args(args(&dir))
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::null())
                 .spawn()
                 .unwrap();
-            tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+            tokio::time::sleep(std::time::Duration::from_millis(300 + 50 * i as u64)).await;
             let _ = child.start_kill();
             let _ = child.wait().await;
-        }
-        let out = tokio::process::Command::new(bin)
-            .args(args(&dir))
-            .env("BLOBSNAP_CRASH_AT", point)
-            .output()
-            .await
-            .unwrap();
-        if out.status.success() {
-            // The point was not reached in this run (e.g. nothing to restore): still correct.
+            if new_host {
+                let _ = std::fs::remove_dir_all(dir.join("state"));
+            }
+            let out = tokio::process::Command::new(bin)
+                .args(args(&dir))
+                .env("BLOBSNAP_CRASH_AT", point)
+                .output()
+                .await
+                .unwrap();
+            if out.status.success() {
+                // The point was not reached in this run (e.g. nothing to download): still correct.
+                demo_counts_ok(&out);
+            } else {
+                assert_eq!(
+                    out.status.signal(),
+                    Some(9),
+                    "{point}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                killed_at_point += 1;
+            }
+            let out = tokio::process::Command::new(bin)
+                .args(args(&dir))
+                .output()
+                .await
+                .unwrap();
             demo_counts_ok(&out);
-        } else {
-            assert_eq!(
-                out.status.signal(),
-                Some(9),
-                "{point}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
         }
-        let out = tokio::process::Command::new(bin)
-            .args(args(&dir))
-            .output()
-            .await
-            .unwrap();
-        demo_counts_ok(&out);
     }
+    assert!(
+        killed_at_point >= 15,
+        "only {killed_at_point} runs reached their crash point"
+    );
     // Random SIGKILLs, then a run to the end.
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let dir = tmp.path().join("random");

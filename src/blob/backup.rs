@@ -399,6 +399,7 @@ impl BlobBackupManager {
                 let progress = Arc::clone(&progress);
                 async move {
                     let r = self.put_blob(scope, blob_id, path, len, sha).await?;
+                    crate::crash::point("backup.mid-upload");
                     progress.files_uploaded.fetch_add(1, Ordering::Relaxed);
                     progress.bytes_uploaded.fetch_add(len, Ordering::Relaxed);
                     Ok::<_, Error>(r)

@@ -13,6 +13,7 @@
 pub mod admin;
 pub mod backup;
 pub mod diff;
+pub mod factory;
 pub mod gc;
 pub mod restore;
 
