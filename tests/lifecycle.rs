@@ -260,6 +260,63 @@ mod external {
         retention_case(&support::external().await, 2).await
     }
 
+    /// The demo on LocalStack (create-only enforced: fencing on), killed once and resumed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs BLOBSNAP_TEST_S3_ENDPOINT; run by scripts/test.sh"]
+    async fn demo_survives_kill_9() {
+        let h = support::external().await;
+        let support::Kind::S3(s3) = &h.kind else {
+            unreachable!()
+        };
+        let (endpoint, bucket) = (
+            s3.config().endpoint.clone().unwrap(),
+            s3.config().bucket.clone(),
+        );
+        let ak = std::env::var("BLOBSNAP_TEST_S3_ACCESS_KEY").unwrap_or_else(|_| "test".into());
+        let sk = std::env::var("BLOBSNAP_TEST_S3_SECRET_KEY").unwrap_or_else(|_| "test".into());
+        let tmp = tempfile::tempdir().unwrap();
+        let bin = env!("CARGO_BIN_EXE_blobsnap");
+        let run = || {
+            let mut cmd = tokio::process::Command::new(bin);
+            cmd.args([
+                "--json",
+                "--bucket",
+                &bucket,
+                "--s3-endpoint",
+                &endpoint,
+                "--s3-region",
+                "us-east-1",
+                "--s3-path-style",
+                "--s3-prefix",
+                h.scope.as_str(),
+                "demo",
+                "--dir",
+            ])
+            .arg(tmp.path())
+            .args([
+                "--partitions",
+                "2",
+                "--lines",
+                "4000",
+                "--commit-every",
+                "400",
+            ])
+            .env("AWS_ACCESS_KEY_ID", &ak)
+            .env("AWS_SECRET_ACCESS_KEY", &sk);
+            cmd
+        };
+        let mut child = run()
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+        demo_counts_ok(&run().output().await.unwrap());
+        h.cleanup().await;
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "needs BLOBSNAP_TEST_S3_ENDPOINT; run by scripts/test.sh"]
     async fn zombie_writer_is_fenced() {
