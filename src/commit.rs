@@ -39,6 +39,17 @@ pub struct Backend {
     pub manager: Arc<dyn TaskBackupManager>,
 }
 
+/// A commit between its sync and async stages.
+#[derive(Debug)]
+pub struct PendingCommit {
+    /// Its checkpoint id.
+    pub id: CheckpointId,
+    offsets: BTreeMap<Ssp, String>,
+    dirs: BTreeMap<String, PathBuf>,
+    snapshot_markers: BTreeMap<String, StoreMarkers>,
+    sync_ms: u64,
+}
+
 /// What one commit did.
 #[derive(Clone, Debug)]
 pub struct CommitReport {
@@ -190,23 +201,19 @@ impl TaskCommitManager {
         Ok(())
     }
 
-    /// Commit: snapshot every store, upload through every backend, write the checkpoint with
-    /// `offsets`, clean up. A `Conflict` means another process owns the task: stop.
+    /// Commit: [`sync_stage`](Self::sync_stage) then [`async_stage`](Self::async_stage). A
+    /// `Conflict` means another process owns the task: stop.
     pub async fn commit(&self, offsets: BTreeMap<Ssp, String>) -> Result<CommitReport> {
-        let mut st = self.state.lock().await;
-        // A cleanup that failed (or the startup one) runs before the next upload.
-        if st.cleanup_pending {
-            if let Some(cp) = st.last.as_ref().and_then(|c| c.as_v2()).cloned() {
-                match self.run_cleanup(cp.id, &cp.state_checkpoint_markers).await {
-                    Ok(()) => st.cleanup_pending = false,
-                    Err(e) => tracing::warn!(error = %e, "cleanup failed again; continuing"),
-                }
-            } else {
-                st.cleanup_pending = false;
-            }
-        }
+        let pending = self.sync_stage(offsets).await?;
+        self.async_stage(pending).await
+    }
 
-        // 1. sync
+    /// The synchronous part of a commit, to run while processing is paused: the next id, a
+    /// flush and a checkpoint of every store, every backend's `snapshot`. Fast: no network.
+    /// At most one commit may be between its sync and async stages at a time (the runtime's
+    /// policy: a commit that comes due while one is in flight is skipped, up to a max delay).
+    pub async fn sync_stage(&self, offsets: BTreeMap<Ssp, String>) -> Result<PendingCommit> {
+        let mut st = self.state.lock().await;
         let t = Instant::now();
         let id = st.ids.next(self.clock.now_millis())?;
         let mut dirs: BTreeMap<String, PathBuf> = BTreeMap::new();
@@ -225,7 +232,38 @@ impl TaskCommitManager {
         for b in &self.backends {
             snapshot_markers.insert(b.name.clone(), b.manager.snapshot(id)?);
         }
-        let sync_ms = t.elapsed().as_millis() as u64;
+        drop(st);
+        Ok(PendingCommit {
+            id,
+            offsets,
+            dirs,
+            snapshot_markers,
+            sync_ms: t.elapsed().as_millis() as u64,
+        })
+    }
+
+    /// The asynchronous part of a commit: upload through every backend, write the checkpoint
+    /// (the commit point), clean up. Runs concurrently with processing.
+    pub async fn async_stage(&self, pending: PendingCommit) -> Result<CommitReport> {
+        let PendingCommit {
+            id,
+            offsets,
+            dirs,
+            snapshot_markers,
+            sync_ms,
+        } = pending;
+        let mut st = self.state.lock().await;
+        // A cleanup that failed (or the startup one) runs before the next upload.
+        if st.cleanup_pending {
+            if let Some(cp) = st.last.as_ref().and_then(|c| c.as_v2()).cloned() {
+                match self.run_cleanup(cp.id, &cp.state_checkpoint_markers).await {
+                    Ok(()) => st.cleanup_pending = false,
+                    Err(e) => tracing::warn!(error = %e, "cleanup failed again; continuing"),
+                }
+            } else {
+                st.cleanup_pending = false;
+            }
+        }
         crate::crash::point("commit.before-upload");
 
         // 2. upload

@@ -85,6 +85,10 @@ enum Command {
         /// Run on a store that cannot fence a second writer (Garage, s3s-fs).
         #[arg(long)]
         unsafe_no_fencing: bool,
+        /// Grace period of the sweep the tasks run every 20 commits, in seconds (at least 60:
+        /// an upload running longer than half of it is abandoned).
+        #[arg(long, default_value_t = 86_400, value_parser = clap::value_parser!(u64).range(60..))]
+        gc_grace_secs: u64,
     },
     /// Restore one store from a snapshot marker into a directory: the plan is printed first;
     /// only files missing locally are downloaded, every byte is verified, and the new tree is
@@ -233,6 +237,7 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
             commit_every,
             retention,
             unsafe_no_fencing,
+            gc_grace_secs,
         } => {
             use blobsnap::job::{wordcount, JobSettings};
             let has_store_flags = cli.store.local.is_some()
@@ -257,6 +262,9 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
                 commit_every: commit_every.max(1),
                 retention,
                 unsafe_no_fencing,
+                commit_max_delay: std::time::Duration::from_secs(10),
+                sweep_every_commits: 20,
+                gc_grace: std::time::Duration::from_secs(gc_grace_secs),
             };
             wordcount::generate_input(&settings.input_dir, partitions, lines, 42)?;
             eprintln!(
@@ -302,6 +310,8 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
                         "tasks": summaries.iter().map(|s| serde_json::json!({
                             "task": s.task, "resumed-from": s.resumed_from,
                             "processed": s.processed, "commits": s.commits.len(),
+                            "commits-skipped": s.commits_skipped, "commits-failed": s.commits_failed,
+                            "sweeps": s.sweeps, "swept": s.swept,
                         })).collect::<Vec<_>>(),
                         "words": stored.len(),
                         "total": total,
@@ -311,11 +321,14 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
             } else {
                 for s in &summaries {
                     println!(
-                        "{}: resumed from offset {}, processed {} messages, {} commits",
+                        "{}: resumed from offset {}, processed {} messages, {} commits ({} skipped while one was in flight, {} failed and retried), {} sweeps",
                         s.task,
                         s.resumed_from,
                         s.processed,
-                        s.commits.len()
+                        s.commits.len(),
+                        s.commits_skipped,
+                        s.commits_failed,
+                        s.sweeps
                     );
                 }
                 println!("top words:");

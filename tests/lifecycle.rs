@@ -788,3 +788,56 @@ async fn sweep_respects_the_grace_period() {
     assert!(!left.is_empty(), "the fresh orphan is still there");
     assert!(left.iter().all(|m| !aged.contains(m.key.as_str())));
 }
+
+/// The runtime's commit policy: with slow uploads, commits that come due while one is in
+/// flight are skipped (processing goes on), with a max delay of zero they wait instead; the
+/// scheduled sweep runs between commits; the counts are right either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_uploads_skip_commits_and_counts_stay_right() {
+    use blobsnap::blobstore::fault::{FaultConfig, FaultStore};
+    use blobsnap::job::{wordcount, JobSettings};
+    for max_delay_ms in [60_000u64, 0] {
+        let tmp = tempfile::tempdir().unwrap();
+        let local = blobsnap::blobstore::local::LocalStore::new(tmp.path().join("store")).unwrap();
+        let slow: Arc<dyn BlobStore> = Arc::new(FaultStore::new(
+            local,
+            FaultConfig {
+                latency: std::time::Duration::from_millis(15),
+                ..Default::default()
+            },
+        ));
+        let settings = JobSettings {
+            job_name: "wordcount".into(),
+            job_id: "1".into(),
+            state_dir: tmp.path().join("state"),
+            input_dir: tmp.path().join("input"),
+            stream: "lines".into(),
+            partitions: 2,
+            commit_every: 50,
+            retention: 2,
+            unsafe_no_fencing: false,
+            commit_max_delay: std::time::Duration::from_millis(max_delay_ms),
+            sweep_every_commits: 1,
+            gc_grace: std::time::Duration::from_secs(3600),
+        };
+        wordcount::generate_input(&settings.input_dir, 2, 1500, 5).unwrap();
+        let observer: Arc<blobsnap::job::CommitObserver> = Arc::new(|_, _, _| {});
+        let summaries = wordcount::run(&settings, slow, Arc::new(SystemClock), observer)
+            .await
+            .unwrap();
+        let skipped: u64 = summaries.iter().map(|s| s.commits_skipped).sum();
+        let sweeps: u64 = summaries.iter().map(|s| s.sweeps).sum();
+        if max_delay_ms > 0 {
+            assert!(
+                skipped > 0,
+                "slow uploads must make commits come due while one is in flight"
+            );
+        }
+        assert!(sweeps > 0, "the scheduled sweep ran");
+        assert!(summaries.iter().all(|s| s.commits_failed == 0));
+        assert_eq!(
+            wordcount::count_stores(&settings.state_dir, 2).unwrap(),
+            wordcount::count_input(&settings.input_dir, 2).unwrap()
+        );
+    }
+}

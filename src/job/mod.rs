@@ -49,6 +49,13 @@ pub struct JobSettings {
     pub retention: usize,
     /// Run even if the checkpoint store cannot fence a second writer.
     pub unsafe_no_fencing: bool,
+    /// A commit that comes due while the previous one is still uploading is skipped (processing
+    /// goes on) for at most this long; then processing waits for the previous one.
+    pub commit_max_delay: std::time::Duration,
+    /// Sweep this task's orphans every this many commits (0: never).
+    pub sweep_every_commits: u64,
+    /// The sweep's grace period (also: uploads older than half of it are abandoned).
+    pub gc_grace: std::time::Duration,
 }
 
 /// One input message.
@@ -120,6 +127,14 @@ pub struct TaskSummary {
     pub processed: u64,
     /// Commits made in this run.
     pub commits: Vec<CommitReport>,
+    /// Commits that came due while one was in flight and were skipped.
+    pub commits_skipped: u64,
+    /// Commits whose async stage failed (retried by the next commit).
+    pub commits_failed: u64,
+    /// Sweeps run, and objects they deleted.
+    pub sweeps: u64,
+    /// Objects deleted by sweeps.
+    pub swept: u64,
 }
 
 /// The task name of partition `p`.
@@ -184,16 +199,19 @@ pub async fn run_task(
         clock,
         BackupSettings {
             retention: settings.retention,
+            gc_grace: settings.gc_grace,
             ..Default::default()
         },
     )?);
     backup.init(last.as_ref()).await?;
-    let commits = commits
-        .with_stores(vec![Arc::clone(&db) as Arc<dyn StoreEngine>])
-        .with_backends(vec![Backend {
-            name: FACTORY_NAME.to_string(),
-            manager: Arc::clone(&backup) as Arc<dyn crate::backend::TaskBackupManager>,
-        }]);
+    let commits = Arc::new(
+        commits
+            .with_stores(vec![Arc::clone(&db) as Arc<dyn StoreEngine>])
+            .with_backends(vec![Backend {
+                name: FACTORY_NAME.to_string(),
+                manager: Arc::clone(&backup) as Arc<dyn crate::backend::TaskBackupManager>,
+            }]),
+    );
 
     let ssp = Ssp::new("files", settings.stream.clone(), partition);
     let resumed_from: u64 = last
@@ -215,28 +233,52 @@ pub async fn run_task(
         resumed_from,
         ..Default::default()
     };
+    let sweep = SweepCtx {
+        settings,
+        store: &blob_store,
+        task: &task,
+    };
     let mut offset = resumed_from;
     let mut since_commit = 0u64;
+    let mut in_flight: Option<tokio::task::JoinHandle<Result<CommitReport>>> = None;
+    let mut due_since: Option<std::time::Instant> = None;
     loop {
-        let msg = {
-            let m = reader.next_message()?;
-            match m {
-                Some(m) => m,
-                None => break,
+        if in_flight.as_ref().is_some_and(|h| h.is_finished()) {
+            if let Some(h) = in_flight.take() {
+                finished(h, &task, &backup, on_commit, &mut summary, &sweep).await?;
             }
+        }
+        let Some(msg) = reader.next_message()? else {
+            break;
         };
         processor.process(&db, &msg)?;
         offset = msg.next_offset;
         summary.processed += 1;
         since_commit += 1;
-        if since_commit >= settings.commit_every {
-            let report = commits
-                .commit(BTreeMap::from([(ssp.clone(), offset.to_string())]))
-                .await?;
-            on_commit(&task, &report, &backup);
-            summary.commits.push(report);
-            since_commit = 0;
+        if since_commit < settings.commit_every {
+            continue;
         }
+        if let Some(h) = in_flight.take() {
+            let due = *due_since.get_or_insert_with(|| {
+                summary.commits_skipped += 1;
+                std::time::Instant::now()
+            });
+            if due.elapsed() < settings.commit_max_delay && !h.is_finished() {
+                in_flight = Some(h);
+                continue; // skipped: keep processing
+            }
+            finished(h, &task, &backup, on_commit, &mut summary, &sweep).await?;
+        }
+        due_since = None;
+        let pending = commits
+            .sync_stage(BTreeMap::from([(ssp.clone(), offset.to_string())]))
+            .await?;
+        since_commit = 0;
+        let c = Arc::clone(&commits);
+        in_flight = Some(tokio::spawn(async move { c.async_stage(pending).await }));
+    }
+    if let Some(h) = in_flight.take() {
+        finished(h, &task, &backup, on_commit, &mut summary, &sweep).await?;
     }
     if since_commit > 0 || summary.commits.is_empty() {
         let report = commits
@@ -246,4 +288,65 @@ pub async fn run_task(
         summary.commits.push(report);
     }
     Ok(summary)
+}
+
+struct SweepCtx<'a> {
+    settings: &'a JobSettings,
+    store: &'a Arc<dyn BlobStore>,
+    task: &'a str,
+}
+
+/// Handle a finished async stage: report it, and run the scheduled sweep; a `Conflict`
+/// (fenced off) stops the task, other failures are retried by the next commit.
+async fn finished(
+    h: tokio::task::JoinHandle<Result<CommitReport>>,
+    task: &str,
+    backup: &BlobBackupManager,
+    on_commit: &CommitObserver,
+    summary: &mut TaskSummary,
+    sweep: &SweepCtx<'_>,
+) -> Result<()> {
+    let r = h
+        .await
+        .map_err(|e| Error::new(crate::ErrorKind::Io, format!("commit task failed: {e}")))?;
+    match r {
+        Ok(report) => {
+            on_commit(task, &report, backup);
+            summary.commits.push(report);
+            let every = sweep.settings.sweep_every_commits;
+            if every > 0 && (summary.commits.len() as u64).is_multiple_of(every) {
+                let s = crate::blob::gc::SweepSettings {
+                    job_name: sweep.settings.job_name.clone(),
+                    job_id: sweep.settings.job_id.clone(),
+                    task: Some(sweep.task.to_string()),
+                    store: None,
+                    grace: sweep.settings.gc_grace,
+                };
+                match crate::blob::gc::plan_sweep(sweep.store, &s).await {
+                    Ok(plan) => {
+                        match crate::blob::gc::execute_sweep(sweep.store.as_ref(), &plan).await {
+                            Ok(n) => {
+                                summary.sweeps += 1;
+                                summary.swept += n;
+                            }
+                            Err(e) => tracing::warn!(task, error = %e, "sweep failed"),
+                        }
+                    }
+                    Err(e) => {
+                        metrics::counter!("blobsnap_gc_sweep_failures_total").increment(1);
+                        tracing::warn!(task, error = %e, "sweep planning failed; nothing deleted");
+                    }
+                }
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == crate::ErrorKind::Conflict => Err(e),
+        Err(e) => {
+            summary.commits_failed += 1;
+            metrics::counter!("blobsnap_commit_failures_total", "task" => task.to_string())
+                .increment(1);
+            tracing::warn!(task, error = %e, "commit failed; the next commit retries from the last committed state");
+            Ok(())
+        }
+    }
 }
