@@ -841,3 +841,60 @@ async fn slow_uploads_skip_commits_and_counts_stay_right() {
         );
     }
 }
+
+/// Two real processes running the same job against the same store: the later claim fences
+/// the earlier one off (it stops with exit code 6, `Conflict`), the survivor ends with the
+/// right counts, and the committed history has exactly one writer per sequence number.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_one_job_the_zombie_stops_with_conflict() {
+    let bin = env!("CARGO_BIN_EXE_blobsnap");
+    let tmp = tempfile::tempdir().unwrap();
+    let store_dir = tmp.path().join("store");
+    let demo = |dir: &str| {
+        let mut cmd = tokio::process::Command::new(bin);
+        cmd.args(["--json", "--local"])
+            .arg(&store_dir)
+            .args(["demo", "--dir"])
+            .arg(tmp.path().join(dir))
+            .args([
+                "--partitions",
+                "2",
+                "--lines",
+                "40000",
+                "--commit-every",
+                "200",
+            ]);
+        cmd
+    };
+    // The same generated input for both (same parameters, same seed).
+    let first = demo("a")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let second = demo("b").output();
+    let (a, b) = tokio::join!(first.wait_with_output(), second);
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(
+        a.status.code(),
+        Some(6),
+        "the zombie stops with Conflict: {}",
+        String::from_utf8_lossy(&a.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&a.stderr).contains("fenced"),
+        "{}",
+        String::from_utf8_lossy(&a.stderr)
+    );
+    demo_counts_ok(&b);
+    // One writer per sequence number, and the latest is the survivor's.
+    let store: Arc<dyn BlobStore> =
+        Arc::new(blobsnap::blobstore::local::LocalStore::new(&store_dir).unwrap());
+    let cps = BlobCheckpointStore::new(store, JobScope::new("wordcount", "1").unwrap());
+    for t in ["Partition 0", "Partition 1"] {
+        let hist = cps.history(t, usize::MAX).await.unwrap();
+        let seqs: BTreeSet<u64> = hist.iter().map(|c| c.seq).collect();
+        assert_eq!(seqs.len(), hist.len());
+    }
+}
