@@ -14,6 +14,13 @@
 //!
 //! [retry]
 //! budget-ms = 120000
+//!
+//! [job]                    # the runtime / demo
+//! partitions = 4
+//! commit-every = 2500      # messages
+//! commit-ms = 60000        # and/or time
+//! retention = 2
+//! gc-grace-secs = 86400
 //! ```
 //!
 //! | variable | setting |
@@ -24,6 +31,7 @@
 //! | `BLOBSNAP_S3_PATH_STYLE` | `s3.path-style` (`true`/`false`) |
 //! | `BLOBSNAP_S3_CA_BUNDLE` | `s3.ca-bundle` |
 //! | `BLOBSNAP_S3_CREATE_ONLY` | `s3.create-only` (`atomic`, `racy`, `ignored`) |
+//! | `BLOBSNAP_JOB_PARTITIONS`, `BLOBSNAP_JOB_COMMIT_EVERY` | `job.partitions`, `job.commit-every` |
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -66,12 +74,57 @@ impl Default for StoreSettings {
     }
 }
 
+/// `[job]`: the settings of a job run by the runtime (the demo reads them; its flags win).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct JobConfig {
+    /// The job's name.
+    pub name: String,
+    /// The job's id.
+    pub id: String,
+    /// Partitions (= tasks).
+    pub partitions: u32,
+    /// Commit every this many messages.
+    pub commit_every: u64,
+    /// Also commit every this many milliseconds (0: by count only).
+    pub commit_ms: u64,
+    /// Skip a due commit while one is in flight for at most this long, then wait.
+    pub commit_max_delay_ms: u64,
+    /// Committed snapshots kept per store.
+    pub retention: usize,
+    /// Run on a store that cannot fence a second writer.
+    pub unsafe_no_fencing: bool,
+    /// Sweep every this many commits (0: never).
+    pub sweep_every_commits: u64,
+    /// The sweep's grace period, seconds (at least 60 for a running job).
+    pub gc_grace_secs: u64,
+}
+
+impl Default for JobConfig {
+    fn default() -> Self {
+        JobConfig {
+            name: "wordcount".into(),
+            id: "1".into(),
+            partitions: 4,
+            commit_every: 2_500,
+            commit_ms: 0,
+            commit_max_delay_ms: 10_000,
+            retention: 2,
+            unsafe_no_fencing: false,
+            sweep_every_commits: 20,
+            gc_grace_secs: 86_400,
+        }
+    }
+}
+
 /// All settings.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct Settings {
     /// Which store.
     pub store: StoreSettings,
+    /// The job (runtime and demo).
+    pub job: JobConfig,
     /// S3 settings (used when `store.kind = "s3"`).
     pub s3: S3Config,
     /// Retry policy of every store operation.
@@ -110,6 +163,16 @@ impl Settings {
                     )))
                 }
             };
+        }
+        if let Some(v) = get("BLOBSNAP_JOB_PARTITIONS") {
+            self.job.partitions = v.parse().map_err(|_| {
+                Error::invalid(format!("BLOBSNAP_JOB_PARTITIONS={v:?}: not a number"))
+            })?;
+        }
+        if let Some(v) = get("BLOBSNAP_JOB_COMMIT_EVERY") {
+            self.job.commit_every = v.parse().map_err(|_| {
+                Error::invalid(format!("BLOBSNAP_JOB_COMMIT_EVERY={v:?}: not a number"))
+            })?;
         }
         if let Some(v) = get("BLOBSNAP_LOCAL_DIR") {
             self.store.local_dir = v.into();
@@ -188,6 +251,11 @@ mod tests {
             .unwrap();
         assert_eq!(s.s3.endpoint.as_deref(), Some("http://127.0.0.1:1"));
         assert!(Settings::from_toml("[s3]\nbukket = \"x\"\n").is_err());
+        let j = Settings::from_toml("[job]\npartitions = 7\ncommit-ms = 500\n").unwrap();
+        assert_eq!(
+            (j.job.partitions, j.job.commit_ms, j.job.retention),
+            (7, 500, 2)
+        );
         assert!(s
             .apply_env(|k| (k == "BLOBSNAP_STORE").then(|| "ftp".to_string()))
             .is_err());

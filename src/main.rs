@@ -70,25 +70,28 @@ enum Command {
         /// Where the input, the state and (by default) the blob store live.
         #[arg(long, default_value = "blobsnap-demo")]
         dir: PathBuf,
-        /// Partitions (= tasks).
-        #[arg(long, default_value_t = 4)]
-        partitions: u32,
+        /// Partitions (= tasks) [settings: job.partitions, default 4].
+        #[arg(long)]
+        partitions: Option<u32>,
         /// Lines of input per partition.
         #[arg(long, default_value_t = 20_000)]
         lines: u64,
-        /// Commit every this many messages.
-        #[arg(long, default_value_t = 2_500)]
-        commit_every: u64,
-        /// Committed snapshots kept per store.
-        #[arg(long, default_value_t = 2)]
-        retention: usize,
+        /// Commit every this many messages [job.commit-every, default 2500].
+        #[arg(long)]
+        commit_every: Option<u64>,
+        /// Also commit every this many milliseconds [job.commit-ms, default 0: off].
+        #[arg(long)]
+        commit_ms: Option<u64>,
+        /// Committed snapshots kept per store [job.retention, default 2].
+        #[arg(long)]
+        retention: Option<usize>,
         /// Run on a store that cannot fence a second writer (Garage, s3s-fs).
         #[arg(long)]
         unsafe_no_fencing: bool,
         /// Grace period of the sweep the tasks run every 20 commits, in seconds (at least 60:
-        /// an upload running longer than half of it is abandoned).
-        #[arg(long, default_value_t = 86_400, value_parser = clap::value_parser!(u64).range(60..))]
-        gc_grace_secs: u64,
+        /// an upload running longer than half of it is abandoned) [job.gc-grace-secs].
+        #[arg(long, value_parser = clap::value_parser!(u64).range(60..))]
+        gc_grace_secs: Option<u64>,
     },
     /// Restore one store from a snapshot marker into a directory: the plan is printed first;
     /// only files missing locally are downloaded, every byte is verified, and the new tree is
@@ -235,11 +238,25 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
             partitions,
             lines,
             commit_every,
+            commit_ms,
             retention,
             unsafe_no_fencing,
             gc_grace_secs,
         } => {
             use blobsnap::job::{wordcount, JobSettings};
+            let job = Settings::load(cli.store.config.as_deref())?.job;
+            let partitions = partitions.unwrap_or(job.partitions).max(1);
+            let commit_every = commit_every.unwrap_or(job.commit_every);
+            let commit_ms = commit_ms.unwrap_or(job.commit_ms);
+            let retention = retention.unwrap_or(job.retention);
+            let unsafe_no_fencing = unsafe_no_fencing || job.unsafe_no_fencing;
+            let gc_grace_secs = gc_grace_secs.unwrap_or(job.gc_grace_secs);
+            if gc_grace_secs < 60 {
+                return Err(Error::new(
+                    ErrorKind::InvalidInput,
+                    format!("job.gc-grace-secs = {gc_grace_secs}: a running job needs at least 60"),
+                ));
+            }
             let has_store_flags = cli.store.local.is_some()
                 || cli.store.bucket.is_some()
                 || cli.store.config.is_some()
@@ -253,17 +270,18 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
                 ))
             };
             let settings = JobSettings {
-                job_name: "wordcount".into(),
-                job_id: "1".into(),
+                job_name: job.name.clone(),
+                job_id: job.id.clone(),
                 state_dir: dir.join("state"),
                 input_dir: dir.join("input"),
                 stream: "lines".into(),
                 partitions,
                 commit_every: commit_every.max(1),
+                commit_interval: std::time::Duration::from_millis(commit_ms),
                 retention,
                 unsafe_no_fencing,
-                commit_max_delay: std::time::Duration::from_secs(10),
-                sweep_every_commits: 20,
+                commit_max_delay: std::time::Duration::from_millis(job.commit_max_delay_ms),
+                sweep_every_commits: job.sweep_every_commits,
                 gc_grace: std::time::Duration::from_secs(gc_grace_secs),
             };
             wordcount::generate_input(&settings.input_dir, partitions, lines, 42)?;

@@ -814,6 +814,7 @@ async fn slow_uploads_skip_commits_and_counts_stay_right() {
             stream: "lines".into(),
             partitions: 2,
             commit_every: 50,
+            commit_interval: std::time::Duration::ZERO,
             retention: 2,
             unsafe_no_fencing: false,
             commit_max_delay: std::time::Duration::from_millis(max_delay_ms),
@@ -897,4 +898,35 @@ async fn two_processes_one_job_the_zombie_stops_with_conflict() {
         let seqs: BTreeSet<u64> = hist.iter().map(|c| c.seq).collect();
         assert_eq!(seqs.len(), hist.len());
     }
+}
+
+/// Commits also come by time (`--commit-ms`), and `[job]` settings come from the TOML file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_by_time_and_job_settings_from_toml() {
+    let bin = env!("CARGO_BIN_EXE_blobsnap");
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("job.toml");
+    std::fs::write(
+        &config,
+        "[job]\npartitions = 3\ncommit-every = 100000000\ncommit-ms = 1\n",
+    )
+    .unwrap();
+    let out = tokio::process::Command::new(bin)
+        .args(["--json", "--config"])
+        .arg(&config)
+        .args(["--local"])
+        .arg(tmp.path().join("store"))
+        .args(["demo", "--dir"])
+        .arg(tmp.path().join("d"))
+        .args(["--lines", "3000"])
+        .output()
+        .await
+        .unwrap();
+    let v = demo_counts_ok(&out);
+    let tasks = v["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 3, "partitions from the TOML file");
+    assert!(
+        tasks.iter().all(|t| t["commits"].as_u64().unwrap() > 1),
+        "commits by time: {v}"
+    );
 }

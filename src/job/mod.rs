@@ -2,7 +2,8 @@
 //!
 //! A job has N tasks; task `Partition p` reads partition `p` of a file-based input system (one
 //! append-only text file per partition, offsets are byte positions of line starts), keeps its
-//! state in one RocksDB store, and commits every `commit_every` messages through the
+//! state in one RocksDB store, and commits every `commit_every` messages (or every
+//! `commit_interval`, whichever comes first) through the
 //! [`TaskCommitManager`] with the blob backend. At startup
 //! each task claims its epoch, restores its store from the last checkpoint (reusing local
 //! files), and resumes from the checkpointed offset — so state and offsets always come from
@@ -45,6 +46,8 @@ pub struct JobSettings {
     pub partitions: u32,
     /// Commit after this many messages.
     pub commit_every: u64,
+    /// Also commit when this long has passed since the last commit (zero: only by count).
+    pub commit_interval: std::time::Duration,
     /// Committed snapshots kept per store.
     pub retention: usize,
     /// Run even if the checkpoint store cannot fence a second writer.
@@ -242,6 +245,7 @@ pub async fn run_task(
     let mut since_commit = 0u64;
     let mut in_flight: Option<tokio::task::JoinHandle<Result<CommitReport>>> = None;
     let mut due_since: Option<std::time::Instant> = None;
+    let mut last_commit_at = std::time::Instant::now();
     loop {
         if in_flight.as_ref().is_some_and(|h| h.is_finished()) {
             if let Some(h) = in_flight.take() {
@@ -255,7 +259,9 @@ pub async fn run_task(
         offset = msg.next_offset;
         summary.processed += 1;
         since_commit += 1;
-        if since_commit < settings.commit_every {
+        let by_time = !settings.commit_interval.is_zero()
+            && last_commit_at.elapsed() >= settings.commit_interval;
+        if since_commit < settings.commit_every && !by_time {
             continue;
         }
         if let Some(h) = in_flight.take() {
@@ -270,6 +276,7 @@ pub async fn run_task(
             finished(h, &task, &backup, on_commit, &mut summary, &sweep).await?;
         }
         due_since = None;
+        last_commit_at = std::time::Instant::now();
         let pending = commits
             .sync_stage(BTreeMap::from([(ssp.clone(), offset.to_string())]))
             .await?;
