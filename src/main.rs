@@ -76,6 +76,10 @@ enum Command {
         /// Lines of input per partition.
         #[arg(long, default_value_t = 20_000)]
         lines: u64,
+        /// The stores of each task, comma-separated: `counts` (required) and optionally
+        /// `lengths`. Adding a store to a job that already committed starts it empty.
+        #[arg(long, default_value = "counts", value_delimiter = ',')]
+        stores: Vec<String>,
         /// Commit every this many messages [job.commit-every, default 2500].
         #[arg(long)]
         commit_every: Option<u64>,
@@ -237,6 +241,7 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
             dir,
             partitions,
             lines,
+            stores,
             commit_every,
             commit_ms,
             retention,
@@ -275,6 +280,7 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
                 state_dir: dir.join("state"),
                 input_dir: dir.join("input"),
                 stream: "lines".into(),
+                stores,
                 partitions,
                 commit_every: commit_every.max(1),
                 commit_interval: std::time::Duration::from_millis(commit_ms),

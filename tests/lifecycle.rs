@@ -813,6 +813,7 @@ async fn slow_uploads_skip_commits_and_counts_stay_right() {
             input_dir: tmp.path().join("input"),
             stream: "lines".into(),
             partitions: 2,
+            stores: vec!["counts".into()],
             commit_every: 50,
             commit_interval: std::time::Duration::ZERO,
             retention: 2,
@@ -929,4 +930,59 @@ async fn commits_by_time_and_job_settings_from_toml() {
         tasks.iter().all(|t| t["commits"].as_u64().unwrap() > 1),
         "commits by time: {v}"
     );
+}
+
+/// A store added to a job that already committed: it has no snapshot, starts empty, and is
+/// committed from then on; crashes right after adding it recover like any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adding_a_store_then_crashing_recovers() {
+    let bin = env!("CARGO_BIN_EXE_blobsnap");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("d");
+    let demo = |stores: &str| {
+        let mut cmd = tokio::process::Command::new(bin);
+        cmd.args(["--json", "demo", "--dir"]).arg(&dir).args([
+            "--partitions",
+            "2",
+            "--lines",
+            "8000",
+            "--commit-every",
+            "300",
+            "--stores",
+            stores,
+        ]);
+        cmd
+    };
+    let mut child = demo("counts")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let _ = child.start_kill();
+    let _ = child.wait().await;
+    for point in ["task.after-restore", "commit.after-checkpoint"] {
+        let out = demo("counts,lengths")
+            .env("BLOBSNAP_CRASH_AT", point)
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            out.status.success() || out.status.signal() == Some(9),
+            "{point}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    demo_counts_ok(&demo("counts,lengths").output().await.unwrap());
+    let store: Arc<dyn BlobStore> =
+        Arc::new(blobsnap::blobstore::local::LocalStore::new(dir.join("store")).unwrap());
+    let cps = BlobCheckpointStore::new(store, JobScope::new("wordcount", "1").unwrap());
+    for t in ["Partition 0", "Partition 1"] {
+        let latest = cps.latest(t).await.unwrap().unwrap();
+        let markers = &latest.checkpoint.as_v2().unwrap().state_checkpoint_markers[FACTORY_NAME];
+        assert!(
+            markers.contains_key("counts") && markers.contains_key("lengths"),
+            "{t}: {markers:?}"
+        );
+    }
 }

@@ -44,6 +44,9 @@ pub struct JobSettings {
     pub stream: String,
     /// Number of partitions (= tasks).
     pub partitions: u32,
+    /// The stores of every task (the first is the processor's main store). A store added
+    /// to a job that already committed has no snapshot: it starts empty.
+    pub stores: Vec<String>,
     /// Commit after this many messages.
     pub commit_every: u64,
     /// Also commit when this long has passed since the last commit (zero: only by count).
@@ -109,10 +112,13 @@ impl PartitionReader {
     }
 }
 
-/// What a task's processing does with a message and its store.
+/// A task's open stores, by name.
+pub type Stores = BTreeMap<String, Arc<RocksStore>>;
+
+/// What a task's processing does with a message and its stores.
 pub trait Processor: Send + Sync {
-    /// Apply one message to the store.
-    fn process(&self, db: &RocksStore, message: &Message) -> Result<()>;
+    /// Apply one message to the stores.
+    fn process(&self, stores: &Stores, message: &Message) -> Result<()>;
 }
 
 /// Called after every commit of a task with its name, the report and the backup manager
@@ -166,10 +172,17 @@ pub async fn run_task(
         job_id: settings.job_id.clone(),
         task_name: task.clone(),
     };
-    let spec = StoreSpec {
-        name: "counts".into(),
-        dir: store_dir(&settings.state_dir, "counts", &task),
-    };
+    if settings.stores.is_empty() {
+        return Err(Error::invalid("a job needs at least one store"));
+    }
+    let specs: Vec<StoreSpec> = settings
+        .stores
+        .iter()
+        .map(|name| StoreSpec {
+            name: name.clone(),
+            dir: store_dir(&settings.state_dir, name, &task),
+        })
+        .collect();
     let checkpoints: Arc<dyn CheckpointStore> = Arc::new(BlobCheckpointStore::new(
         Arc::clone(&blob_store),
         JobScope::new(&settings.job_name, &settings.job_id)?,
@@ -187,18 +200,24 @@ pub async fn run_task(
     let restorer = BlobRestoreManager::new(
         Arc::clone(&blob_store),
         ctx.clone(),
-        std::slice::from_ref(&spec),
+        &specs,
         RestoreSettings::default(),
     )?;
     restorer.init(last.as_ref()).await?;
     restorer.restore().await?;
     crate::crash::point("task.after-restore");
 
-    let db: Arc<RocksStore> = Arc::new(RocksStore::open("counts", &spec.dir)?);
+    let mut stores = Stores::new();
+    for spec in &specs {
+        stores.insert(
+            spec.name.clone(),
+            Arc::new(RocksStore::open(&spec.name, &spec.dir)?),
+        );
+    }
     let backup = Arc::new(BlobBackupManager::new(
         Arc::clone(&blob_store),
         ctx.clone(),
-        std::slice::from_ref(&spec),
+        &specs,
         clock,
         BackupSettings {
             retention: settings.retention,
@@ -209,7 +228,12 @@ pub async fn run_task(
     backup.init(last.as_ref()).await?;
     let commits = Arc::new(
         commits
-            .with_stores(vec![Arc::clone(&db) as Arc<dyn StoreEngine>])
+            .with_stores(
+                stores
+                    .values()
+                    .map(|db| Arc::clone(db) as Arc<dyn StoreEngine>)
+                    .collect(),
+            )
             .with_backends(vec![Backend {
                 name: FACTORY_NAME.to_string(),
                 manager: Arc::clone(&backup) as Arc<dyn crate::backend::TaskBackupManager>,
@@ -255,7 +279,7 @@ pub async fn run_task(
         let Some(msg) = reader.next_message()? else {
             break;
         };
-        processor.process(&db, &msg)?;
+        processor.process(&stores, &msg)?;
         offset = msg.next_offset;
         summary.processed += 1;
         since_commit += 1;

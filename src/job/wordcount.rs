@@ -12,7 +12,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::{
-    run_task, store_dir, task_name, CommitObserver, JobSettings, Message, Processor, TaskSummary,
+    run_task, store_dir, task_name, CommitObserver, JobSettings, Message, Processor, Stores,
+    TaskSummary,
 };
 use crate::backend::Clock;
 use crate::blobstore::BlobStore;
@@ -24,13 +25,32 @@ use crate::local::rocks::RocksStore;
 pub struct WordCount;
 
 impl Processor for WordCount {
-    fn process(&self, db: &RocksStore, message: &Message) -> Result<()> {
-        let mut batch = rocksdb::WriteBatch::default();
+    /// Counts words in `counts`; if the job also has a `lengths` store, counts word lengths
+    /// there.
+    fn process(&self, stores: &Stores, message: &Message) -> Result<()> {
+        let db = stores
+            .get("counts")
+            .ok_or_else(|| Error::invalid("the word-count job needs a store named \"counts\""))?;
+        if let Some(lengths) = stores.get("lengths") {
+            let mut by_len: HashMap<String, u64> = HashMap::new();
+            for w in message.line.split_whitespace() {
+                *by_len.entry(format!("{:04}", w.len())).or_default() += 1;
+            }
+            add_counts(lengths, by_len.iter().map(|(k, n)| (k.as_str(), *n)))?;
+        }
         let mut local: HashMap<&str, u64> = HashMap::new();
         for w in message.line.split_whitespace() {
             *local.entry(w).or_default() += 1;
         }
-        for (w, n) in local {
+        add_counts(db, local.into_iter())
+    }
+}
+
+/// Add `counts` to the u64 counters of `db` in one write batch.
+fn add_counts<'a>(db: &RocksStore, counts: impl Iterator<Item = (&'a str, u64)>) -> Result<()> {
+    let mut batch = rocksdb::WriteBatch::default();
+    {
+        for (w, n) in counts {
             let old = db
                 .db()
                 .get(w.as_bytes())
@@ -40,10 +60,10 @@ impl Processor for WordCount {
                 .unwrap_or(0);
             batch.put(w.as_bytes(), (old + n).to_le_bytes());
         }
-        db.db()
-            .write(batch)
-            .map_err(|e| Error::new(crate::ErrorKind::Io, format!("write counts: {e}")))
     }
+    db.db()
+        .write(batch)
+        .map_err(|e| Error::new(crate::ErrorKind::Io, format!("write counts: {e}")))
 }
 
 fn decode(v: &[u8]) -> Result<u64> {
