@@ -29,20 +29,31 @@ pub async fn get_bytes(store: &dyn BlobStore, key: &BlobKey, max_len: u64) -> Re
             got.meta.size
         )));
     }
-    let expected = got.range.end - got.range.start;
-    let mut buf = BytesMut::with_capacity(expected as usize);
+    let range = got.range.clone();
+    collect_body(key, got, &range).await
+}
+
+/// Read a body that must carry exactly `range`: longer is `Corrupt`, shorter (a dropped
+/// connection) is `Transient`.
+async fn collect_body(
+    key: &BlobKey,
+    got: super::GetResult,
+    range: &std::ops::Range<u64>,
+) -> Result<Bytes> {
+    let want = range.end - range.start;
+    let mut buf = BytesMut::with_capacity(want as usize);
     let mut body = got.body;
     while let Some(chunk) = body.try_next().await? {
-        if buf.len() as u64 + chunk.len() as u64 > expected {
+        if buf.len() as u64 + chunk.len() as u64 > want {
             return Err(Error::corrupt(format!(
-                "object {key}: body longer than its announced {expected} bytes"
+                "object {key}: body of range {range:?} longer than its {want} bytes"
             )));
         }
         buf.extend_from_slice(&chunk);
     }
-    if (buf.len() as u64) < expected {
+    if (buf.len() as u64) < want {
         return Err(Error::transient(format!(
-            "object {key}: body truncated at {} of {expected} bytes",
+            "object {key}: body of range {range:?} truncated at {} of {want} bytes",
             buf.len()
         )));
     }
@@ -154,23 +165,7 @@ async fn download_ranges(
             async move {
                 let got = store.get(key, Some(range.clone())).await?;
                 check_size(key, got.meta.size, size)?;
-                let want = range.end - range.start;
-                let mut buf = BytesMut::with_capacity(want as usize);
-                let mut body = got.body;
-                while let Some(chunk) = body.try_next().await? {
-                    if buf.len() as u64 + chunk.len() as u64 > want {
-                        return Err(Error::corrupt(format!(
-                            "blob {key}: range {range:?} longer than asked"
-                        )));
-                    }
-                    buf.extend_from_slice(&chunk);
-                }
-                if (buf.len() as u64) < want {
-                    return Err(Error::transient(format!(
-                        "blob {key}: range {range:?} truncated at {} bytes",
-                        buf.len()
-                    )));
-                }
+                let buf = collect_body(key, got, &range).await?;
                 let dest = dest.to_path_buf();
                 tokio::task::spawn_blocking(move || {
                     file.write_all_at(&buf, range.start)
