@@ -145,6 +145,39 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Show a snapshot: its files, sizes and blobs, totals, and what it cost to upload and
+    /// would cost to restore.
+    Inspect {
+        #[command(flatten)]
+        snap: SnapshotArgs,
+        /// The marker (`index/<checkpoint-id>.<sha256>.json`).
+        marker: String,
+    },
+    /// What changed between two snapshots of one store: files added, removed, changed and
+    /// retained, with bytes.
+    Diff {
+        #[command(flatten)]
+        snap: SnapshotArgs,
+        /// The older marker.
+        a: String,
+        /// The newer marker.
+        b: String,
+    },
+    /// Check that every object a snapshot references exists with the right size (HEAD);
+    /// `--deep` downloads and checks every SHA-256 (`--sample PCT` for a random share).
+    /// Exit code 3 if an object is missing, 4 if one is corrupt.
+    Verify {
+        #[command(flatten)]
+        snap: SnapshotArgs,
+        /// The marker (`index/<checkpoint-id>.<sha256>.json`).
+        marker: String,
+        /// Download every blob and check its SHA-256.
+        #[arg(long)]
+        deep: bool,
+        /// With --deep: check only this percentage of the blobs, chosen at random.
+        #[arg(long, default_value_t = 100.0)]
+        sample: f64,
+    },
     /// Parse a CheckpointV2/V1 JSON document (ours or Samza's) and print it normalized.
     Checkpoint {
         #[command(subcommand)]
@@ -155,6 +188,47 @@ enum Command {
         #[command(subcommand)]
         action: ShowAction,
     },
+}
+
+/// Which store's snapshots: job, job id, task, store.
+#[derive(Args)]
+struct SnapshotArgs {
+    /// The job's name.
+    #[arg(long)]
+    job: String,
+    /// The job's id.
+    #[arg(long, default_value = "1")]
+    job_id: String,
+    /// The task's name.
+    #[arg(long)]
+    task: String,
+    /// The store's name.
+    #[arg(long)]
+    store: String,
+}
+
+impl SnapshotArgs {
+    async fn load(
+        &self,
+        blob_store: &dyn BlobStore,
+        marker: &str,
+    ) -> blobsnap::Result<(
+        blobsnap::layout::StoreScope,
+        IndexMarker,
+        blobsnap::index::SnapshotIndex,
+    )> {
+        let m: IndexMarker = marker.parse()?;
+        let scope = blobsnap::layout::JobScope::new(&self.job, &self.job_id)?
+            .store(&self.task, &self.store)?;
+        let expected = blobsnap::blob::Expected {
+            job_name: &self.job,
+            job_id: &self.job_id,
+            task_name: &self.task,
+            store_name: &self.store,
+        };
+        let index = blobsnap::blob::read_index(blob_store, &scope, &m, &expected).await?;
+        Ok((scope, m, index))
+    }
 }
 
 #[derive(Subcommand)]
@@ -423,6 +497,209 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
                 } else {
                     println!("deleted {deleted} objects, freed {} bytes", plan.bytes);
                 }
+            }
+        }
+        Command::Inspect { snap, marker } => {
+            let blob_store = open_store(&cli.store).await?;
+            let (_, m, index) = snap.load(blob_store.as_ref(), &marker).await?;
+            let own = format!("blobs/{}/", m.checkpoint_id);
+            let files = index.present_files();
+            let bytes: u64 = files.iter().map(|(_, f)| f.file_metadata.size).sum();
+            let uploaded: Vec<_> = files
+                .iter()
+                .filter(|(_, f)| f.blobs.iter().any(|b| b.blob_id.starts_with(&own)))
+                .collect();
+            let up_bytes: u64 = uploaded.iter().map(|(_, f)| f.file_metadata.size).sum();
+            if cli.json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "schema": 1,
+                        "marker": marker,
+                        "checkpoint-id": m.checkpoint_id.to_string(),
+                        "prev": index.prev_snapshot_index_blob_id,
+                        "files": files.iter().map(|(p, f)| serde_json::json!({
+                            "path": p, "size": f.file_metadata.size,
+                            "sha256": f.sha256.map(|s| s.to_hex()),
+                            "blob": f.blobs.first().map(|b| b.blob_id.clone()),
+                        })).collect::<Vec<_>>(),
+                        "total-files": files.len(),
+                        "total-bytes": bytes,
+                        "uploaded-files": uploaded.len(),
+                        "uploaded-bytes": up_bytes,
+                        "upload-requests": uploaded.len() + 1,
+                        "restore-requests": files.len() + 1,
+                        "restore-bytes": bytes,
+                    })
+                );
+            } else {
+                let md = &index.snapshot_metadata;
+                println!(
+                    "snapshot {marker}\n  job {} / {}, task {}, store {}, checkpoint {}",
+                    md.job_name, md.job_id, md.task_name, md.store_name, md.checkpoint_id
+                );
+                println!(
+                    "  previous: {}",
+                    index
+                        .prev_snapshot_index_blob_id
+                        .as_deref()
+                        .unwrap_or("(none)")
+                );
+                for (p, f) in &files {
+                    let blob = f.blobs.first().map(|b| b.blob_id.as_str()).unwrap_or("-");
+                    let new = if blob.starts_with(&own) {
+                        "new"
+                    } else {
+                        "reused"
+                    };
+                    println!("  {:>12}  {p}  {new} {blob}", f.file_metadata.size);
+                }
+                println!(
+                    "  {} files, {} bytes; uploaded by this checkpoint: {} files, {} bytes, about {} requests (single PUTs + the index); a restore into an empty dir: {} GETs, {} bytes",
+                    files.len(),
+                    bytes,
+                    uploaded.len(),
+                    up_bytes,
+                    uploaded.len() + 1,
+                    files.len() + 1,
+                    bytes
+                );
+            }
+        }
+        Command::Diff { snap, a, b } => {
+            let blob_store = open_store(&cli.store).await?;
+            let (_, _, ia) = snap.load(blob_store.as_ref(), &a).await?;
+            let (_, _, ib) = snap.load(blob_store.as_ref(), &b).await?;
+            let fa: std::collections::BTreeMap<String, (Option<blobsnap::digest::Sha256>, u64)> =
+                ia.present_files()
+                    .into_iter()
+                    .map(|(p, f)| (p, (f.sha256, f.file_metadata.size)))
+                    .collect();
+            let fb: std::collections::BTreeMap<String, (Option<blobsnap::digest::Sha256>, u64)> =
+                ib.present_files()
+                    .into_iter()
+                    .map(|(p, f)| (p, (f.sha256, f.file_metadata.size)))
+                    .collect();
+            let mut rows = Vec::new();
+            let (mut added, mut removed, mut changed, mut retained) =
+                ((0u64, 0u64), (0u64, 0u64), (0u64, 0u64), (0u64, 0u64));
+            for (p, (sha, size)) in &fb {
+                match fa.get(p) {
+                    None => {
+                        added.0 += 1;
+                        added.1 += size;
+                        rows.push(("added", p.clone(), *size));
+                    }
+                    Some((sa, _)) if sa == sha && sha.is_some() => {
+                        retained.0 += 1;
+                        retained.1 += size;
+                    }
+                    Some(_) => {
+                        changed.0 += 1;
+                        changed.1 += size;
+                        rows.push(("changed", p.clone(), *size));
+                    }
+                }
+            }
+            for (p, (_, size)) in &fa {
+                if !fb.contains_key(p) {
+                    removed.0 += 1;
+                    removed.1 += size;
+                    rows.push(("removed", p.clone(), *size));
+                }
+            }
+            if cli.json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "schema": 1,
+                        "added": {"files": added.0, "bytes": added.1},
+                        "removed": {"files": removed.0, "bytes": removed.1},
+                        "changed": {"files": changed.0, "bytes": changed.1},
+                        "retained": {"files": retained.0, "bytes": retained.1},
+                        "entries": rows.iter().map(|(k, p, s)| serde_json::json!({"change": k, "path": p, "size": s})).collect::<Vec<_>>(),
+                    })
+                );
+            } else {
+                for (k, p, size) in &rows {
+                    println!("  {k:<8} {size:>12}  {p}");
+                }
+                println!(
+                    "added {} files ({} bytes), removed {} ({} bytes), changed {} ({} bytes), retained {} ({} bytes)",
+                    added.0, added.1, removed.0, removed.1, changed.0, changed.1, retained.0, retained.1
+                );
+            }
+        }
+        Command::Verify {
+            snap,
+            marker,
+            deep,
+            sample,
+        } => {
+            let blob_store = open_store(&cli.store).await?;
+            let (scope, _, index) = snap.load(blob_store.as_ref(), &marker).await?;
+            let mut problems: Vec<(ErrorKind, String)> = Vec::new();
+            let mut checked = 0u64;
+            let mut deep_checked = 0u64;
+            for (path, f) in index.present_files() {
+                for b in &f.blobs {
+                    let key = scope.key(&b.blob_id)?;
+                    checked += 1;
+                    match blob_store.head(&key).await {
+                        Ok(meta) if meta.size != f.file_metadata.size => problems.push((
+                            ErrorKind::Corrupt,
+                            format!(
+                                "{path}: blob {key} is {} bytes, the index says {}",
+                                meta.size, f.file_metadata.size
+                            ),
+                        )),
+                        Ok(_) => {
+                            if deep && rand::random::<f64>() * 100.0 < sample {
+                                deep_checked += 1;
+                                match blobsnap::blob::hash_object(blob_store.as_ref(), &key).await {
+                                    Ok((sha, _)) if Some(sha) != f.sha256 => problems.push((
+                                        ErrorKind::Corrupt,
+                                        format!("{path}: blob {key} has SHA-256 {sha}, the index says {}", f.sha256.map(|s| s.to_hex()).unwrap_or_default()),
+                                    )),
+                                    Ok(_) => {}
+                                    Err(e) => problems.push((e.kind(), format!("{path}: {e}"))),
+                                }
+                            }
+                        }
+                        Err(e) => problems.push((e.kind(), format!("{path}: blob {key}: {e}"))),
+                    }
+                }
+            }
+            if cli.json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "schema": 1, "marker": marker, "objects": checked, "deep-checked": deep_checked,
+                        "problems": problems.iter().map(|(k, m)| serde_json::json!({"kind": k.as_str(), "message": m})).collect::<Vec<_>>(),
+                    })
+                );
+            } else {
+                for (k, m) in &problems {
+                    println!("  {k}: {m}");
+                }
+                println!(
+                    "verified {checked} objects ({deep_checked} downloaded and hashed): {} problems",
+                    problems.len()
+                );
+            }
+            // Missing beats corrupt beats anything else, for the exit code.
+            if let Some(kind) = [ErrorKind::NotFound, ErrorKind::Corrupt]
+                .into_iter()
+                .find(|k| problems.iter().any(|(p, _)| p == k))
+                .or_else(|| problems.first().map(|(k, _)| *k))
+            {
+                return Err(Error::new(
+                    kind,
+                    format!(
+                        "snapshot {marker} failed verification ({} problems)",
+                        problems.len()
+                    ),
+                ));
             }
         }
         Command::Checkpoint {

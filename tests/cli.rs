@@ -1,0 +1,250 @@
+//! The operator commands end to end: spawn the real binary against the local store, assert
+//! on `--json` output and exit codes.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use blobsnap::backend::{
+    StoreEngine, StoreMarkers, StoreSpec, SystemClock, TaskBackupManager as _, TaskContext,
+};
+use blobsnap::blob::backup::{BackupSettings, BlobBackupManager};
+use blobsnap::blobstore::local::LocalStore;
+use blobsnap::blobstore::{BlobStore, PutBody, PutOptions};
+use blobsnap::layout::JobScope;
+use blobsnap::local::rocks::RocksStore;
+
+fn write_keys(db: &RocksStore, from: u32, n: u32) {
+    for i in from..from + n {
+        db.db()
+            .put(format!("key{i:08}"), vec![(i % 251) as u8; 300])
+            .unwrap();
+    }
+}
+
+async fn two_snapshots(root: &Path) -> (String, String) {
+    let store: Arc<dyn BlobStore> = Arc::new(LocalStore::new(root.join("store")).unwrap());
+    let task = TaskContext {
+        job_name: "j".into(),
+        job_id: "1".into(),
+        task_name: "Partition 0".into(),
+    };
+    let spec = StoreSpec {
+        name: "s".into(),
+        dir: root.join("db"),
+    };
+    let mgr = BlobBackupManager::new(
+        store,
+        task,
+        std::slice::from_ref(&spec),
+        Arc::new(SystemClock),
+        BackupSettings::default(),
+    )
+    .unwrap();
+    mgr.init(None).await.unwrap();
+    let db = RocksStore::open("s", &spec.dir).unwrap();
+    let mut markers = Vec::new();
+    for (i, id) in ["1000-0", "2000-0"].iter().enumerate() {
+        write_keys(&db, i as u32 * 2000, 2000);
+        db.flush().unwrap();
+        let id = id.parse().unwrap();
+        db.checkpoint_to(&spec.checkpoint_dir(id)).unwrap();
+        let m = mgr
+            .upload(
+                id,
+                &StoreMarkers::new(),
+                &BTreeMap::from([("s".into(), spec.checkpoint_dir(id))]),
+            )
+            .await
+            .unwrap();
+        mgr.cleanup(id, &m).await.unwrap();
+        markers.push(m["s"].clone());
+    }
+    (markers[0].clone(), markers[1].clone())
+}
+
+async fn run(root: &Path, args: &[&str]) -> (Option<i32>, serde_json::Value, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+        .args(["--json", "--local"])
+        .arg(root.join("store"))
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    let v = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    (
+        out.status.code(),
+        v,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+const SNAP: [&str; 8] = [
+    "--job",
+    "j",
+    "--job-id",
+    "1",
+    "--task",
+    "Partition 0",
+    "--store",
+    "s",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_diff_verify_and_restore() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m1, m2) = two_snapshots(tmp.path()).await;
+
+    let (code, v, err) = run(
+        tmp.path(),
+        &[&["inspect"][..], &SNAP, &[m2.as_str()]].concat(),
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let files = v["files"].as_array().unwrap();
+    assert_eq!(v["total-files"].as_u64().unwrap() as usize, files.len());
+    assert!(files
+        .iter()
+        .any(|f| f["path"].as_str().unwrap().ends_with(".sst")));
+    assert!(
+        v["uploaded-files"].as_u64().unwrap() < files.len() as u64,
+        "the second snapshot reuses blobs: {v}"
+    );
+
+    let (code, v, err) = run(
+        tmp.path(),
+        &[&["diff"][..], &SNAP, &[m1.as_str(), m2.as_str()]].concat(),
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(v["added"]["files"].as_u64().unwrap() >= 1, "a new SST: {v}");
+    assert!(
+        v["retained"]["files"].as_u64().unwrap() >= 1,
+        "the first SST: {v}"
+    );
+
+    let (code, v, err) = run(
+        tmp.path(),
+        &[&["verify", "--deep"][..], &SNAP, &[m2.as_str()]].concat(),
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(v["problems"].as_array().unwrap().is_empty());
+    assert_eq!(v["deep-checked"], v["objects"]);
+
+    // Restore with the plan first, then for real.
+    let to = tmp.path().join("restored");
+    let (code, v, err) = run(
+        tmp.path(),
+        &[
+            "restore",
+            &m2,
+            "--job",
+            "j",
+            "--task",
+            "Partition 0",
+            "--store",
+            "s",
+            "--to",
+            to.to_str().unwrap(),
+            "--dry-run",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["dry-run"], true);
+    assert!(!to.exists(), "a dry run writes nothing");
+    let (code, v, err) = run(
+        tmp.path(),
+        &[
+            "restore",
+            &m2,
+            "--job",
+            "j",
+            "--task",
+            "Partition 0",
+            "--store",
+            "s",
+            "--to",
+            to.to_str().unwrap(),
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(v["bytes-fetched"].as_u64().unwrap() > 0);
+    let db = RocksStore::open("check", &to).unwrap();
+    assert_eq!(db.db().iterator(rocksdb::IteratorMode::Start).count(), 4000);
+
+    // A corrupted blob (same size): HEAD passes, --deep fails with exit code 4.
+    let store = LocalStore::new(tmp.path().join("store")).unwrap();
+    let sst = files
+        .iter()
+        .find(|f| f["path"].as_str().unwrap().ends_with(".sst"))
+        .unwrap();
+    let scope = JobScope::new("j", "1")
+        .unwrap()
+        .store("Partition 0", "s")
+        .unwrap();
+    let key = scope.key(sst["blob"].as_str().unwrap()).unwrap();
+    let size = sst["size"].as_u64().unwrap() as usize;
+    store
+        .put(
+            &key,
+            PutBody::Bytes(vec![7u8; size].into()),
+            PutOptions::default(),
+        )
+        .await
+        .unwrap();
+    let (code, _, _) = run(
+        tmp.path(),
+        &[&["verify"][..], &SNAP, &[m2.as_str()]].concat(),
+    )
+    .await;
+    assert_eq!(code, Some(0), "same size: a HEAD cannot tell");
+    let (code, v, _) = run(
+        tmp.path(),
+        &[&["verify", "--deep"][..], &SNAP, &[m2.as_str()]].concat(),
+    )
+    .await;
+    assert_eq!(code, Some(4), "{v}");
+    assert_eq!(v["problems"][0]["kind"], "corrupt");
+    // A deleted blob: exit code 3.
+    store.delete_many(std::slice::from_ref(&key)).await.unwrap();
+    let (code, v, _) = run(
+        tmp.path(),
+        &[&["verify"][..], &SNAP, &[m2.as_str()]].concat(),
+    )
+    .await;
+    assert_eq!(code, Some(3), "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_input_gives_a_clear_error_and_exit_code() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bad = tmp.path().join("bad.json");
+    std::fs::write(&bad, br#"{"checkpoint-id": 12, "input-offsets": {}}"#).unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+        .args(["checkpoint", "show"])
+        .arg(&bad)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(4));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("must be a string"));
+    std::fs::write(&bad, br#"{"checkpoint-id":"1234-567","input-offsets":{"test-system.test-stream.777":"1"},"state-checkpoint-markers":{},"version":2}"#).unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+        .args(["checkpoint", "show"])
+        .arg(&bad)
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\"checkpoint-id\":\"1234-567\""));
+    // A malformed marker is invalid input (5).
+    let (code, _, err) = run(
+        tmp.path(),
+        &[&["inspect"][..], &SNAP, &["index/../x.json"]].concat(),
+    )
+    .await;
+    assert_eq!(code, Some(5), "{err}");
+}
