@@ -145,6 +145,21 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Back up a closed RocksDB directory (or a RocksDB checkpoint directory) into its own
+    /// scope, `manual/<name>/`, deduplicated against the previous backup of that name. Each
+    /// backup is pinned by a checkpoint record, so `gc --job manual --job-id NAME` keeps it.
+    /// A database locked by a running job is refused (exit 6).
+    Backup {
+        /// The RocksDB directory (closed), or a RocksDB checkpoint directory.
+        #[arg(long)]
+        db: PathBuf,
+        /// The backup's name.
+        #[arg(long)]
+        name: String,
+    },
+    /// List what the store holds: jobs, tasks with their latest checkpoints, stores with their
+    /// snapshots and sizes.
+    Ls,
     /// Show a snapshot: its files, sizes and blobs, totals, and what it cost to upload and
     /// would cost to restore.
     Inspect {
@@ -499,6 +514,12 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
                 }
             }
         }
+        Command::Backup { db, name } => {
+            backup_command(&cli.store, cli.json, &db, &name).await?;
+        }
+        Command::Ls => {
+            ls_command(&cli.store, cli.json).await?;
+        }
         Command::Inspect { snap, marker } => {
             let blob_store = open_store(&cli.store).await?;
             let (_, m, index) = snap.load(blob_store.as_ref(), &marker).await?;
@@ -786,6 +807,208 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
                 );
             } else {
                 println!("restored {store} from {marker}: {fetched} bytes downloaded");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `blobsnap backup`: manual backups are a job named `manual` whose id is the backup's name,
+/// with one task (`backup`) and one store (`db`), so the layout, restore and the sweep apply
+/// unchanged.
+async fn backup_command(
+    args: &StoreArgs,
+    json: bool,
+    db_dir: &std::path::Path,
+    name: &str,
+) -> blobsnap::Result<()> {
+    use blobsnap::backend::{StoreEngine as _, TaskBackupManager as _};
+    use blobsnap::checkpoint::{BlobCheckpointStore, CheckpointStore as _};
+    let blob_store = open_store(args).await?;
+    if !db_dir.join("CURRENT").is_file() {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "{} is not a RocksDB directory (no CURRENT file)",
+                db_dir.display()
+            ),
+        ));
+    }
+    let task = TaskContext {
+        job_name: "manual".into(),
+        job_id: name.to_string(),
+        task_name: "backup".into(),
+    };
+    let job = blobsnap::layout::JobScope::new("manual", name)?;
+    let pins = BlobCheckpointStore::new(Arc::clone(&blob_store), job);
+    let last = pins.latest("backup").await?;
+    let tmp = std::env::temp_dir().join(format!("blobsnap-backup-{:016x}", rand::random::<u64>()));
+    // A live DB dir has a LOCK file: open it (refused if a running job holds the lock) and
+    // checkpoint it; a checkpoint dir is uploaded as it is.
+    let live = db_dir.join("LOCK").exists();
+    let mut clock_ids = blobsnap::checkpoint::CheckpointIdGen::after(
+        last.as_ref()
+            .and_then(|c| c.checkpoint.as_v2())
+            .map(|c| c.id),
+    );
+    let id = clock_ids.next(blobsnap::backend::Clock::now_millis(
+        &blobsnap::backend::SystemClock,
+    ))?;
+    let dir = if live {
+        let engine = blobsnap::local::rocks::RocksStore::open("db", db_dir).map_err(|e| {
+            if e.kind() == ErrorKind::Conflict {
+                Error::new(ErrorKind::Conflict, format!("{} is locked by a running process (a job?): stop it, or back up one of its checkpoint dirs", db_dir.display()))
+            } else {
+                e
+            }
+        })?;
+        engine.checkpoint_to(&tmp)?;
+        tmp.clone()
+    } else {
+        db_dir.to_path_buf()
+    };
+    let spec = StoreSpec {
+        name: "db".into(),
+        dir: db_dir.to_path_buf(),
+    };
+    let mgr = blobsnap::blob::backup::BlobBackupManager::new(
+        Arc::clone(&blob_store),
+        task,
+        std::slice::from_ref(&spec),
+        Arc::new(blobsnap::backend::SystemClock),
+        blobsnap::blob::backup::BackupSettings {
+            hash_cache: false,
+            ..Default::default()
+        },
+    )?;
+    mgr.init(last.as_ref().map(|c| &c.checkpoint)).await?;
+    let result = mgr
+        .upload(
+            id,
+            &Default::default(),
+            &[("db".to_string(), dir.clone())].into(),
+        )
+        .await;
+    if live {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    let markers = result?;
+    let checkpoint = Checkpoint::V2(CheckpointV2 {
+        id,
+        input_offsets: Default::default(),
+        state_checkpoint_markers: [(FACTORY_NAME.to_string(), markers.clone())].into(),
+    });
+    let seq = last.as_ref().map(|c| c.seq).unwrap_or(0) + 1;
+    pins.write(
+        "backup",
+        seq,
+        &format!("cli-{:016x}", rand::random::<u64>()),
+        &checkpoint,
+    )
+    .await?;
+    let marker = markers.get("db").cloned().unwrap_or_default();
+    let s = mgr
+        .last_upload_stats()
+        .get("db")
+        .copied()
+        .unwrap_or_default();
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"schema": 1, "name": name, "marker": marker, "checkpoint-id": id.to_string(),
+                "files": s.files, "bytes": s.bytes, "uploaded-files": s.blobs_uploaded, "uploaded-bytes": s.bytes_uploaded})
+        );
+    } else {
+        println!("{marker}");
+        eprintln!(
+            "backup {name}: {} files, {} bytes; uploaded {} files, {} bytes. Restore with: blobsnap restore {marker} --job manual --job-id {name} --task backup --store db --to DIR",
+            s.files, s.bytes, s.blobs_uploaded, s.bytes_uploaded
+        );
+    }
+    Ok(())
+}
+
+/// `blobsnap ls`: one listing of the store, grouped by job, task and store.
+async fn ls_command(args: &StoreArgs, json: bool) -> blobsnap::Result<()> {
+    use futures::TryStreamExt as _;
+    let blob_store = open_store(args).await?;
+    let all: Vec<_> = blob_store
+        .list(&blobsnap::blobstore::Scope::root())
+        .try_collect()
+        .await?;
+    #[derive(Default, serde::Serialize)]
+    struct StoreInfo {
+        snapshots: u64,
+        blobs: u64,
+        bytes: u64,
+        newest: Option<String>,
+    }
+    #[derive(Default, serde::Serialize)]
+    struct TaskInfo {
+        checkpoints: u64,
+        latest_seq: u64,
+        stores: std::collections::BTreeMap<String, StoreInfo>,
+    }
+    let mut jobs: std::collections::BTreeMap<String, std::collections::BTreeMap<String, TaskInfo>> =
+        Default::default();
+    let un = |s: &str| blobsnap::blobstore::unescape_segment(s).unwrap_or_else(|_| s.to_string());
+    for m in &all {
+        let parts: Vec<&str> = m.key.as_str().split('/').collect();
+        if parts.len() < 4 {
+            continue;
+        }
+        let job = format!("{}/{}", un(parts[0]), un(parts[1]));
+        match &parts[2..] {
+            ["checkpoints", task, file] => {
+                let t = jobs.entry(job).or_default().entry(un(task)).or_default();
+                t.checkpoints += 1;
+                if let Some(seq) = file
+                    .strip_suffix(".json")
+                    .and_then(|f| f.parse::<u64>().ok())
+                {
+                    t.latest_seq = t.latest_seq.max(seq);
+                }
+            }
+            ["tasks", task, "stores", store, kind, rest @ ..] => {
+                let t = jobs.entry(job).or_default().entry(un(task)).or_default();
+                let s = t.stores.entry(un(store)).or_default();
+                match *kind {
+                    "index" => {
+                        s.snapshots += 1;
+                        let name = rest.join("/");
+                        if s.newest.as_ref().is_none_or(|n| *n < name) {
+                            s.newest = Some(format!("index/{name}"));
+                        }
+                    }
+                    "blobs" => {
+                        s.blobs += 1;
+                        s.bytes += m.size;
+                    }
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+    }
+    if json {
+        println!("{}", serde_json::json!({"schema": 1, "jobs": jobs}));
+        return Ok(());
+    }
+    for (job, tasks) in &jobs {
+        println!("{job}");
+        for (task, t) in tasks {
+            println!(
+                "  task {task}: {} checkpoints, latest #{}",
+                t.checkpoints, t.latest_seq
+            );
+            for (store, s) in &t.stores {
+                println!(
+                    "    store {store}: {} snapshots, {} blobs, {} bytes; newest {}",
+                    s.snapshots,
+                    s.blobs,
+                    s.bytes,
+                    s.newest.as_deref().unwrap_or("-")
+                );
             }
         }
     }

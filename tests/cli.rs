@@ -248,3 +248,109 @@ async fn malformed_input_gives_a_clear_error_and_exit_code() {
     .await;
     assert_eq!(code, Some(5), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backup_a_closed_db_dedup_restore_ls_and_a_locked_db_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dbdir = tmp.path().join("mydb");
+    {
+        let db = RocksStore::open("x", &dbdir).unwrap();
+        write_keys(&db, 0, 3000);
+    }
+    let (code, v1, err) = run(
+        tmp.path(),
+        &[
+            "backup",
+            "--db",
+            dbdir.to_str().unwrap(),
+            "--name",
+            "nightly 1",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    {
+        let db = RocksStore::open("x", &dbdir).unwrap();
+        write_keys(&db, 3000, 1000);
+    }
+    let (code, v2, err) = run(
+        tmp.path(),
+        &[
+            "backup",
+            "--db",
+            dbdir.to_str().unwrap(),
+            "--name",
+            "nightly 1",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        v2["uploaded-bytes"].as_u64().unwrap() < v2["bytes"].as_u64().unwrap(),
+        "the second backup reuses: {v2}"
+    );
+    // Restore the second backup and read it.
+    let to = tmp.path().join("back");
+    let marker = v2["marker"].as_str().unwrap();
+    let (code, _, err) = run(
+        tmp.path(),
+        &[
+            "restore",
+            marker,
+            "--job",
+            "manual",
+            "--job-id",
+            "nightly 1",
+            "--task",
+            "backup",
+            "--store",
+            "db",
+            "--to",
+            to.to_str().unwrap(),
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let db = RocksStore::open("check", &to).unwrap();
+    assert_eq!(db.db().iterator(rocksdb::IteratorMode::Start).count(), 4000);
+    drop(db);
+    // ls shows the manual scope with both snapshots; the sweep keeps both (they are pinned).
+    let (code, ls, err) = run(tmp.path(), &["ls"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        ls["jobs"]["manual/nightly 1"]["backup"]["stores"]["db"]["snapshots"], 2,
+        "{ls}"
+    );
+    let (code, gc, err) = run(
+        tmp.path(),
+        &[
+            "gc",
+            "--job",
+            "manual",
+            "--job-id",
+            "nightly 1",
+            "--grace-secs",
+            "0",
+            "--dry-run",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(gc["plan"]["delete"].as_array().unwrap().is_empty(), "{gc}");
+    let _ = v1;
+    // A database held open by a running process is refused with exit code 6.
+    let _held = RocksStore::open("x", &dbdir).unwrap();
+    let (code, _, err) = run(
+        tmp.path(),
+        &[
+            "backup",
+            "--db",
+            dbdir.to_str().unwrap(),
+            "--name",
+            "nightly 1",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(6), "{err}");
+    assert!(err.contains("locked"), "{err}");
+}
