@@ -210,15 +210,17 @@ impl Settings {
         Ok(())
     }
 
-    /// Open the configured store, wrapped in the retry layer.
+    /// Open the configured store, wrapped in the retry layer over the counting layer (which
+    /// publishes requests by operation and outcome as metrics).
     pub async fn open_store(&self) -> Result<Arc<dyn BlobStore>> {
+        use crate::blobstore::counting::CountingStore;
         Ok(match self.store.kind {
             StoreKind::Local => Arc::new(RetryStore::new(
-                LocalStore::new(&self.store.local_dir)?,
+                CountingStore::new(LocalStore::new(&self.store.local_dir)?),
                 self.retry,
             )),
             StoreKind::S3 => Arc::new(RetryStore::new(
-                S3Store::connect(self.s3.clone()).await?,
+                CountingStore::new(S3Store::connect(self.s3.clone()).await?),
                 self.retry,
             )),
         })

@@ -92,6 +92,9 @@ enum Command {
         /// Run on a store that cannot fence a second writer (Garage, s3s-fs).
         #[arg(long)]
         unsafe_no_fencing: bool,
+        /// Serve Prometheus metrics on this address while the demo runs (`127.0.0.1:9898`).
+        #[arg(long)]
+        metrics_addr: Option<std::net::SocketAddr>,
         /// Grace period of the sweep the tasks run every 20 commits, in seconds (at least 60:
         /// an upload running longer than half of it is abandoned) [job.gc-grace-secs].
         #[arg(long, value_parser = clap::value_parser!(u64).range(60..))]
@@ -312,11 +315,7 @@ async fn open_store(args: &StoreArgs) -> blobsnap::Result<Arc<dyn BlobStore>> {
         ));
     }
     match settings.store.kind {
-        StoreKind::Local => Ok(Arc::new(RetryStore::new(
-            LocalStore::new(&settings.store.local_dir)?,
-            settings.retry,
-        ))),
-        StoreKind::S3 => settings.open_store().await,
+        StoreKind::Local | StoreKind::S3 => settings.open_store().await,
     }
 }
 
@@ -336,7 +335,20 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
             retention,
             unsafe_no_fencing,
             gc_grace_secs,
+            metrics_addr,
         } => {
+            if let Some(addr) = metrics_addr {
+                metrics_exporter_prometheus::PrometheusBuilder::new()
+                    .with_http_listener(addr)
+                    .install()
+                    .map_err(|e| {
+                        Error::new(
+                            ErrorKind::InvalidInput,
+                            format!("metrics endpoint {addr}: {e}"),
+                        )
+                    })?;
+                eprintln!("demo: Prometheus metrics on http://{addr}/metrics");
+            }
             use blobsnap::job::{wordcount, JobSettings};
             let job = Settings::load(cli.store.config.as_deref())?.job;
             let partitions = partitions.unwrap_or(job.partitions).max(1);
@@ -359,7 +371,9 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
                 open_store(&cli.store).await?
             } else {
                 Arc::new(RetryStore::new(
-                    LocalStore::new(dir.join("store"))?,
+                    blobsnap::blobstore::counting::CountingStore::new(LocalStore::new(
+                        dir.join("store"),
+                    )?),
                     Default::default(),
                 ))
             };

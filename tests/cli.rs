@@ -354,3 +354,62 @@ async fn backup_a_closed_db_dedup_restore_ls_and_a_locked_db_is_refused() {
     assert_eq!(code, Some(6), "{err}");
     assert!(err.contains("locked"), "{err}");
 }
+
+/// Scrape the demo's Prometheus endpoint while it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_endpoint_serves_counters_during_a_demo() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let tmp = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+        .args(["demo", "--dir"])
+        .arg(tmp.path())
+        .args([
+            "--partitions",
+            "2",
+            "--lines",
+            "60000",
+            "--commit-every",
+            "300",
+            "--metrics-addr",
+            &addr,
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut scraped = String::new();
+    for _ in 0..200 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let Ok(mut s) = tokio::net::TcpStream::connect(&addr).await else {
+            continue;
+        };
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut body = String::new();
+        let _ = s.read_to_string(&mut body).await;
+        if body.contains("blobsnap_commits_total") {
+            scraped = body;
+            break;
+        }
+    }
+    let still_running = child.try_wait().unwrap().is_none();
+    let status = child.wait().await.unwrap();
+    assert!(status.success());
+    assert!(still_running, "scraped while the demo was running");
+    for name in [
+        "blobsnap_commits_total",
+        "blobsnap_backup_bytes_uploaded_total",
+        "blobsnap_store_requests_total",
+        "blobsnap_commit_upload_seconds",
+        "blobsnap_last_commit_timestamp_seconds",
+    ] {
+        assert!(scraped.contains(name), "{name} missing from:\n{scraped}");
+    }
+}

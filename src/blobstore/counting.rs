@@ -148,11 +148,19 @@ impl<S: BlobStore> std::fmt::Display for CountingStore<S> {
     }
 }
 
-fn count<T>(c: &OpCounters, r: &Result<T>) {
+/// Count a call, and publish it as `blobsnap_store_requests_total{op, outcome}` through the
+/// `metrics` facade (outcome: `ok` or the error kind).
+fn count<T>(op: &'static str, c: &OpCounters, r: &Result<T>) {
     c.calls.fetch_add(1, Ordering::Relaxed);
-    if r.is_err() {
-        c.errors.fetch_add(1, Ordering::Relaxed);
-    }
+    let outcome = match r {
+        Ok(_) => "ok",
+        Err(e) => {
+            c.errors.fetch_add(1, Ordering::Relaxed);
+            e.kind().as_str()
+        }
+    };
+    metrics::counter!("blobsnap_store_requests_total", "op" => op, "outcome" => outcome)
+        .increment(1);
 }
 
 #[async_trait]
@@ -165,7 +173,7 @@ impl<S: BlobStore> BlobStore for CountingStore<S> {
     async fn put(&self, key: &BlobKey, body: PutBody, opts: PutOptions) -> Result<PutResult> {
         let len = body.len();
         let r = self.inner.put(key, body, opts).await;
-        count(&self.counters.put, &r);
+        count("put", &self.counters.put, &r);
         if let Ok(p) = &r {
             self.counters.put.bytes.fetch_add(len, Ordering::Relaxed);
             self.counters
@@ -178,7 +186,7 @@ impl<S: BlobStore> BlobStore for CountingStore<S> {
 
     async fn get(&self, key: &BlobKey, range: Option<Range<u64>>) -> Result<GetResult> {
         let r = self.inner.get(key, range).await;
-        count(&self.counters.get, &r);
+        count("get", &self.counters.get, &r);
         let mut got = r?;
         self.counters.get.requests.fetch_add(1, Ordering::Relaxed);
         let counters = Arc::clone(&self.counters);
@@ -201,14 +209,14 @@ impl<S: BlobStore> BlobStore for CountingStore<S> {
 
     async fn head(&self, key: &BlobKey) -> Result<ObjectMeta> {
         let r = self.inner.head(key).await;
-        count(&self.counters.head, &r);
+        count("head", &self.counters.head, &r);
         self.counters.head.requests.fetch_add(1, Ordering::Relaxed);
         r
     }
 
     async fn delete_many(&self, keys: &[BlobKey]) -> Result<DeleteFailures> {
         let r = self.inner.delete_many(keys).await;
-        count(&self.counters.delete, &r);
+        count("delete", &self.counters.delete, &r);
         self.counters
             .delete
             .requests
@@ -218,6 +226,8 @@ impl<S: BlobStore> BlobStore for CountingStore<S> {
 
     fn list<'a>(&'a self, scope: &Scope) -> BoxStream<'a, Result<ObjectMeta>> {
         self.counters.list.calls.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("blobsnap_store_requests_total", "op" => "list", "outcome" => "started")
+            .increment(1);
         let counters = Arc::clone(&self.counters);
         self.inner
             .list(scope)
@@ -234,13 +244,13 @@ impl<S: BlobStore> BlobStore for CountingStore<S> {
 
     async fn list_multipart_uploads(&self, scope: &Scope) -> Result<Vec<MultipartUpload>> {
         let r = self.inner.list_multipart_uploads(scope).await;
-        count(&self.counters.multipart, &r);
+        count("list-uploads", &self.counters.multipart, &r);
         r
     }
 
     async fn abort_multipart_upload(&self, upload: &MultipartUpload) -> Result<()> {
         let r = self.inner.abort_multipart_upload(upload).await;
-        count(&self.counters.multipart, &r);
+        count("abort-upload", &self.counters.multipart, &r);
         r
     }
 }

@@ -104,6 +104,7 @@ where
                     )));
                 }
                 tracing::debug!(what, attempt, delay_ms = delay.as_millis() as u64, error = %e, "retrying");
+                metrics::counter!("blobsnap_store_retries_total").increment(1);
                 tokio::time::sleep(delay).await;
             }
         }
@@ -136,6 +137,7 @@ impl<S: BlobStore> RetryStore<S> {
         if out || start.elapsed() + delay > Duration::from_millis(self.policy.budget_ms) {
             return false;
         }
+        metrics::counter!("blobsnap_store_retries_total").increment(1);
         tokio::time::sleep(delay).await;
         true
     }
