@@ -8,7 +8,8 @@
 # 3. runs fmt, clippy (-D warnings), rustdoc (-D warnings) and `cargo test` — the unit
 #    tests, the format tests, the conformance suite and the backup suite (real RocksDB)
 #    against the local store and an in-process s3s-fs server;
-# 4. runs the external-endpoint suites (conformance, backup) against LocalStack;
+# 4. runs every external-endpoint suite (conformance, backup, restore, lifecycle, admin)
+#    against LocalStack;
 # 5. stops LocalStack (by its PID) and exits non-zero if anything failed.
 #
 # Each stage prints its duration. Set CARGO_TARGET_DIR to reuse a build directory.
@@ -43,7 +44,7 @@ cargo clippy --locked --all-targets -- -D warnings
 stage "cargo test (unit, formats, conformance on local + in-process s3s-fs)"
 cargo test --locked
 
-stage "external-endpoint suites (conformance, backup) on LocalStack ($BLOBSNAP_TEST_S3_ENDPOINT)"
+stage "external-endpoint suites (every tests/*.rs external:: case) on LocalStack ($BLOBSNAP_TEST_S3_ENDPOINT)"
 cargo test --locked --tests -- --ignored external::
 
 stage "cargo doc"

@@ -31,6 +31,7 @@
 //! | `BLOBSNAP_S3_PATH_STYLE` | `s3.path-style` (`true`/`false`) |
 //! | `BLOBSNAP_S3_CA_BUNDLE` | `s3.ca-bundle` |
 //! | `BLOBSNAP_S3_CREATE_ONLY` | `s3.create-only` (`atomic`, `racy`, `ignored`) |
+//! | `BLOBSNAP_S3_MULTIPART_LISTING` | `s3.multipart-listing` (`false` where ListMultipartUploads is missing) |
 //! | `BLOBSNAP_JOB_PARTITIONS`, `BLOBSNAP_JOB_COMMIT_EVERY` | `job.partitions`, `job.commit-every` |
 
 use std::path::{Path, PathBuf};
@@ -194,6 +195,9 @@ impl Settings {
         }
         if let Some(v) = get("BLOBSNAP_S3_PATH_STYLE") {
             self.s3.path_style = parse_bool("BLOBSNAP_S3_PATH_STYLE", &v)?;
+        }
+        if let Some(v) = get("BLOBSNAP_S3_MULTIPART_LISTING") {
+            self.s3.multipart_listing = parse_bool("BLOBSNAP_S3_MULTIPART_LISTING", &v)?;
         }
         if let Some(v) = get("BLOBSNAP_S3_CREATE_ONLY") {
             self.s3.create_only = match v.as_str() {

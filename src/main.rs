@@ -104,8 +104,9 @@ enum Command {
     /// only files missing locally are downloaded, every byte is verified, and the new tree is
     /// swapped in atomically.
     Restore {
-        /// The marker (`index/<checkpoint-id>.<sha256>.json`).
-        marker: String,
+        /// The marker (`index/<checkpoint-id>.<sha256>.json`); omitted: the store's marker in
+        /// the task's latest committed checkpoint.
+        marker: Option<String>,
         /// The job's name.
         #[arg(long)]
         job: String,
@@ -168,8 +169,9 @@ enum Command {
     Inspect {
         #[command(flatten)]
         snap: SnapshotArgs,
-        /// The marker (`index/<checkpoint-id>.<sha256>.json`).
-        marker: String,
+        /// The marker (`index/<checkpoint-id>.<sha256>.json`); omitted: the task's latest
+        /// checkpoint (its offsets and markers are shown too).
+        marker: Option<String>,
     },
     /// What changed between two snapshots of one store: files added, removed, changed and
     /// retained, with bytes.
@@ -187,8 +189,9 @@ enum Command {
     Verify {
         #[command(flatten)]
         snap: SnapshotArgs,
-        /// The marker (`index/<checkpoint-id>.<sha256>.json`).
-        marker: String,
+        /// The marker (`index/<checkpoint-id>.<sha256>.json`); omitted: the task's latest
+        /// checkpoint.
+        marker: Option<String>,
         /// Download every blob and check its SHA-256.
         #[arg(long)]
         deep: bool,
@@ -247,6 +250,45 @@ impl SnapshotArgs {
         let index = blobsnap::blob::read_index(blob_store, &scope, &m, &expected).await?;
         Ok((scope, m, index))
     }
+}
+
+/// The marker to use: the one given, or the store's marker in the task's latest checkpoint.
+async fn resolve_marker(
+    blob_store: &Arc<dyn BlobStore>,
+    job: &str,
+    job_id: &str,
+    task: &str,
+    store: &str,
+    marker: Option<String>,
+) -> blobsnap::Result<(String, Option<blobsnap::checkpoint::CommittedCheckpoint>)> {
+    use blobsnap::checkpoint::CheckpointStore as _;
+    if let Some(m) = marker {
+        return Ok((m, None));
+    }
+    let cps = blobsnap::checkpoint::BlobCheckpointStore::new(
+        Arc::clone(blob_store),
+        blobsnap::layout::JobScope::new(job, job_id)?,
+    );
+    let latest = cps.latest(task).await?.ok_or_else(|| {
+        Error::new(
+            ErrorKind::NotFound,
+            format!("task {task:?} of {job}/{job_id} has no checkpoint"),
+        )
+    })?;
+    let m = latest
+        .checkpoint
+        .as_v2()
+        .and_then(|c| c.marker(FACTORY_NAME, store))
+        .map(str::to_string)
+        .ok_or_else(|| {
+            Error::new(
+                ErrorKind::NotFound,
+                format!(
+                    "the latest checkpoint of task {task:?} has no snapshot of store {store:?}"
+                ),
+            )
+        })?;
+    Ok((m, Some(latest)))
 }
 
 #[derive(Subcommand)]
@@ -316,6 +358,46 @@ async fn open_store(args: &StoreArgs) -> blobsnap::Result<Arc<dyn BlobStore>> {
     }
     match settings.store.kind {
         StoreKind::Local | StoreKind::S3 => settings.open_store().await,
+    }
+}
+
+/// A progress bar on stderr, drawn only when stderr is a terminal (stdout carries `--json`).
+/// `poll` returns (done, total) bytes; the bar stops when the returned guard is dropped.
+struct Bar(Option<(tokio::task::JoinHandle<()>, indicatif::ProgressBar)>);
+
+impl Bar {
+    fn start(label: &str, poll: impl Fn() -> (u64, u64) + Send + 'static) -> Bar {
+        if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+            return Bar(None);
+        }
+        let bar = indicatif::ProgressBar::new(0);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} {eta}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        bar.set_message(label.to_string());
+        let drawn = bar.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let (done, total) = poll();
+                drawn.set_length(total);
+                drawn.set_position(done);
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        });
+        Bar(Some((task, bar)))
+    }
+}
+
+impl Drop for Bar {
+    fn drop(&mut self) {
+        if let Some((task, bar)) = self.0.take() {
+            task.abort();
+            bar.finish_and_clear();
+        }
     }
 }
 
@@ -536,6 +618,22 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
         }
         Command::Inspect { snap, marker } => {
             let blob_store = open_store(&cli.store).await?;
+            let (marker, checkpoint) = resolve_marker(
+                &blob_store,
+                &snap.job,
+                &snap.job_id,
+                &snap.task,
+                &snap.store,
+                marker,
+            )
+            .await?;
+            if let (Some(c), false) = (&checkpoint, cli.json) {
+                println!(
+                    "checkpoint #{} of task {} (writer {}):",
+                    c.seq, snap.task, c.writer
+                );
+                println!("  {}", String::from_utf8_lossy(&c.checkpoint.to_json()?));
+            }
             let (_, m, index) = snap.load(blob_store.as_ref(), &marker).await?;
             let own = format!("blobs/{}/", m.checkpoint_id);
             let files = index.present_files();
@@ -672,8 +770,29 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
             sample,
         } => {
             let blob_store = open_store(&cli.store).await?;
+            let (marker, _) = resolve_marker(
+                &blob_store,
+                &snap.job,
+                &snap.job_id,
+                &snap.task,
+                &snap.store,
+                marker,
+            )
+            .await?;
             let (scope, _, index) = snap.load(blob_store.as_ref(), &marker).await?;
             let mut problems: Vec<(ErrorKind, String)> = Vec::new();
+            let total_bytes: u64 = index
+                .present_files()
+                .iter()
+                .map(|(_, f)| f.file_metadata.size)
+                .sum();
+            let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            let bar = deep.then(|| {
+                let done = Arc::clone(&done);
+                Bar::start("verify", move || {
+                    (done.load(std::sync::atomic::Ordering::Relaxed), total_bytes)
+                })
+            });
             let mut checked = 0u64;
             let mut deep_checked = 0u64;
             for (path, f) in index.present_files() {
@@ -689,6 +808,10 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
                             ),
                         )),
                         Ok(_) => {
+                            done.fetch_add(
+                                f.file_metadata.size,
+                                std::sync::atomic::Ordering::Relaxed,
+                            );
                             if deep && rand::random::<f64>() * 100.0 < sample {
                                 deep_checked += 1;
                                 match blobsnap::blob::hash_object(blob_store.as_ref(), &key).await {
@@ -705,6 +828,7 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
                     }
                 }
             }
+            drop(bar);
             if cli.json {
                 println!(
                     "{}",
@@ -758,8 +882,10 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
             to,
             dry_run,
         } => {
-            let parsed: IndexMarker = marker.parse()?;
             let blob_store = open_store(&cli.store).await?;
+            let (marker, _) =
+                resolve_marker(&blob_store, &job, &job_id, &task, &store, marker).await?;
+            let parsed: IndexMarker = marker.parse()?;
             let ctx = TaskContext {
                 job_name: job,
                 job_id,
@@ -801,7 +927,17 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
                 }
                 return Ok(());
             }
+            let bar = mgr.progress(&store).map(|p| {
+                Bar::start("restore", move || {
+                    use std::sync::atomic::Ordering::Relaxed;
+                    (
+                        p.bytes_fetched.load(Relaxed),
+                        p.bytes_to_fetch.load(Relaxed),
+                    )
+                })
+            });
             mgr.restore().await?;
+            drop(bar);
             let totals = mgr.plan_totals();
             let progress = mgr.progress(&store);
             let fetched = progress
@@ -896,6 +1032,15 @@ async fn backup_command(
         },
     )?;
     mgr.init(last.as_ref().map(|c| &c.checkpoint)).await?;
+    let bar = mgr.progress("db").map(|p| {
+        Bar::start("backup", move || {
+            use std::sync::atomic::Ordering::Relaxed;
+            (
+                p.bytes_uploaded.load(Relaxed),
+                p.bytes_to_upload.load(Relaxed),
+            )
+        })
+    });
     let result = mgr
         .upload(
             id,
@@ -903,6 +1048,7 @@ async fn backup_command(
             &[("db".to_string(), dir.clone())].into(),
         )
         .await;
+    drop(bar);
     if live {
         let _ = std::fs::remove_dir_all(&tmp);
     }
@@ -961,6 +1107,8 @@ async fn ls_command(args: &StoreArgs, json: bool) -> blobsnap::Result<()> {
     struct TaskInfo {
         checkpoints: u64,
         latest_seq: u64,
+        /// Seconds since the latest checkpoint was written (by the store's clock).
+        latest_age_secs: Option<u64>,
         stores: std::collections::BTreeMap<String, StoreInfo>,
     }
     let mut jobs: std::collections::BTreeMap<String, std::collections::BTreeMap<String, TaskInfo>> =
@@ -980,7 +1128,15 @@ async fn ls_command(args: &StoreArgs, json: bool) -> blobsnap::Result<()> {
                     .strip_suffix(".json")
                     .and_then(|f| f.parse::<u64>().ok())
                 {
-                    t.latest_seq = t.latest_seq.max(seq);
+                    if seq >= t.latest_seq {
+                        t.latest_seq = seq;
+                        #[allow(clippy::disallowed_methods)]
+                        let now = std::time::SystemTime::now();
+                        t.latest_age_secs = m
+                            .last_modified
+                            .and_then(|lm| now.duration_since(lm).ok())
+                            .map(|d| d.as_secs());
+                    }
                 }
             }
             ["tasks", task, "stores", store, kind, rest @ ..] => {
@@ -1011,8 +1167,12 @@ async fn ls_command(args: &StoreArgs, json: bool) -> blobsnap::Result<()> {
     for (job, tasks) in &jobs {
         println!("{job}");
         for (task, t) in tasks {
+            let age = t
+                .latest_age_secs
+                .map(|a| format!(", {}h{:02}m{:02}s ago", a / 3600, a / 60 % 60, a % 60))
+                .unwrap_or_default();
             println!(
-                "  task {task}: {} checkpoints, latest #{}",
+                "  task {task}: {} checkpoints, latest #{}{age}",
                 t.checkpoints, t.latest_seq
             );
             for (store, s) in &t.stores {

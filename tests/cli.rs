@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
+mod support;
+
 use blobsnap::backend::{
     StoreEngine, StoreMarkers, StoreSpec, SystemClock, TaskBackupManager as _, TaskContext,
 };
@@ -22,8 +24,61 @@ fn write_keys(db: &RocksStore, from: u32, n: u32) {
     }
 }
 
-async fn two_snapshots(root: &Path) -> (String, String) {
-    let store: Arc<dyn BlobStore> = Arc::new(LocalStore::new(root.join("store")).unwrap());
+/// Where the CLI runs against: its store flags and env, and the same store for the test.
+struct Target {
+    store: Arc<dyn BlobStore>,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    _harness: Option<support::Harness>,
+}
+
+fn local_target(root: &Path) -> Target {
+    let dir = root.join("store");
+    Target {
+        store: Arc::new(LocalStore::new(&dir).unwrap()),
+        args: vec!["--local".into(), dir.display().to_string()],
+        env: vec![],
+        _harness: None,
+    }
+}
+
+async fn s3s_target() -> Target {
+    let prefix = format!("cli-{:08x}/", rand::random::<u32>());
+    let p = prefix.clone();
+    let h = support::s3s_with(move |c| c.prefix = p).await;
+    let support::Kind::S3(s3) = &h.kind else {
+        unreachable!()
+    };
+    let args = vec![
+        "--bucket".into(),
+        s3.config().bucket.clone(),
+        "--s3-endpoint".into(),
+        s3.config().endpoint.clone().unwrap(),
+        "--s3-region".into(),
+        "us-east-1".into(),
+        "--s3-path-style".into(),
+        "--s3-prefix".into(),
+        prefix,
+    ];
+    let env = vec![
+        ("AWS_ACCESS_KEY_ID".into(), support::S3S_ACCESS_KEY.into()),
+        (
+            "AWS_SECRET_ACCESS_KEY".into(),
+            support::S3S_SECRET_KEY.into(),
+        ),
+        ("BLOBSNAP_S3_CREATE_ONLY".into(), "racy".into()),
+        ("BLOBSNAP_S3_MULTIPART_LISTING".into(), "false".into()),
+    ];
+    Target {
+        store: Arc::clone(&h.store),
+        args,
+        env,
+        _harness: Some(h),
+    }
+}
+
+async fn two_snapshots(t: &Target, root: &Path) -> (String, String) {
+    let store: Arc<dyn BlobStore> = Arc::clone(&t.store);
     let task = TaskContext {
         job_name: "j".into(),
         job_id: "1".into(),
@@ -63,11 +118,12 @@ async fn two_snapshots(root: &Path) -> (String, String) {
     (markers[0].clone(), markers[1].clone())
 }
 
-async fn run(root: &Path, args: &[&str]) -> (Option<i32>, serde_json::Value, String) {
+async fn run(t: &Target, args: &[&str]) -> (Option<i32>, serde_json::Value, String) {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
-        .args(["--json", "--local"])
-        .arg(root.join("store"))
+        .arg("--json")
+        .args(&t.args)
         .args(args)
+        .envs(t.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .output()
         .await
         .unwrap();
@@ -91,15 +147,21 @@ const SNAP: [&str; 8] = [
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn inspect_diff_verify_and_restore() {
+async fn inspect_diff_verify_and_restore_local() {
     let tmp = tempfile::tempdir().unwrap();
-    let (m1, m2) = two_snapshots(tmp.path()).await;
+    inspect_diff_verify_and_restore(&local_target(tmp.path()), tmp.path()).await;
+}
 
-    let (code, v, err) = run(
-        tmp.path(),
-        &[&["inspect"][..], &SNAP, &[m2.as_str()]].concat(),
-    )
-    .await;
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_diff_verify_and_restore_s3s() {
+    let tmp = tempfile::tempdir().unwrap();
+    inspect_diff_verify_and_restore(&s3s_target().await, tmp.path()).await;
+}
+
+async fn inspect_diff_verify_and_restore(t: &Target, root: &Path) {
+    let (m1, m2) = two_snapshots(t, root).await;
+
+    let (code, v, err) = run(t, &[&["inspect"][..], &SNAP, &[m2.as_str()]].concat()).await;
     assert_eq!(code, Some(0), "{err}");
     let files = v["files"].as_array().unwrap();
     assert_eq!(v["total-files"].as_u64().unwrap() as usize, files.len());
@@ -112,7 +174,7 @@ async fn inspect_diff_verify_and_restore() {
     );
 
     let (code, v, err) = run(
-        tmp.path(),
+        t,
         &[&["diff"][..], &SNAP, &[m1.as_str(), m2.as_str()]].concat(),
     )
     .await;
@@ -124,7 +186,7 @@ async fn inspect_diff_verify_and_restore() {
     );
 
     let (code, v, err) = run(
-        tmp.path(),
+        t,
         &[&["verify", "--deep"][..], &SNAP, &[m2.as_str()]].concat(),
     )
     .await;
@@ -133,9 +195,9 @@ async fn inspect_diff_verify_and_restore() {
     assert_eq!(v["deep-checked"], v["objects"]);
 
     // Restore with the plan first, then for real.
-    let to = tmp.path().join("restored");
+    let to = root.join("restored");
     let (code, v, err) = run(
-        tmp.path(),
+        t,
         &[
             "restore",
             &m2,
@@ -155,7 +217,7 @@ async fn inspect_diff_verify_and_restore() {
     assert_eq!(v["dry-run"], true);
     assert!(!to.exists(), "a dry run writes nothing");
     let (code, v, err) = run(
-        tmp.path(),
+        t,
         &[
             "restore",
             &m2,
@@ -176,7 +238,7 @@ async fn inspect_diff_verify_and_restore() {
     assert_eq!(db.db().iterator(rocksdb::IteratorMode::Start).count(), 4000);
 
     // A corrupted blob (same size): HEAD passes, --deep fails with exit code 4.
-    let store = LocalStore::new(tmp.path().join("store")).unwrap();
+    let store = Arc::clone(&t.store);
     let sst = files
         .iter()
         .find(|f| f["path"].as_str().unwrap().ends_with(".sst"))
@@ -195,14 +257,10 @@ async fn inspect_diff_verify_and_restore() {
         )
         .await
         .unwrap();
-    let (code, _, _) = run(
-        tmp.path(),
-        &[&["verify"][..], &SNAP, &[m2.as_str()]].concat(),
-    )
-    .await;
+    let (code, _, _) = run(t, &[&["verify"][..], &SNAP, &[m2.as_str()]].concat()).await;
     assert_eq!(code, Some(0), "same size: a HEAD cannot tell");
     let (code, v, _) = run(
-        tmp.path(),
+        t,
         &[&["verify", "--deep"][..], &SNAP, &[m2.as_str()]].concat(),
     )
     .await;
@@ -210,11 +268,7 @@ async fn inspect_diff_verify_and_restore() {
     assert_eq!(v["problems"][0]["kind"], "corrupt");
     // A deleted blob: exit code 3.
     store.delete_many(std::slice::from_ref(&key)).await.unwrap();
-    let (code, v, _) = run(
-        tmp.path(),
-        &[&["verify"][..], &SNAP, &[m2.as_str()]].concat(),
-    )
-    .await;
+    let (code, v, _) = run(t, &[&["verify"][..], &SNAP, &[m2.as_str()]].concat()).await;
     assert_eq!(code, Some(3), "{v}");
 }
 
@@ -242,7 +296,7 @@ async fn malformed_input_gives_a_clear_error_and_exit_code() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("\"checkpoint-id\":\"1234-567\""));
     // A malformed marker is invalid input (5).
     let (code, _, err) = run(
-        tmp.path(),
+        &local_target(tmp.path()),
         &[&["inspect"][..], &SNAP, &["index/../x.json"]].concat(),
     )
     .await;
@@ -250,15 +304,30 @@ async fn malformed_input_gives_a_clear_error_and_exit_code() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn backup_a_closed_db_dedup_restore_ls_and_a_locked_db_is_refused() {
+async fn backup_restore_ls_local() {
     let tmp = tempfile::tempdir().unwrap();
-    let dbdir = tmp.path().join("mydb");
+    backup_a_closed_db_dedup_restore_ls_and_a_locked_db_is_refused(
+        &local_target(tmp.path()),
+        tmp.path(),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backup_restore_ls_s3s() {
+    let tmp = tempfile::tempdir().unwrap();
+    backup_a_closed_db_dedup_restore_ls_and_a_locked_db_is_refused(&s3s_target().await, tmp.path())
+        .await;
+}
+
+async fn backup_a_closed_db_dedup_restore_ls_and_a_locked_db_is_refused(t: &Target, root: &Path) {
+    let dbdir = root.join("mydb");
     {
         let db = RocksStore::open("x", &dbdir).unwrap();
         write_keys(&db, 0, 3000);
     }
     let (code, v1, err) = run(
-        tmp.path(),
+        t,
         &[
             "backup",
             "--db",
@@ -274,7 +343,7 @@ async fn backup_a_closed_db_dedup_restore_ls_and_a_locked_db_is_refused() {
         write_keys(&db, 3000, 1000);
     }
     let (code, v2, err) = run(
-        tmp.path(),
+        t,
         &[
             "backup",
             "--db",
@@ -290,10 +359,10 @@ async fn backup_a_closed_db_dedup_restore_ls_and_a_locked_db_is_refused() {
         "the second backup reuses: {v2}"
     );
     // Restore the second backup and read it.
-    let to = tmp.path().join("back");
+    let to = root.join("back");
     let marker = v2["marker"].as_str().unwrap();
     let (code, _, err) = run(
-        tmp.path(),
+        t,
         &[
             "restore",
             marker,
@@ -315,14 +384,14 @@ async fn backup_a_closed_db_dedup_restore_ls_and_a_locked_db_is_refused() {
     assert_eq!(db.db().iterator(rocksdb::IteratorMode::Start).count(), 4000);
     drop(db);
     // ls shows the manual scope with both snapshots; the sweep keeps both (they are pinned).
-    let (code, ls, err) = run(tmp.path(), &["ls"]).await;
+    let (code, ls, err) = run(t, &["ls"]).await;
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(
         ls["jobs"]["manual/nightly 1"]["backup"]["stores"]["db"]["snapshots"], 2,
         "{ls}"
     );
     let (code, gc, err) = run(
-        tmp.path(),
+        t,
         &[
             "gc",
             "--job",
@@ -341,7 +410,7 @@ async fn backup_a_closed_db_dedup_restore_ls_and_a_locked_db_is_refused() {
     // A database held open by a running process is refused with exit code 6.
     let _held = RocksStore::open("x", &dbdir).unwrap();
     let (code, _, err) = run(
-        tmp.path(),
+        t,
         &[
             "backup",
             "--db",

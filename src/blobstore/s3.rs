@@ -689,10 +689,12 @@ pub fn kind_of_status(status: u16, code: Option<&str>) -> ErrorKind {
         | Some("RequestTimeTooSkewed")
         | Some("OperationAborted") => return ErrorKind::Transient,
         Some("InvalidRange") => return ErrorKind::InvalidInput,
+        Some("NotImplemented") => return ErrorKind::Permanent,
         _ => {}
     }
     match status {
         404 => ErrorKind::NotFound,
+        501 => ErrorKind::Permanent, // not implemented by this server: retrying cannot help
         412 => ErrorKind::Conflict,
         416 => ErrorKind::InvalidInput,
         408 | 409 | 429 => ErrorKind::Transient,
@@ -1025,6 +1027,11 @@ mod tests {
         );
         assert_eq!(kind_of_status(500, None), ErrorKind::Transient);
         assert_eq!(kind_of_status(301, None), ErrorKind::Permanent);
+        assert_eq!(
+            kind_of_status(501, Some("NotImplemented")),
+            ErrorKind::Permanent
+        );
+        assert_eq!(kind_of_status(501, None), ErrorKind::Permanent);
     }
 
     #[test]
