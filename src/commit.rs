@@ -318,6 +318,7 @@ impl TaskCommitManager {
             Ok(()) => st.cleanup_pending = false,
             Err(e) => {
                 st.cleanup_pending = true;
+                metrics::counter!("blobsnap_cleanup_failures_total", "task" => self.task.task_name.clone()).increment(1);
                 tracing::warn!(error = %e, "cleanup failed; it will run again before the next upload");
             }
         }
@@ -333,6 +334,12 @@ impl TaskCommitManager {
         metrics::histogram!("blobsnap_commit_cleanup_seconds", &labels)
             .record(cleanup_ms as f64 / 1e3);
         metrics::counter!("blobsnap_commits_total", &labels).increment(1);
+        // Cleanup backlog: 1 while a failed cleanup waits to be re-run.
+        metrics::gauge!("blobsnap_cleanup_backlog", &labels).set(if st.cleanup_pending {
+            1.0
+        } else {
+            0.0
+        });
         metrics::gauge!("blobsnap_last_commit_timestamp_seconds", &labels)
             .set(self.clock.now_millis() as f64 / 1e3);
         Ok(CommitReport {

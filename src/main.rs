@@ -577,7 +577,15 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
             let deleted = if dry_run {
                 0
             } else {
-                gc::execute_sweep(blob_store.as_ref(), &plan).await?
+                let total = plan.bytes;
+                let freed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+                let f = Arc::clone(&freed);
+                let bar = Bar::start("gc", move || {
+                    (f.load(std::sync::atomic::Ordering::Relaxed), total)
+                });
+                let n = gc::execute_sweep_with_progress(blob_store.as_ref(), &plan, &freed).await?;
+                drop(bar);
+                n
             };
             if cli.json {
                 println!(

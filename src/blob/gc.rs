@@ -254,6 +254,15 @@ pub async fn plan_sweep(
 
 /// Carry out a plan: delete its objects, abort its uploads. Returns the number deleted.
 pub async fn execute_sweep(store: &dyn BlobStore, plan: &SweepPlan) -> Result<u64> {
+    execute_sweep_with_progress(store, plan, &std::sync::atomic::AtomicU64::new(0)).await
+}
+
+/// [`execute_sweep`], adding the bytes freed so far to `freed` as it goes.
+pub async fn execute_sweep_with_progress(
+    store: &dyn BlobStore,
+    plan: &SweepPlan,
+    freed: &std::sync::atomic::AtomicU64,
+) -> Result<u64> {
     let keys: Vec<BlobKey> = plan
         .delete
         .iter()
@@ -266,6 +275,12 @@ pub async fn execute_sweep(store: &dyn BlobStore, plan: &SweepPlan) -> Result<u6
             return Err(e.context(format!("sweep: delete {k}")));
         }
         deleted += chunk.len() as u64;
+        let start = deleted as usize - chunk.len();
+        let bytes: u64 = plan.delete[start..start + chunk.len()]
+            .iter()
+            .map(|d| d.size)
+            .sum();
+        freed.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
     }
     for u in &plan.uploads {
         store.abort_multipart_upload(u).await?;
