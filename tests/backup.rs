@@ -2,6 +2,7 @@
 //! server, and (ignored here, run by scripts/test.sh) LocalStack. Requests are counted by a
 //! `CountingStore` layer.
 
+#[macro_use]
 mod support;
 
 use std::collections::BTreeMap;
@@ -632,35 +633,13 @@ mod cases {
     }
 }
 
-macro_rules! suite {
-    ($backend:ident, $make:path, $attrs:tt) => {
-        mod $backend {
-            use super::*;
-            suite!(@cases $make, $attrs,
-                second_commit_sends_only_new_content,
-                nested_removed_rewritten_and_duplicate_files,
-                empty_store_and_empty_dir,
-                large_file_goes_multipart,
-                two_stores_upload_concurrently,
-                failed_upload_does_not_wedge_or_become_baseline,
-                hash_cache_skips_unchanged_ssts,
-                bad_input_is_refused);
-        }
-    };
-    (@cases $make:path, $attrs:tt, $($case:ident),*) => {
-        $( suite!(@one $make, $attrs, $case); )*
-    };
-    (@one $make:path, [$(#[$attr:meta])*], $case:ident) => {
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        $(#[$attr])*
-        async fn $case() {
-            let h = $make().await;
-            cases::$case(&h).await;
-            h.cleanup().await;
-        }
-    };
-}
-
-suite!(local, support::local, []);
-suite!(s3s, support::s3s, []);
-suite!(external, support::external, [#[ignore = "needs BLOBSNAP_TEST_S3_ENDPOINT; run by scripts/test.sh"]]);
+store_suites!([
+    second_commit_sends_only_new_content,
+    nested_removed_rewritten_and_duplicate_files,
+    empty_store_and_empty_dir,
+    large_file_goes_multipart,
+    two_stores_upload_concurrently,
+    failed_upload_does_not_wedge_or_become_baseline,
+    hash_cache_skips_unchanged_ssts,
+    bad_input_is_refused,
+]);

@@ -7,6 +7,7 @@
 //! A case that needs a capability the store lacks prints a `CAPABILITY:` line naming the store
 //! and returns; LocalStack has every capability, so every case runs somewhere in CI.
 
+#[macro_use]
 mod support;
 
 use std::sync::Arc;
@@ -648,36 +649,21 @@ mod cases {
     }
 }
 
-macro_rules! suite {
-    ($backend:ident, $make:path, $attrs:tt) => {
-        mod $backend {
-            use super::*;
-            suite!(@cases $make, $attrs,
-                put_get_head, ranged_get, missing_is_not_found,
-                list_pagination_and_prefix_boundaries, delete_is_idempotent,
-                create_only_refuses_second_put, create_only_is_exclusive_under_concurrency,
-                checksum_mismatch_is_rejected, empty_object,
-                large_object_multipart_and_ranged_download, multipart_aborted_when_file_changed,
-                stale_uploads_listed_and_aborted, escaped_keys_round_trip,
-                truncated_body_is_detected, retry_settles_ambiguous_create_only_put,
-                retry_rides_out_transient_faults);
-        }
-    };
-    (@cases $make:path, $attrs:tt, $($case:ident),*) => {
-        $( suite!(@one $make, $attrs, $case); )*
-    };
-    (@one $make:path, [$(#[$attr:meta])*], $case:ident) => {
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        $(#[$attr])*
-        async fn $case() {
-            let h = $make().await;
-            eprintln!("conformance {} on {}", stringify!($case), h.name);
-            cases::$case(&h).await;
-            h.cleanup().await;
-        }
-    };
-}
-
-suite!(local, support::local, []);
-suite!(s3s, support::s3s, []);
-suite!(external, support::external, [#[ignore = "needs BLOBSNAP_TEST_S3_ENDPOINT; run by scripts/test.sh"]]);
+store_suites!([
+    put_get_head,
+    ranged_get,
+    missing_is_not_found,
+    list_pagination_and_prefix_boundaries,
+    delete_is_idempotent,
+    create_only_refuses_second_put,
+    create_only_is_exclusive_under_concurrency,
+    checksum_mismatch_is_rejected,
+    empty_object,
+    large_object_multipart_and_ranged_download,
+    multipart_aborted_when_file_changed,
+    stale_uploads_listed_and_aborted,
+    escaped_keys_round_trip,
+    truncated_body_is_detected,
+    retry_settles_ambiguous_create_only_put,
+    retry_rides_out_transient_faults,
+]);

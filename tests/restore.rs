@@ -2,6 +2,7 @@
 //! server and (ignored here, run by scripts/test.sh) LocalStack. Bytes fetched are counted by
 //! a `CountingStore` layer.
 
+#[macro_use]
 mod support;
 
 use std::collections::BTreeMap;
@@ -553,33 +554,11 @@ mod cases {
     }
 }
 
-macro_rules! suite {
-    ($backend:ident, $make:path, $attrs:tt) => {
-        mod $backend {
-            use super::*;
-            suite!(@cases $make, $attrs,
-                round_trip_and_exact_reuse,
-                older_snapshot_junk_and_corrupt_local_file,
-                no_snapshot_resets_the_store,
-                bad_blobs_fail_and_leave_the_store_alone,
-                bad_indexes_are_refused_before_any_write,
-                cancelled_restore_keeps_old_state);
-        }
-    };
-    (@cases $make:path, $attrs:tt, $($case:ident),*) => {
-        $( suite!(@one $make, $attrs, $case); )*
-    };
-    (@one $make:path, [$(#[$attr:meta])*], $case:ident) => {
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        $(#[$attr])*
-        async fn $case() {
-            let h = $make().await;
-            cases::$case(&h).await;
-            h.cleanup().await;
-        }
-    };
-}
-
-suite!(local, support::local, []);
-suite!(s3s, support::s3s, []);
-suite!(external, support::external, [#[ignore = "needs BLOBSNAP_TEST_S3_ENDPOINT; run by scripts/test.sh"]]);
+store_suites!([
+    round_trip_and_exact_reuse,
+    older_snapshot_junk_and_corrupt_local_file,
+    no_snapshot_resets_the_store,
+    bad_blobs_fail_and_leave_the_store_alone,
+    bad_indexes_are_refused_before_any_write,
+    cancelled_restore_keeps_old_state,
+]);

@@ -227,3 +227,32 @@ impl Harness {
         );
     }
 }
+
+/// Generate one `#[tokio::test]` per case for each store: the local store, the in-process
+/// s3s-fs server, and (ignored, run by scripts/test.sh) the external endpoint. Each case is
+/// `cases::<name>(&Harness)`; the harness's scope is cleaned up after it.
+#[allow(unused_macros)]
+macro_rules! store_suites {
+    ([$($case:ident),* $(,)?]) => {
+        store_suites!(@backend local, support::local, [], [$($case),*]);
+        store_suites!(@backend s3s, support::s3s, [], [$($case),*]);
+        store_suites!(@backend external, support::external,
+            [#[ignore = "needs BLOBSNAP_TEST_S3_ENDPOINT; run by scripts/test.sh"]], [$($case),*]);
+    };
+    (@backend $backend:ident, $make:path, $attrs:tt, [$($case:ident),*]) => {
+        mod $backend {
+            use super::*;
+            $( store_suites!(@one $make, $attrs, $case); )*
+        }
+    };
+    (@one $make:path, [$(#[$attr:meta])*], $case:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        $(#[$attr])*
+        async fn $case() {
+            let h = $make().await;
+            eprintln!("{} on {}", stringify!($case), h.name);
+            cases::$case(&h).await;
+            h.cleanup().await;
+        }
+    };
+}
