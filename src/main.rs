@@ -107,18 +107,8 @@ enum Command {
         /// The marker (`index/<checkpoint-id>.<sha256>.json`); omitted: the store's marker in
         /// the task's latest committed checkpoint.
         marker: Option<String>,
-        /// The job's name.
-        #[arg(long)]
-        job: String,
-        /// The job's id.
-        #[arg(long, default_value = "1")]
-        job_id: String,
-        /// The task's name.
-        #[arg(long)]
-        task: String,
-        /// The store's name.
-        #[arg(long)]
-        store: String,
+        #[command(flatten)]
+        snap: SnapshotArgs,
         /// The directory to restore into (created if missing).
         #[arg(long)]
         to: PathBuf,
@@ -252,43 +242,43 @@ impl SnapshotArgs {
     }
 }
 
-/// The marker to use: the one given, or the store's marker in the task's latest checkpoint.
-async fn resolve_marker(
-    blob_store: &Arc<dyn BlobStore>,
-    job: &str,
-    job_id: &str,
-    task: &str,
-    store: &str,
-    marker: Option<String>,
-) -> blobsnap::Result<(String, Option<blobsnap::checkpoint::CommittedCheckpoint>)> {
-    use blobsnap::checkpoint::CheckpointStore as _;
-    if let Some(m) = marker {
-        return Ok((m, None));
-    }
-    let cps = blobsnap::checkpoint::BlobCheckpointStore::new(
-        Arc::clone(blob_store),
-        blobsnap::layout::JobScope::new(job, job_id)?,
-    );
-    let latest = cps.latest(task).await?.ok_or_else(|| {
-        Error::new(
-            ErrorKind::NotFound,
-            format!("task {task:?} of {job}/{job_id} has no checkpoint"),
-        )
-    })?;
-    let m = latest
-        .checkpoint
-        .as_v2()
-        .and_then(|c| c.marker(FACTORY_NAME, store))
-        .map(str::to_string)
-        .ok_or_else(|| {
+impl SnapshotArgs {
+    /// The marker to use: the one given, or the store's marker in the task's latest checkpoint.
+    async fn resolve_marker(
+        &self,
+        blob_store: &Arc<dyn BlobStore>,
+        marker: Option<String>,
+    ) -> blobsnap::Result<(String, Option<blobsnap::checkpoint::CommittedCheckpoint>)> {
+        use blobsnap::checkpoint::CheckpointStore as _;
+        let (job, job_id, task, store) = (&self.job, &self.job_id, &self.task, &self.store);
+        if let Some(m) = marker {
+            return Ok((m, None));
+        }
+        let cps = blobsnap::checkpoint::BlobCheckpointStore::new(
+            Arc::clone(blob_store),
+            blobsnap::layout::JobScope::new(job, job_id)?,
+        );
+        let latest = cps.latest(task).await?.ok_or_else(|| {
             Error::new(
                 ErrorKind::NotFound,
-                format!(
-                    "the latest checkpoint of task {task:?} has no snapshot of store {store:?}"
-                ),
+                format!("task {task:?} of {job}/{job_id} has no checkpoint"),
             )
         })?;
-    Ok((m, Some(latest)))
+        let m = latest
+            .checkpoint
+            .as_v2()
+            .and_then(|c| c.marker(FACTORY_NAME, store))
+            .map(str::to_string)
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::NotFound,
+                    format!(
+                        "the latest checkpoint of task {task:?} has no snapshot of store {store:?}"
+                    ),
+                )
+            })?;
+        Ok((m, Some(latest)))
+    }
 }
 
 #[derive(Subcommand)]
@@ -626,15 +616,7 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
         }
         Command::Inspect { snap, marker } => {
             let blob_store = open_store(&cli.store).await?;
-            let (marker, checkpoint) = resolve_marker(
-                &blob_store,
-                &snap.job,
-                &snap.job_id,
-                &snap.task,
-                &snap.store,
-                marker,
-            )
-            .await?;
+            let (marker, checkpoint) = snap.resolve_marker(&blob_store, marker).await?;
             if let (Some(c), false) = (&checkpoint, cli.json) {
                 println!(
                     "checkpoint #{} of task {} (writer {}):",
@@ -778,15 +760,7 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
             sample,
         } => {
             let blob_store = open_store(&cli.store).await?;
-            let (marker, _) = resolve_marker(
-                &blob_store,
-                &snap.job,
-                &snap.job_id,
-                &snap.task,
-                &snap.store,
-                marker,
-            )
-            .await?;
+            let (marker, _) = snap.resolve_marker(&blob_store, marker).await?;
             let (scope, _, index) = snap.load(blob_store.as_ref(), &marker).await?;
             let mut problems: Vec<(ErrorKind, String)> = Vec::new();
             let total_bytes: u64 = index
@@ -883,16 +857,18 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
         }
         Command::Restore {
             marker,
-            job,
-            job_id,
-            task,
-            store,
+            snap,
             to,
             dry_run,
         } => {
             let blob_store = open_store(&cli.store).await?;
-            let (marker, _) =
-                resolve_marker(&blob_store, &job, &job_id, &task, &store, marker).await?;
+            let (marker, _) = snap.resolve_marker(&blob_store, marker).await?;
+            let SnapshotArgs {
+                job,
+                job_id,
+                task,
+                store,
+            } = snap;
             let parsed: IndexMarker = marker.parse()?;
             let ctx = TaskContext {
                 job_name: job,
