@@ -96,6 +96,7 @@ case "${1:-}" in
     echo "BLOBSNAP_TEST_S3_ACCESS_KEY=test"
     echo "BLOBSNAP_TEST_S3_SECRET_KEY=test"
     echo "BLOBSNAP_TEST_S3_REGION=us-east-1"
+    echo "BLOBSNAP_TEST_S3_EXPECT_CREATE_ONLY=atomic"
     ;;
   *) echo "usage: $0 install|start|stop|env" >&2; exit 2 ;;
 esac

@@ -8,9 +8,12 @@
 # 3. runs fmt, clippy (-D warnings), rustdoc (-D warnings) and `cargo test` — the unit
 #    tests, the format tests, the conformance suite and the backup suite (real RocksDB)
 #    against the local store and an in-process s3s-fs server;
-# 4. runs every external-endpoint suite (conformance, backup, restore, lifecycle, admin)
-#    against LocalStack;
-# 5. stops LocalStack (by its PID) and exits non-zero if anything failed.
+# 4. runs every external-endpoint suite (conformance, backup, restore, restore crash,
+#    lifecycle, admin) against LocalStack;
+# 5. builds Garage once (cargo install, ~8 min, cached in ~/.cache/blobsnap/garage), runs the
+#    same external suites against a single Garage node, then the node-loss test on a 3-node
+#    Garage cluster (tests/garage_cluster.rs);
+# 6. stops LocalStack and Garage (by their PIDs) and exits non-zero if anything failed.
 #
 # Each stage prints its duration. Set CARGO_TARGET_DIR to reuse a build directory.
 set -euo pipefail
@@ -32,7 +35,7 @@ done
 stage "LocalStack"
 bash minio/localstack.sh install
 bash minio/localstack.sh start
-trap 'bash minio/localstack.sh stop' EXIT
+trap 'bash minio/localstack.sh stop; bash minio/garage.sh stop' EXIT
 eval "export $(bash minio/localstack.sh env | tr '\n' ' ')"
 
 stage "cargo fmt --check"
@@ -46,6 +49,20 @@ cargo test --locked
 
 stage "external-endpoint suites (every tests/*.rs external:: case) on LocalStack ($BLOBSNAP_TEST_S3_ENDPOINT)"
 cargo test --locked --tests -- --ignored external::
+
+stage "Garage: install (cached after the first build)"
+bash minio/garage.sh install
+
+stage "external-endpoint suites on a single Garage node"
+bash minio/garage.sh start 1
+(
+  eval "export $(bash minio/garage.sh env | tr '\n' ' ')"
+  cargo test --locked --tests -- --ignored external::
+)
+bash minio/garage.sh stop
+
+stage "Garage 3-node cluster: node loss under the demo job"
+cargo test --locked --test garage_cluster -- --ignored --nocapture
 
 stage "cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps

@@ -118,10 +118,10 @@ impl TaskCommitManager {
         retention: usize,
         unsafe_no_fencing: bool,
     ) -> Result<(Self, Option<Checkpoint>)> {
-        if !checkpoints.enforces_exclusive_writes() {
+        if !checkpoints.enforces_exclusive_writes().await? {
             if !unsafe_no_fencing {
                 return Err(Error::permanent(format!(
-                    "the checkpoint store {checkpoints:?} does not enforce create-only writes, so two processes of task {:?} could both commit: refusing to run (set unsafe_no_fencing to run anyway)",
+                    "the checkpoint store {checkpoints:?} does not enforce create-only writes (If-None-Match), so two processes of task {:?} could both commit checkpoint N and the state would be a mix; reading back is no fence, both writers read their own bytes: refusing to run (set unsafe_no_fencing to run anyway, with a single writer guaranteed some other way)",
                     task.task_name
                 )));
             }

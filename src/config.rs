@@ -30,7 +30,7 @@
 //! | `BLOBSNAP_S3_BUCKET`, `BLOBSNAP_S3_PREFIX`, `BLOBSNAP_S3_ENDPOINT`, `BLOBSNAP_S3_REGION` | `s3.bucket`, `s3.prefix`, `s3.endpoint`, `s3.region` |
 //! | `BLOBSNAP_S3_PATH_STYLE` | `s3.path-style` (`true`/`false`) |
 //! | `BLOBSNAP_S3_CA_BUNDLE` | `s3.ca-bundle` |
-//! | `BLOBSNAP_S3_CREATE_ONLY` | `s3.create-only` (`atomic`, `racy`, `ignored`) |
+//! | `BLOBSNAP_S3_CREATE_ONLY` | `s3.create-only` (`auto` = probe, the default; `atomic`, `racy`, `ignored`) |
 //! | `BLOBSNAP_S3_MULTIPART_LISTING` | `s3.multipart-listing` (`false` where ListMultipartUploads is missing) |
 //! | `BLOBSNAP_JOB_PARTITIONS`, `BLOBSNAP_JOB_COMMIT_EVERY` | `job.partitions`, `job.commit-every` |
 
@@ -201,12 +201,13 @@ impl Settings {
         }
         if let Some(v) = get("BLOBSNAP_S3_CREATE_ONLY") {
             self.s3.create_only = match v.as_str() {
+                "auto" => CreateOnlySetting::Auto,
                 "atomic" => CreateOnlySetting::Atomic,
                 "racy" => CreateOnlySetting::Racy,
                 "ignored" => CreateOnlySetting::Ignored,
                 other => {
                     return Err(Error::invalid(format!(
-                        "BLOBSNAP_S3_CREATE_ONLY={other:?}: expected atomic, racy or ignored"
+                        "BLOBSNAP_S3_CREATE_ONLY={other:?}: expected auto, atomic, racy or ignored"
                     )))
                 }
             };

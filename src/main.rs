@@ -116,6 +116,11 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Ask the S3 server what it really enforces: concurrent create-only puts to a scratch key
+    /// (the fence of a job's checkpoints), SHA-256 verification, multipart listing, tagging,
+    /// lifecycle. Prints the `[s3]` settings that describe it; writes and deletes a few
+    /// objects under `<prefix>.blobsnap-probe/`.
+    Probe,
     /// Sweep a job's scope: delete blobs and indexes that no retained checkpoint of any task
     /// references and that are older than the grace period; abort stale multipart uploads.
     /// Fails closed: if any root cannot be read, nothing is deleted.
@@ -319,6 +324,11 @@ fn read_input(file: &str) -> blobsnap::Result<Vec<u8>> {
 }
 
 async fn open_store(args: &StoreArgs) -> blobsnap::Result<Arc<dyn BlobStore>> {
+    store_settings(args)?.open_store().await
+}
+
+/// The settings file and environment, with the store flags on top.
+fn store_settings(args: &StoreArgs) -> blobsnap::Result<Settings> {
     let mut settings = Settings::load(args.config.as_deref())?;
     if let Some(dir) = &args.local {
         settings.store.kind = StoreKind::Local;
@@ -346,9 +356,7 @@ async fn open_store(args: &StoreArgs) -> blobsnap::Result<Arc<dyn BlobStore>> {
             "no blob store given: use --local DIR, --bucket B (S3), --config FILE or BLOBSNAP_STORE",
         ));
     }
-    match settings.store.kind {
-        StoreKind::Local | StoreKind::S3 => settings.open_store().await,
-    }
+    Ok(settings)
 }
 
 /// A progress bar on stderr, drawn only when stderr is a terminal (stdout carries `--json`).
@@ -544,6 +552,50 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
                     ErrorKind::Corrupt,
                     "the stored counts differ from the input: state and offsets were not committed together",
                 ));
+            }
+        }
+        Command::Probe => {
+            let settings = store_settings(&cli.store)?;
+            if settings.store.kind != StoreKind::S3 {
+                return Err(Error::new(
+                    ErrorKind::InvalidInput,
+                    "probe asks an S3 server: give --bucket (the local store's capabilities are fixed: create-only via link(2) is atomic)",
+                ));
+            }
+            let store = blobsnap::blobstore::s3::S3Store::connect(settings.s3.clone()).await?;
+            let report = store.probe().await?;
+            if cli.json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "schema": 1, "store": store.to_string(), "probe": report })
+                );
+            } else {
+                let c = &report.create_only;
+                println!("store: {store}");
+                println!(
+                    "create-only puts: {} ({} concurrent writers per round, winners per round {:?}{})",
+                    c.verdict,
+                    blobsnap::blobstore::s3::PROBE_WRITERS,
+                    c.winners_per_round,
+                    match c.sequential_refused {
+                        Some(true) => "; a sequential second put is refused",
+                        Some(false) => "; a second put silently overwrites",
+                        None => "",
+                    }
+                );
+                if c.verdict != "atomic" {
+                    println!(
+                        "  -> no fence: a job refuses to run here unless unsafe_no_fencing is set (one writer per task guaranteed by other means)"
+                    );
+                }
+                println!("sha256 verified on put: {}", report.verifies_sha256);
+                println!("multipart listing: {}", report.multipart_listing);
+                println!("object tagging: {}", report.tagging);
+                println!("lifecycle rules: {}", report.lifecycle);
+                println!(
+                    "\n[s3] settings for this server:\n{}",
+                    report.settings_toml()
+                );
             }
         }
         Command::Gc {

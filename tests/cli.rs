@@ -482,3 +482,39 @@ async fn metrics_endpoint_serves_counters_during_a_demo() {
         assert!(scraped.contains(name), "{name} missing from:\n{scraped}");
     }
 }
+
+/// `blobsnap probe` finds s3s-fs's create-only check racy (more than one of 16 concurrent
+/// writers wins, a sequential second put is refused); with `create-only = "auto"` (no
+/// `BLOBSNAP_S3_CREATE_ONLY`) the demo then refuses to start, says why, and runs when told
+/// `--unsafe-no-fencing`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_and_the_demo_refused_where_there_is_no_fence() {
+    let mut t = s3s_target().await;
+    t.env.retain(|(k, _)| k != "BLOBSNAP_S3_CREATE_ONLY");
+    let (code, v, err) = run(&t, &["probe"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["schema"], 1);
+    let verdict = v["probe"]["create-only"]["verdict"].as_str().unwrap();
+    assert_ne!(verdict, "atomic", "{v}");
+    assert_eq!(v["probe"]["create-only"]["sequential-refused"], true, "{v}");
+    assert_eq!(v["probe"]["verifies-sha256"], false, "{v}");
+
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("demo").display().to_string();
+    let demo = ["demo", "--dir", &dir, "--partitions", "1", "--lines", "500"];
+    let (code, _, err) = run(&t, &demo).await;
+    assert_eq!(code, Some(8), "refused as permanent: {err}");
+    assert!(
+        err.contains("does not enforce create-only writes") && err.contains("unsafe_no_fencing"),
+        "{err}"
+    );
+    let mut told = demo.to_vec();
+    told.push("--unsafe-no-fencing");
+    let (code, v, err) = run(&t, &told).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["check"], "ok", "{v}");
+
+    // The local store's capabilities are fixed: probing it is a usage error.
+    let (code, _, err) = run(&local_target(tmp.path()), &["probe"]).await;
+    assert_eq!(code, Some(5), "{err}");
+}

@@ -264,6 +264,56 @@ mod cases {
         assert_eq!(&stored[..], &vec![winners[0]; 1000][..]);
     }
 
+    /// The capability probe finds what the server really does, agrees with what the harness
+    /// declares, and leaves nothing behind.
+    pub async fn probe_finds_what_the_server_enforces(h: &Harness) {
+        let Kind::S3(s3) = &h.kind else {
+            // Fixed capabilities: probing asks nothing.
+            assert_eq!(
+                h.store.probe_capabilities().await.unwrap().create_only,
+                CreateOnly::Atomic
+            );
+            return;
+        };
+        let report = s3.probe().await.unwrap();
+        eprintln!("{}: probe {report:?}", h.name);
+        let declared = h.store.capabilities();
+        match declared.create_only {
+            CreateOnly::Atomic => assert_eq!(report.create_only.verdict, "atomic", "{}", h.name),
+            // A check-then-write server may, by chance, serialise a round; the sequential
+            // test still tells it from one that ignores the condition.
+            CreateOnly::Racy => assert_ne!(report.create_only.verdict, "ignored", "{}", h.name),
+            CreateOnly::Ignored => {
+                assert_eq!(report.create_only.verdict, "ignored", "{}", h.name)
+            }
+            CreateOnly::Unknown => unreachable!("the harness resolves auto"),
+        }
+        if report.create_only.verdict == "atomic" {
+            assert!(report.create_only.winners_per_round.iter().all(|&w| w == 1));
+        }
+        assert_eq!(
+            report.verifies_sha256, declared.verifies_sha256,
+            "{}",
+            h.name
+        );
+        assert_eq!(
+            report.multipart_listing, declared.multipart_listing,
+            "{}",
+            h.name
+        );
+        assert_eq!(report.tagging, declared.tagging, "{}", h.name);
+        // Nothing left behind in the bucket by the probe.
+        let left = s3
+            .client()
+            .list_objects_v2()
+            .bucket(&s3.config().bucket)
+            .prefix(format!("{}.blobsnap-probe/", s3.config().prefix))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(left.key_count.unwrap_or(0), 0, "{}: {left:?}", h.name);
+    }
+
     pub async fn checksum_mismatch_is_rejected(h: &Harness) {
         if !h.store.capabilities().verifies_sha256 {
             return h.lacks("SHA-256 verification of puts");
@@ -657,6 +707,7 @@ store_suites!([
     delete_is_idempotent,
     create_only_refuses_second_put,
     create_only_is_exclusive_under_concurrency,
+    probe_finds_what_the_server_enforces,
     checksum_mismatch_is_rejected,
     empty_object,
     large_object_multipart_and_ranged_download,

@@ -16,7 +16,6 @@ use blobsnap::blobstore::counting::CountingStore;
 use blobsnap::blobstore::{list_all, BlobStore};
 use blobsnap::checkpoint::{BlobCheckpointStore, CheckpointStore, Ssp};
 use blobsnap::commit::{Backend, TaskCommitManager};
-use blobsnap::index::{IndexMarker, SnapshotIndex};
 use blobsnap::layout::JobScope;
 use blobsnap::local::rocks::RocksStore;
 use blobsnap::ErrorKind;
@@ -39,27 +38,6 @@ fn task(h: &support::Harness) -> TaskContext {
     }
 }
 
-async fn index_of(store: &dyn BlobStore, ctx: &TaskContext, marker: &str) -> SnapshotIndex {
-    let scope = JobScope::new(&ctx.job_name, &ctx.job_id)
-        .unwrap()
-        .store(&ctx.task_name, "counts")
-        .unwrap();
-    let m: IndexMarker = marker.parse().unwrap();
-    blobsnap::blob::read_index(
-        store,
-        &scope,
-        &m,
-        &blobsnap::blob::Expected {
-            job_name: &ctx.job_name,
-            job_id: &ctx.job_id,
-            task_name: &ctx.task_name,
-            store_name: "counts",
-        },
-    )
-    .await
-    .unwrap()
-}
-
 /// After each commit the store's objects are exactly the blobs and indexes of the last N
 /// committed snapshots: nothing leaks, nothing needed is missing. Also: cleanup run twice
 /// deletes nothing the second time; identical OPTIONS files and empty files survive.
@@ -78,7 +56,7 @@ async fn retention_case(h: &support::Harness, retention: usize) {
         name: "counts".into(),
         dir: tmp.path().join("counts"),
     };
-    let unsafe_ok = !checkpoints.enforces_exclusive_writes();
+    let unsafe_ok = !checkpoints.enforces_exclusive_writes().await.unwrap();
     let (mgr, last) = TaskCommitManager::start(
         ctx.clone(),
         Arc::clone(&checkpoints),
@@ -155,7 +133,7 @@ async fn retention_case(h: &support::Harness, retention: usize) {
         // Expected: every blob and index of the retained snapshots.
         let mut expected = BTreeSet::new();
         for m in committed.iter().rev().take(retention) {
-            let idx = index_of(store.as_ref(), &ctx, m).await;
+            let idx = support::index_of(store.as_ref(), &ctx, m).await;
             expected.insert(scope.key(m).unwrap().as_str().to_string());
             for (_, f) in idx.present_files() {
                 expected.insert(scope.key(&f.blobs[0].blob_id).unwrap().as_str().to_string());
@@ -220,6 +198,15 @@ async fn zombie_case(h: &support::Harness) {
         Arc::clone(&h.store),
         JobScope::new(&ctx.job_name, "1").unwrap(),
     ));
+    if h.store.capabilities().create_only != blobsnap::blobstore::CreateOnly::Atomic {
+        // No fence on this server (Garage: If-None-Match ignored): the job must not start.
+        let e = TaskCommitManager::start(ctx, checkpoints, Arc::new(SystemClock), 2, false)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Permanent, "{e}");
+        assert!(e.to_string().contains("unsafe_no_fencing"), "{e}");
+        return h.lacks("atomic create-only puts (the job was refused, as it must be)");
+    }
     let (a, _) = TaskCommitManager::start(
         ctx.clone(),
         Arc::clone(&checkpoints),
@@ -268,10 +255,13 @@ mod external {
         let support::Kind::S3(s3) = &h.kind else {
             unreachable!()
         };
-        let (endpoint, bucket) = (
+        let (endpoint, bucket, region) = (
             s3.config().endpoint.clone().unwrap(),
             s3.config().bucket.clone(),
+            s3.config().region.clone().unwrap(),
         );
+        // Where the server cannot fence, the demo refuses to start unless told.
+        let fences = h.store.capabilities().create_only == blobsnap::blobstore::CreateOnly::Atomic;
         let ak = std::env::var("BLOBSNAP_TEST_S3_ACCESS_KEY").unwrap_or_else(|_| "test".into());
         let sk = std::env::var("BLOBSNAP_TEST_S3_SECRET_KEY").unwrap_or_else(|_| "test".into());
         let tmp = tempfile::tempdir().unwrap();
@@ -285,7 +275,7 @@ mod external {
                 "--s3-endpoint",
                 &endpoint,
                 "--s3-region",
-                "us-east-1",
+                &region,
                 "--s3-path-style",
                 "--s3-prefix",
                 h.scope.as_str(),
@@ -293,6 +283,7 @@ mod external {
                 "--dir",
             ])
             .arg(tmp.path())
+            .args((!fences).then_some("--unsafe-no-fencing"))
             .args([
                 "--partitions",
                 "2",
@@ -533,53 +524,6 @@ async fn demo_on_s3s() {
     );
 }
 
-/// Every object under the job scope that the retained checkpoints reference: checkpoint
-/// documents, indexes, blobs.
-async fn referenced(store: &Arc<dyn BlobStore>, job: &str) -> BTreeSet<String> {
-    let scope = JobScope::new(job, "1").unwrap();
-    let cps = BlobCheckpointStore::new(Arc::clone(store), scope.clone());
-    let mut out = BTreeSet::new();
-    for p in 0..3u32 {
-        let task = format!("Partition {p}");
-        for c in cps.history(&task, usize::MAX).await.unwrap() {
-            out.insert(
-                scope
-                    .checkpoint_key(&task, c.seq)
-                    .unwrap()
-                    .as_str()
-                    .to_string(),
-            );
-            let Some(v2) = c.checkpoint.as_v2() else {
-                continue;
-            };
-            for (store_name, marker) in v2
-                .state_checkpoint_markers
-                .get(FACTORY_NAME)
-                .into_iter()
-                .flatten()
-            {
-                let ctx = TaskContext {
-                    job_name: job.into(),
-                    job_id: "1".into(),
-                    task_name: task.clone(),
-                };
-                let sscope = scope.store(&task, store_name).unwrap();
-                out.insert(sscope.key(marker).unwrap().as_str().to_string());
-                for (_, f) in index_of(store.as_ref(), &ctx, marker).await.present_files() {
-                    out.insert(
-                        sscope
-                            .key(&f.blobs[0].blob_id)
-                            .unwrap()
-                            .as_str()
-                            .to_string(),
-                    );
-                }
-            }
-        }
-    }
-    out
-}
-
 /// After a demo killed several times, a sweep with grace 0 leaves exactly what the retained
 /// checkpoints reference: no leak, nothing missing; and the job still restores.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -631,7 +575,7 @@ async fn sweep_after_kills_leaves_exactly_the_referenced_objects() {
         .into_iter()
         .map(|m| m.key.as_str().to_string())
         .collect();
-    let expected = referenced(&store, "wordcount").await;
+    let expected = support::referenced(&store, "wordcount", 3).await;
     assert!(
         before.is_superset(&expected),
         "something referenced is missing before the sweep"

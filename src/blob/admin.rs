@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::StateBackendAdmin;
 use crate::blobstore::s3::S3Store;
-use crate::blobstore::{get_bytes, BlobStore, PutBody, PutOptions};
+use crate::blobstore::{get_bytes, BlobStore, CreateOnly, PutBody, PutOptions};
 use crate::digest::Sha256;
 use crate::error::{Error, ErrorKind, Result};
 use crate::layout::JobScope;
@@ -251,7 +251,16 @@ impl StateBackendAdmin for BlobStoreAdmin {
         let key = self.job.owner_record()?;
         let bytes = serde_json::to_vec(&self.record).map_err(|e| Error::invalid(e.to_string()))?;
         let sha = Sha256::of(&bytes);
-        match self
+        let fenced = self.store.probe_capabilities().await?.create_only == CreateOnly::Atomic;
+        if !fenced {
+            // The server would let a create-only put overwrite another deployment's record
+            // (Garage ignores If-None-Match): look first, and read back after. Two deployments
+            // racing on one new scope can still both pass; the sequential case cannot.
+            if let Some(found) = self.read_record().await? {
+                return self.check_owner(&found);
+            }
+        }
+        let put = match self
             .store
             .put(
                 &key,
@@ -266,7 +275,19 @@ impl StateBackendAdmin for BlobStoreAdmin {
                 None => Err(e),
             },
             Err(e) => Err(e),
+        };
+        if put.is_ok() && !fenced {
+            match self.read_record().await? {
+                Some(found) => self.check_owner(&found)?,
+                None => {
+                    return Err(Error::transient(format!(
+                        "scope {}: the owner record just written does not read back",
+                        self.job.scope()
+                    )))
+                }
+            }
         }
+        put
     }
 
     async fn validate_resources(&self) -> Result<()> {

@@ -170,6 +170,10 @@ impl<S: BlobStore> BlobStore for CountingStore<S> {
         self.inner.capabilities()
     }
 
+    async fn probe_capabilities(&self) -> Result<Capabilities> {
+        self.inner.probe_capabilities().await
+    }
+
     async fn put(&self, key: &BlobKey, body: PutBody, opts: PutOptions) -> Result<PutResult> {
         let len = body.len();
         let r = self.inner.put(key, body, opts).await;

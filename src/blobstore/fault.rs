@@ -145,6 +145,10 @@ impl<S: BlobStore> BlobStore for FaultStore<S> {
         self.inner.capabilities()
     }
 
+    async fn probe_capabilities(&self) -> Result<Capabilities> {
+        self.inner.probe_capabilities().await
+    }
+
     async fn put(&self, key: &BlobKey, body: PutBody, opts: PutOptions) -> Result<PutResult> {
         self.before("put", self.config.error_rate.put, key).await?;
         let r = self.inner.put(key, body, opts).await?;

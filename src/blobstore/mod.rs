@@ -180,6 +180,9 @@ pub enum CreateOnly {
     Racy,
     /// Accepted and ignored: a second put silently overwrites (Garage 2.x). Not a fence.
     Ignored,
+    /// Not known yet: the store is configured to probe (`create-only = "auto"`) and
+    /// [`BlobStore::probe_capabilities`] has not run. Not a fence.
+    Unknown,
 }
 
 /// What a store enforces and supports. Tests declare the capabilities they need, and code
@@ -207,8 +210,17 @@ pub type DeleteFailures = Vec<(BlobKey, crate::Error)>;
 /// concurrently.
 #[async_trait]
 pub trait BlobStore: Send + Sync + fmt::Debug + fmt::Display {
-    /// What this store enforces and supports.
+    /// What this store enforces and supports, as known now (see
+    /// [`probe_capabilities`](Self::probe_capabilities)).
     fn capabilities(&self) -> Capabilities;
+
+    /// Find out what the server really enforces where the settings say to probe (S3 with
+    /// `create-only = "auto"`: concurrent create-only puts to a scratch key), remember it, and
+    /// return the capabilities. Writes and deletes a few scratch objects; the default
+    /// implementation (stores whose capabilities are fixed) makes no request.
+    async fn probe_capabilities(&self) -> Result<Capabilities> {
+        Ok(self.capabilities())
+    }
 
     /// Store `body` under `key`.
     async fn put(&self, key: &BlobKey, body: PutBody, opts: PutOptions) -> Result<PutResult>;
@@ -247,6 +259,9 @@ pub async fn list_all(store: &dyn BlobStore, scope: &Scope) -> Result<Vec<Object
 impl<T: BlobStore + ?Sized> BlobStore for std::sync::Arc<T> {
     fn capabilities(&self) -> Capabilities {
         (**self).capabilities()
+    }
+    async fn probe_capabilities(&self) -> Result<Capabilities> {
+        (**self).probe_capabilities().await
     }
     async fn put(&self, key: &BlobKey, body: PutBody, opts: PutOptions) -> Result<PutResult> {
         (**self).put(key, body, opts).await

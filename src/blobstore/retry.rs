@@ -170,6 +170,10 @@ impl<S: BlobStore> BlobStore for RetryStore<S> {
         self.inner.capabilities()
     }
 
+    async fn probe_capabilities(&self) -> Result<Capabilities> {
+        self.inner.probe_capabilities().await
+    }
+
     async fn put(&self, key: &BlobKey, body: PutBody, mut opts: PutOptions) -> Result<PutResult> {
         if opts.mode == PutMode::CreateOnly && opts.sha256.is_none() {
             // Needed to settle an ambiguous outcome by reading back.

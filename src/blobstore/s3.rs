@@ -51,6 +51,9 @@ use super::{
 use crate::digest::{Hasher, Sha256};
 use crate::error::{Error, ErrorKind, Result};
 
+mod probe;
+pub use probe::{CreateOnlyProbe, ProbeReport, ROUNDS as PROBE_ROUNDS, WRITERS as PROBE_WRITERS};
+
 /// Server-side encryption of stored objects.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", tag = "type")]
@@ -71,8 +74,13 @@ pub enum Sse {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum CreateOnlySetting {
-    /// AWS S3, LocalStack, MinIO: exclusive under concurrency.
+    /// Probe the server (the default): many concurrent create-only puts to one scratch key
+    /// tell [`Atomic`](Self::Atomic) from [`Racy`](Self::Racy) and [`Ignored`](Self::Ignored)
+    /// the first time fencing matters ([`BlobStore::probe_capabilities`]). Until then the
+    /// store counts as not fencing.
     #[default]
+    Auto,
+    /// AWS S3, LocalStack, MinIO: exclusive under concurrency.
     Atomic,
     /// Checked but racy (s3s-fs).
     Racy,
@@ -83,6 +91,7 @@ pub enum CreateOnlySetting {
 impl From<CreateOnlySetting> for CreateOnly {
     fn from(s: CreateOnlySetting) -> Self {
         match s {
+            CreateOnlySetting::Auto => CreateOnly::Unknown,
             CreateOnlySetting::Atomic => CreateOnly::Atomic,
             CreateOnlySetting::Racy => CreateOnly::Racy,
             CreateOnlySetting::Ignored => CreateOnly::Ignored,
@@ -153,7 +162,7 @@ impl Default for S3Config {
             part_size: 16 << 20,
             part_concurrency: 8,
             list_page_size: 1000,
-            create_only: CreateOnlySetting::Atomic,
+            create_only: CreateOnlySetting::Auto,
             verifies_sha256: true,
             multipart_listing: true,
             tagging: true,
@@ -206,6 +215,8 @@ impl S3Config {
 pub struct S3Store {
     client: Client,
     config: Arc<S3Config>,
+    /// What the probe found (`create-only = "auto"`), shared by clones.
+    probed: Arc<tokio::sync::OnceCell<CreateOnly>>,
 }
 
 impl fmt::Debug for S3Store {
@@ -288,6 +299,7 @@ impl S3Store {
         Ok(S3Store {
             client: Client::from_conf(b.build()),
             config: Arc::new(config),
+            probed: Arc::default(),
         })
     }
 
@@ -716,12 +728,27 @@ fn total_of_content_range(cr: &str) -> Option<u64> {
 impl BlobStore for S3Store {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            create_only: self.config.create_only.into(),
+            create_only: match (self.config.create_only, self.probed.get()) {
+                (CreateOnlySetting::Auto, Some(found)) => *found,
+                (setting, _) => setting.into(),
+            },
             verifies_sha256: self.config.verifies_sha256,
             multipart_listing: self.config.multipart_listing,
             tagging: self.config.tagging,
             lifecycle: self.config.lifecycle,
         }
+    }
+
+    async fn probe_capabilities(&self) -> Result<Capabilities> {
+        if self.config.create_only == CreateOnlySetting::Auto {
+            // Once per store (and its clones), even when every task asks at once.
+            self.probed
+                .get_or_try_init(|| async {
+                    Ok::<_, Error>(self.probe_create_only().await?.create_only)
+                })
+                .await?;
+        }
+        Ok(self.capabilities())
     }
 
     #[tracing::instrument(level = "debug", skip(self, body), fields(store = %self, len = body.len()))]

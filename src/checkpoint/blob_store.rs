@@ -91,8 +91,8 @@ impl BlobCheckpointStore {
 
 #[async_trait]
 impl CheckpointStore for BlobCheckpointStore {
-    fn enforces_exclusive_writes(&self) -> bool {
-        self.store.capabilities().create_only == CreateOnly::Atomic
+    async fn enforces_exclusive_writes(&self) -> Result<bool> {
+        Ok(self.store.probe_capabilities().await?.create_only == CreateOnly::Atomic)
     }
 
     async fn latest(&self, task: &str) -> Result<Option<CommittedCheckpoint>> {

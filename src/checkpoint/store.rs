@@ -39,8 +39,9 @@ pub struct CommittedCheckpoint {
 ///   leaves orphans for the sweep, never a dangling root that would stop it).
 #[async_trait]
 pub trait CheckpointStore: Send + Sync + std::fmt::Debug {
-    /// Whether concurrent writes of one sequence number are guaranteed exclusive.
-    fn enforces_exclusive_writes(&self) -> bool;
+    /// Whether concurrent writes of one sequence number are guaranteed exclusive (may ask the
+    /// server: see [`BlobStore::probe_capabilities`](crate::blobstore::BlobStore::probe_capabilities)).
+    async fn enforces_exclusive_writes(&self) -> Result<bool>;
 
     /// The latest committed checkpoint of `task`, or `None` for a task that never committed.
     async fn latest(&self, task: &str) -> Result<Option<CommittedCheckpoint>>;

@@ -9,12 +9,19 @@
 
 #![allow(dead_code)]
 
+pub mod proxy;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use blobsnap::backend::TaskContext;
+use blobsnap::blob::FACTORY_NAME;
 use blobsnap::blobstore::local::LocalStore;
 use blobsnap::blobstore::s3::{CreateOnlySetting, S3Config, S3Store};
-use blobsnap::blobstore::{BlobStore, Scope};
+use blobsnap::blobstore::{BlobStore, CreateOnly, Scope};
+use blobsnap::checkpoint::{BlobCheckpointStore, CheckpointStore as _};
+use blobsnap::index::{IndexMarker, SnapshotIndex};
+use blobsnap::layout::JobScope;
 
 pub const S3S_ACCESS_KEY: &str = "AKIAS3SFSTEST";
 pub const S3S_SECRET_KEY: &str = "s3s-fs-test-secret-key-0123456789";
@@ -151,7 +158,8 @@ pub async fn external() -> Harness {
     );
     let bucket = env("BLOBSNAP_TEST_S3_BUCKET").unwrap_or_else(|| "blobsnap-test".into());
     let create_only = match env("BLOBSNAP_TEST_S3_CREATE_ONLY").as_deref() {
-        None | Some("atomic") => CreateOnlySetting::Atomic,
+        None | Some("auto") => CreateOnlySetting::Auto,
+        Some("atomic") => CreateOnlySetting::Atomic,
         Some("racy") => CreateOnlySetting::Racy,
         Some("ignored") => CreateOnlySetting::Ignored,
         Some(other) => panic!("BLOBSNAP_TEST_S3_CREATE_ONLY={other}?"),
@@ -190,6 +198,38 @@ pub async fn external() -> Harness {
             }
         }
     }
+    // Resolve `auto` by one probe per test process, so every case sees what the server
+    // really enforces.
+    static PROBED: tokio::sync::OnceCell<CreateOnly> = tokio::sync::OnceCell::const_new();
+    let found = *PROBED
+        .get_or_init(|| async {
+            store
+                .probe_capabilities()
+                .await
+                .unwrap_or_else(|e| panic!("probe of {endpoint}: {e}"))
+                .create_only
+        })
+        .await;
+    if let Some(want) = env("BLOBSNAP_TEST_S3_EXPECT_CREATE_ONLY") {
+        assert_eq!(
+            format!("{found:?}").to_lowercase(),
+            want,
+            "{endpoint}: the probe disagrees with BLOBSNAP_TEST_S3_EXPECT_CREATE_ONLY"
+        );
+    }
+    let store = if store.config().create_only == CreateOnlySetting::Auto {
+        let mut config = store.config().clone();
+        config.create_only = match found {
+            CreateOnly::Atomic => CreateOnlySetting::Atomic,
+            CreateOnly::Racy => CreateOnlySetting::Racy,
+            CreateOnly::Ignored | CreateOnly::Unknown => CreateOnlySetting::Ignored,
+        };
+        S3Store::connect_with_credentials(config, &ak, &sk, None)
+            .await
+            .unwrap()
+    } else {
+        store
+    };
     Harness {
         name: format!("external S3 at {endpoint}"),
         store: Arc::new(store.clone()),
@@ -197,6 +237,79 @@ pub async fn external() -> Harness {
         scope: random_scope(),
         _guard: None,
     }
+}
+
+/// The index of store `counts` of `ctx`'s task behind `marker`, read and checked.
+pub async fn index_of(store: &dyn BlobStore, ctx: &TaskContext, marker: &str) -> SnapshotIndex {
+    let scope = JobScope::new(&ctx.job_name, &ctx.job_id)
+        .unwrap()
+        .store(&ctx.task_name, "counts")
+        .unwrap();
+    let m: IndexMarker = marker.parse().unwrap();
+    blobsnap::blob::read_index(
+        store,
+        &scope,
+        &m,
+        &blobsnap::blob::Expected {
+            job_name: &ctx.job_name,
+            job_id: &ctx.job_id,
+            task_name: &ctx.task_name,
+            store_name: "counts",
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// Every object under the job scope that the retained checkpoints reference: checkpoint
+/// documents, indexes, blobs.
+pub async fn referenced(
+    store: &Arc<dyn BlobStore>,
+    job: &str,
+    partitions: u32,
+) -> std::collections::BTreeSet<String> {
+    let scope = JobScope::new(job, "1").unwrap();
+    let cps = BlobCheckpointStore::new(Arc::clone(store), scope.clone());
+    let mut out = std::collections::BTreeSet::new();
+    for p in 0..partitions {
+        let task = format!("Partition {p}");
+        for c in cps.history(&task, usize::MAX).await.unwrap() {
+            out.insert(
+                scope
+                    .checkpoint_key(&task, c.seq)
+                    .unwrap()
+                    .as_str()
+                    .to_string(),
+            );
+            let Some(v2) = c.checkpoint.as_v2() else {
+                continue;
+            };
+            for (store_name, marker) in v2
+                .state_checkpoint_markers
+                .get(FACTORY_NAME)
+                .into_iter()
+                .flatten()
+            {
+                let ctx = TaskContext {
+                    job_name: job.into(),
+                    job_id: "1".into(),
+                    task_name: task.clone(),
+                };
+                let sscope = scope.store(&task, store_name).unwrap();
+                out.insert(sscope.key(marker).unwrap().as_str().to_string());
+                for (_, f) in index_of(store.as_ref(), &ctx, marker).await.present_files() {
+                    out.insert(
+                        sscope
+                            .key(&f.blobs[0].blob_id)
+                            .unwrap()
+                            .as_str()
+                            .to_string(),
+                    );
+                }
+            }
+        }
+    }
+    out
 }
 
 impl Harness {
