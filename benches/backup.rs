@@ -18,8 +18,10 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+mod common;
+use common::{arg, dir_size, fill, mbps, median};
+
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -33,54 +35,6 @@ use blobsnap::blobstore::counting::CountingStore;
 use blobsnap::blobstore::BlobStore;
 use blobsnap::checkpoint::CheckpointIdGen;
 use blobsnap::local::rocks::RocksStore;
-
-fn arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1).cloned())
-}
-
-fn fill(db: &RocksStore, from: u64, bytes: u64, seed: u64) -> u64 {
-    use rand::{RngCore as _, SeedableRng as _};
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let value = 16 << 10;
-    let n = bytes / value;
-    let mut wo = rocksdb::WriteOptions::default();
-    wo.disable_wal(true);
-    for chunk in (from..from + n).collect::<Vec<_>>().chunks(256) {
-        let mut batch = rocksdb::WriteBatch::default();
-        for i in chunk {
-            let mut v = vec![0u8; value as usize];
-            rng.fill_bytes(&mut v);
-            batch.put(format!("key{i:012}"), v);
-        }
-        db.db().write_opt(batch, &wo).expect("write");
-    }
-    n
-}
-
-fn dir_size(p: &Path) -> u64 {
-    let mut total = 0;
-    for e in std::fs::read_dir(p).expect("read dir").flatten() {
-        let md = e.metadata().expect("stat");
-        total += if md.is_dir() {
-            dir_size(&e.path())
-        } else {
-            md.len()
-        };
-    }
-    total
-}
-
-fn mbps(bytes: u64, secs: f64) -> f64 {
-    bytes as f64 / (1 << 20) as f64 / secs.max(1e-9)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
 
 async fn run(name: &str, h: support::Harness, size_mib: u64) {
     let tmp =

@@ -64,5 +64,6 @@ pub mod index;
 pub mod job;
 pub mod layout;
 pub mod local;
+pub mod redact;
 
 pub use error::{Error, ErrorKind, Result};

@@ -1226,12 +1226,14 @@ async fn ls_command(args: &StoreArgs, json: bool) -> blobsnap::Result<()> {
 }
 
 fn main() -> ExitCode {
+    // Credentials in the environment are scrubbed from every log line and message.
+    blobsnap::redact::register_env();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(blobsnap::redact::RedactingWriter::new(std::io::stderr))
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
@@ -1248,7 +1250,7 @@ fn main() -> ExitCode {
     match rt.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("blobsnap: {e}");
+            eprintln!("blobsnap: {}", blobsnap::redact::scrub(&e.to_string()));
             ExitCode::from(exit_code(e.kind()))
         }
     }

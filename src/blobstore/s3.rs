@@ -210,6 +210,34 @@ impl S3Config {
     }
 }
 
+/// A credentials provider that registers what it provides with [`crate::redact`].
+struct RegisteringCredentials(aws_sdk_s3::config::SharedCredentialsProvider);
+
+impl fmt::Debug for RegisteringCredentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("RegisteringCredentials(..)")
+    }
+}
+
+impl aws_sdk_s3::config::ProvideCredentials for RegisteringCredentials {
+    fn provide_credentials<'a>(
+        &'a self,
+    ) -> aws_credential_types::provider::future::ProvideCredentials<'a>
+    where
+        Self: 'a,
+    {
+        aws_credential_types::provider::future::ProvideCredentials::new(async move {
+            let c = self.0.provide_credentials().await?;
+            crate::redact::register(c.access_key_id());
+            crate::redact::register(c.secret_access_key());
+            if let Some(t) = c.session_token() {
+                crate::redact::register(t);
+            }
+            Ok(c)
+        })
+    }
+}
+
 /// The S3 store.
 #[derive(Clone)]
 pub struct S3Store {
@@ -278,13 +306,24 @@ impl S3Store {
             loader = loader.region(Region::new(region.clone()));
         }
         if let Some(creds) = creds {
+            crate::redact::register(creds.access_key_id());
+            crate::redact::register(creds.secret_access_key());
+            if let Some(t) = creds.session_token() {
+                crate::redact::register(t);
+            }
             loader = loader.credentials_provider(creds);
         }
         if let Some(ca) = &config.ca_bundle {
             loader = loader.http_client(http_client_with_ca(ca)?);
         }
         let sdk = loader.load().await;
-        let mut b = aws_sdk_s3::config::Builder::from(&sdk)
+        let mut b = aws_sdk_s3::config::Builder::from(&sdk);
+        if let Some(p) = sdk.credentials_provider() {
+            // Every credential the chain hands out is registered for redaction before the
+            // SDK logs it (it logs the access key id at debug and trace level).
+            b = b.credentials_provider(RegisteringCredentials(p));
+        }
+        let mut b = b
             .force_path_style(config.path_style)
             // We send our own SHA-256; the SDK's default CRC32 trailers (aws-chunked
             // encoding) are not understood by every S3-compatible server.

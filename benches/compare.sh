@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# blobsnap vs rclone vs restic on the same S3 servers and the same RocksDB store, one command:
+#
+#   benches/compare.sh [--size-mib 2048] [--reps 3] [--servers garage,s3s,localstack] [--micro]
+#
+# Installs rclone and restic (apt) and the servers when missing (Garage: cargo install, once;
+# LocalStack: a venv, once), builds the release binary, starts Garage (one node, fsync on) and
+# LocalStack, runs `cargo bench --bench compare` (see benches/compare.rs for what it measures),
+# stops the servers. The markdown tables go to stdout and to benches/last-compare.md; progress
+# to stderr. Needs ~3.5x the store size free under $BENCH_WORK (default /var/tmp).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+args=("$@")
+size=2048
+servers=garage,s3s,localstack
+for ((i = 0; i < ${#args[@]}; i++)); do
+  case "${args[$i]}" in
+    --size-mib) size=${args[$((i + 1))]} ;;
+    --servers) servers=${args[$((i + 1))]} ;;
+  esac
+done
+
+work=${BENCH_WORK:-/var/tmp}/blobsnap-compare
+mkdir -p "$work"
+need=$(( size * 7 / 2 ))
+free=$(df -Pm "$work" | awk 'NR==2 {print $4}')
+if [ "$free" -lt "$need" ]; then
+  echo "compare.sh: $work has $free MiB free, the run needs about $need MiB" >&2
+  exit 1
+fi
+
+missing=()
+for tool in rclone restic openssl; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "compare.sh: installing ${missing[*]}" >&2
+  if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq "${missing[@]}" >&2
+  else sudo apt-get update -qq && sudo apt-get install -y -qq "${missing[@]}" >&2; fi
+fi
+bash scripts/prereqs.sh
+
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/var/tmp/blobsnap-target-release}
+cargo build --release --locked --bin blobsnap >&2
+export BLOBSNAP_BIN=$CARGO_TARGET_DIR/release/blobsnap
+
+cleanup() {
+  bash minio/garage.sh stop || true
+  bash minio/localstack.sh stop || true
+}
+trap cleanup EXIT
+case ",$servers," in *,garage,*) bash minio/garage.sh install; bash minio/garage.sh start 1 ;; esac
+case ",$servers," in *,localstack,*) bash minio/localstack.sh install; bash minio/localstack.sh start ;; esac
+
+{
+  echo "# compare run $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo
+  echo "Command: \`benches/compare.sh ${args[*]}\`; $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB RAM,"
+  echo "$(rclone version | head -1), $(restic version | cut -d' ' -f1-2), $(openssl version | cut -d' ' -f1-2)."
+  echo
+  cargo bench --locked --bench compare -- --work "$work" "$@"
+} | tee benches/last-compare.md
