@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # blobsnap vs rclone vs restic on the same S3 servers and the same RocksDB store, one command:
 #
-#   benches/compare.sh [--size-mib 2048] [--reps 3] [--servers garage,s3s,localstack] [--micro]
+#   benches/compare.sh [--size-mib 2048] [--servers garage:3,s3s:1,localstack:2] [--micro]
+#
+# (`name:reps`: timed repetitions per server, after one counted repetition through the proxy)
 #
 # Installs rclone and restic (apt) and the servers when missing (Garage: cargo install, once;
 # LocalStack: a venv, once), builds the release binary, starts Garage (one node, fsync on) and
@@ -13,7 +15,7 @@ cd "$(dirname "$0")/.."
 
 args=("$@")
 size=2048
-servers=garage,s3s,localstack
+servers=garage:3,s3s:1,localstack:2
 for ((i = 0; i < ${#args[@]}; i++)); do
   case "${args[$i]}" in
     --size-mib) size=${args[$((i + 1))]} ;;
@@ -21,6 +23,7 @@ for ((i = 0; i < ${#args[@]}; i++)); do
   esac
 done
 
+names=",$(echo "$servers" | sed 's/:[0-9]*//g'),"
 work=${BENCH_WORK:-/var/tmp}/blobsnap-compare
 mkdir -p "$work"
 need=$(( size * 7 / 2 ))
@@ -48,8 +51,8 @@ cleanup() {
   bash minio/localstack.sh stop || true
 }
 trap cleanup EXIT
-case ",$servers," in *,garage,*) bash minio/garage.sh install; bash minio/garage.sh start 1 ;; esac
-case ",$servers," in *,localstack,*) bash minio/localstack.sh install; bash minio/localstack.sh start ;; esac
+case "$names" in *,garage,*) bash minio/garage.sh install; bash minio/garage.sh start 1 ;; esac
+case "$names" in *,localstack,*) bash minio/localstack.sh install; bash minio/localstack.sh start ;; esac
 
 {
   echo "# compare run $(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -57,5 +60,5 @@ case ",$servers," in *,localstack,*) bash minio/localstack.sh install; bash mini
   echo "Command: \`benches/compare.sh ${args[*]}\`; $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB RAM,"
   echo "$(rclone version | head -1), $(restic version | cut -d' ' -f1-2), $(openssl version | cut -d' ' -f1-2)."
   echo
-  cargo bench --locked --bench compare -- --work "$work" "$@"
+  cargo bench --locked --bench compare -- --work "$work" --servers "$servers" "$@"
 } | tee benches/last-compare.md

@@ -99,6 +99,9 @@ pub struct JobConfig {
     pub sweep_every_commits: u64,
     /// The sweep's grace period, seconds (at least 60 for a running job).
     pub gc_grace_secs: u64,
+    /// Restore the newest retained checkpoint that restores when the last one is corrupt or
+    /// missing, and resume from its offsets (see `JobSettings::restore_fallback`).
+    pub restore_fallback: bool,
 }
 
 impl Default for JobConfig {
@@ -114,6 +117,7 @@ impl Default for JobConfig {
             unsafe_no_fencing: false,
             sweep_every_commits: 20,
             gc_grace_secs: 86_400,
+            restore_fallback: false,
         }
     }
 }

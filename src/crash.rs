@@ -10,24 +10,36 @@
 //! index PUT), `commit.after-checkpoint`, `commit.during-cleanup` (after the history trim);
 //! `restore.after-plan`, `restore.mid-download` (after the first downloaded file is in
 //! staging), `restore.before-marker`, `restore.after-marker`, `restore.after-exchange` (before
-//! the old tree is deleted).
+//! the old tree is deleted); `sweep.mid-delete` (after the sweep's first delete batch).
+//!
+//! `point@N` dies the N-th time the point is reached (default 1), so a seeded crash matrix can
+//! hit a point in its 1st, 2nd, … commit.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
-fn target() -> Option<&'static str> {
-    static TARGET: OnceLock<Option<String>> = OnceLock::new();
+fn target() -> Option<&'static (String, u64)> {
+    static TARGET: OnceLock<Option<(String, u64)>> = OnceLock::new();
     TARGET
         .get_or_init(|| {
-            std::env::var("BLOBSNAP_CRASH_AT")
+            let v = std::env::var("BLOBSNAP_CRASH_AT")
                 .ok()
-                .filter(|s| !s.is_empty())
+                .filter(|s| !s.is_empty())?;
+            Some(match v.split_once('@') {
+                Some((p, n)) => (p.to_string(), n.parse().unwrap_or(1).max(1)),
+                None => (v, 1),
+            })
         })
-        .as_deref()
+        .as_ref()
 }
 
-/// Die here with SIGKILL if `BLOBSNAP_CRASH_AT` names this point.
+/// Die here with SIGKILL if `BLOBSNAP_CRASH_AT` names this point (and this is the N-th hit).
 pub fn point(name: &str) {
-    if target() == Some(name) {
+    static HITS: AtomicU64 = AtomicU64::new(0);
+    let Some((target, nth)) = target() else {
+        return;
+    };
+    if target == name && HITS.fetch_add(1, Ordering::Relaxed) + 1 == *nth {
         eprintln!("blobsnap: crash point {name} reached: killing this process (BLOBSNAP_CRASH_AT)");
         let _ =
             rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);

@@ -92,6 +92,11 @@ enum Command {
         /// Run on a store that cannot fence a second writer (Garage, s3s-fs).
         #[arg(long)]
         unsafe_no_fencing: bool,
+        /// If the last checkpoint's snapshot is corrupt or missing, restore the newest
+        /// retained checkpoint that restores and resume from its offsets (logged loudly,
+        /// counted in blobsnap_restore_fallbacks_total) [job.restore-fallback].
+        #[arg(long)]
+        restore_fallback: bool,
         /// Serve Prometheus metrics on this address while the demo runs (`127.0.0.1:9898`).
         #[arg(long)]
         metrics_addr: Option<std::net::SocketAddr>,
@@ -414,6 +419,7 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
             commit_ms,
             retention,
             unsafe_no_fencing,
+            restore_fallback,
             gc_grace_secs,
             metrics_addr,
         } => {
@@ -472,6 +478,7 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
                 commit_max_delay: std::time::Duration::from_millis(job.commit_max_delay_ms),
                 sweep_every_commits: job.sweep_every_commits,
                 gc_grace: std::time::Duration::from_secs(gc_grace_secs),
+                restore_fallback: restore_fallback || job.restore_fallback,
             };
             wordcount::generate_input(&settings.input_dir, partitions, lines, 42)?;
             eprintln!(
@@ -519,6 +526,7 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
                             "processed": s.processed, "commits": s.commits.len(),
                             "commits-skipped": s.commits_skipped, "commits-failed": s.commits_failed,
                             "sweeps": s.sweeps, "swept": s.swept,
+                            "fell-back-to": s.fell_back_to,
                         })).collect::<Vec<_>>(),
                         "words": stored.len(),
                         "total": total,
@@ -537,6 +545,12 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
                         s.commits_failed,
                         s.sweeps
                     );
+                    if let Some(f) = &s.fell_back_to {
+                        println!(
+                            "{}: RESTORE FALLBACK: the last checkpoint did not restore; restored {f}",
+                            s.task
+                        );
+                    }
                 }
                 println!("top words:");
                 for (w, n) in top.iter().take(10) {

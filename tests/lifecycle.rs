@@ -374,6 +374,13 @@ async fn demo_survives_kill_9_local() {
     // Every named crash point, twice: once with the local state kept (restart on the same
     // host), once with it deleted first (restart on a new host: restore downloads). Each run
     // dir first gets a short run killed at a random moment, so there is something to restore.
+    // BLOBSNAP_CRASH_RUNS (default 1; the long-test command: 25) repeats each with a seeded
+    // pre-kill delay and a seeded hit number (`point@N`: the N-th time the point is reached).
+    let runs: u64 = std::env::var("BLOBSNAP_CRASH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let mut seeded = rand::rngs::StdRng::seed_from_u64(2026);
     const POINTS: &[&str] = &[
         "task.after-claim",
         "task.after-restore",
@@ -386,51 +393,67 @@ async fn demo_survives_kill_9_local() {
         "restore.mid-download",
         "restore.after-marker",
         "restore.after-exchange",
+        "sweep.mid-delete",
     ];
     let mut killed_at_point = 0;
-    for (i, point) in POINTS.iter().enumerate() {
-        for new_host in [false, true] {
-            let dir = tmp.path().join(format!("points-{i}-{new_host}"));
-            let mut child = tokio::process::Command::new(bin)
-                .args(args(&dir))
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .unwrap();
-            tokio::time::sleep(std::time::Duration::from_millis(300 + 50 * i as u64)).await;
-            let _ = child.start_kill();
-            let _ = child.wait().await;
-            if new_host {
-                let _ = std::fs::remove_dir_all(dir.join("state"));
-            }
-            let out = tokio::process::Command::new(bin)
-                .args(args(&dir))
-                .env("BLOBSNAP_CRASH_AT", point)
-                .output()
-                .await
-                .unwrap();
-            if out.status.success() {
-                // The point was not reached in this run (e.g. nothing to download): still correct.
+    let mut reached: BTreeMap<&str, u64> = BTreeMap::new();
+    for run in 0..runs {
+        for (i, point) in POINTS.iter().enumerate() {
+            for new_host in [false, true] {
+                let dir = tmp.path().join(format!("points-{run}-{i}-{new_host}"));
+                let (pre_kill_ms, nth) = if run == 0 {
+                    (300 + 50 * i as u64, 1)
+                } else {
+                    (
+                        seeded.random_range(100..1200),
+                        seeded.random_range(1..=3u32),
+                    )
+                };
+                let target = format!("{point}@{nth}");
+                let mut child = tokio::process::Command::new(bin)
+                    .args(args(&dir))
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .spawn()
+                    .unwrap();
+                tokio::time::sleep(std::time::Duration::from_millis(pre_kill_ms)).await;
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+                if new_host {
+                    let _ = std::fs::remove_dir_all(dir.join("state"));
+                }
+                let out = tokio::process::Command::new(bin)
+                    .args(args(&dir))
+                    .env("BLOBSNAP_CRASH_AT", &target)
+                    .output()
+                    .await
+                    .unwrap();
+                if out.status.success() {
+                    // The point was not reached in this run (e.g. nothing to download): still correct.
+                    demo_counts_ok(&out);
+                } else {
+                    assert_eq!(
+                        out.status.signal(),
+                        Some(9),
+                        "{point}: {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                    killed_at_point += 1;
+                    *reached.entry(point).or_default() += 1;
+                }
+                let out = tokio::process::Command::new(bin)
+                    .args(args(&dir))
+                    .output()
+                    .await
+                    .unwrap();
                 demo_counts_ok(&out);
-            } else {
-                assert_eq!(
-                    out.status.signal(),
-                    Some(9),
-                    "{point}: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-                killed_at_point += 1;
+                let _ = std::fs::remove_dir_all(&dir);
             }
-            let out = tokio::process::Command::new(bin)
-                .args(args(&dir))
-                .output()
-                .await
-                .unwrap();
-            demo_counts_ok(&out);
         }
     }
+    eprintln!("crash matrix: {runs} run(s) per point and host, killed at: {reached:?}");
     assert!(
-        killed_at_point >= 15,
+        killed_at_point >= 15 * runs,
         "only {killed_at_point} runs reached their crash point"
     );
     // Random SIGKILLs, then a run to the end.
@@ -621,6 +644,28 @@ async fn sweep_after_kills_leaves_exactly_the_referenced_objects() {
         "the plan never touches a referenced object"
     );
 
+    // A sweep killed (SIGKILL) after its first delete batch deleted nothing referenced.
+    let out = gc(false)
+        .env("BLOBSNAP_CRASH_AT", "sweep.mid-delete")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        out.status.signal(),
+        Some(9),
+        "the sweep was killed mid-delete"
+    );
+    let mid: BTreeSet<String> = list_all(store.as_ref(), job_scope.scope())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.key.as_str().to_string())
+        .collect();
+    assert!(
+        expected.is_subset(&mid),
+        "a killed sweep deleted nothing referenced"
+    );
+
     let out = gc(false).output().await.unwrap();
     assert!(
         out.status.success(),
@@ -765,6 +810,7 @@ async fn slow_uploads_skip_commits_and_counts_stay_right() {
             commit_max_delay: std::time::Duration::from_millis(max_delay_ms),
             sweep_every_commits: 1,
             gc_grace: std::time::Duration::from_secs(3600),
+            restore_fallback: false,
         };
         wordcount::generate_input(&settings.input_dir, 2, 1500, 5).unwrap();
         let observer: Arc<blobsnap::job::CommitObserver> = Arc::new(|_, _, _| {});
@@ -928,5 +974,125 @@ async fn adding_a_store_then_crashing_recovers() {
             markers.contains_key("counts") && markers.contains_key("lengths"),
             "{t}: {markers:?}"
         );
+    }
+}
+
+/// Corruption of the last checkpoint's snapshot — a flipped byte in one of its blobs, or its
+/// index deleted — is detected (exit 4 `Corrupt` / 3 `NotFound`) and nothing is installed into
+/// the store dir; with `--restore-fallback` the job restores the newest retained checkpoint
+/// that does restore, says so loudly, resumes from *its* offsets, and ends with the right
+/// counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_last_snapshot_is_detected_and_fallback_restores_an_older_one() {
+    use blobsnap::blobstore::{get_bytes, PutBody, PutOptions};
+    for damage in ["flip a byte of a blob", "delete the index"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let bin = env!("CARGO_BIN_EXE_blobsnap");
+        let demo = |extra: &[&str]| {
+            let mut c = std::process::Command::new(bin);
+            c.arg("--json")
+                .arg("demo")
+                .arg("--dir")
+                .arg(tmp.path())
+                .args([
+                    "--partitions",
+                    "1",
+                    "--lines",
+                    "3000",
+                    "--commit-every",
+                    "400",
+                ])
+                .args(extra);
+            c.output().unwrap()
+        };
+        let first = demo_counts_ok(&demo(&[]));
+        let store: Arc<dyn BlobStore> = Arc::new(
+            blobsnap::blobstore::local::LocalStore::new(tmp.path().join("store")).unwrap(),
+        );
+        let scope = JobScope::new("wordcount", "1").unwrap();
+        let cps = BlobCheckpointStore::new(Arc::clone(&store), scope.clone());
+        let task = "Partition 0";
+        let history = cps.history(task, usize::MAX).await.unwrap();
+        let marker_of = |c: &blobsnap::checkpoint::CommittedCheckpoint| {
+            c.checkpoint.as_v2().unwrap().state_checkpoint_markers[FACTORY_NAME]["counts"].clone()
+        };
+        let latest = marker_of(&history[0]);
+        let older = history
+            .iter()
+            .map(marker_of)
+            .find(|m| *m != latest)
+            .expect("an older retained snapshot");
+        let ctx = TaskContext {
+            job_name: "wordcount".into(),
+            job_id: "1".into(),
+            task_name: task.into(),
+        };
+        let sscope = scope.store(task, "counts").unwrap();
+        match damage {
+            "flip a byte of a blob" => {
+                let old_idx = support::index_of(store.as_ref(), &ctx, &older).await;
+                let old_blobs: BTreeSet<String> = old_idx
+                    .present_files()
+                    .into_iter()
+                    .map(|(_, f)| f.blobs[0].blob_id.clone())
+                    .collect();
+                let idx = support::index_of(store.as_ref(), &ctx, &latest).await;
+                let (_, f) = idx
+                    .present_files()
+                    .into_iter()
+                    .filter(|(_, f)| f.size() > 0 && !old_blobs.contains(&f.blobs[0].blob_id))
+                    .max_by_key(|(_, f)| f.size())
+                    .expect("a blob only the latest snapshot has");
+                let key = sscope.key(&f.blobs[0].blob_id).unwrap();
+                let mut bytes = get_bytes(store.as_ref(), &key, 1 << 30)
+                    .await
+                    .unwrap()
+                    .to_vec();
+                let at = bytes.len() / 2;
+                bytes[at] ^= 0x5a;
+                store
+                    .put(&key, PutBody::Bytes(bytes.into()), PutOptions::default())
+                    .await
+                    .unwrap();
+            }
+            _ => {
+                let key = sscope.key(&latest).unwrap();
+                assert!(store.delete_many(&[key]).await.unwrap().is_empty());
+            }
+        }
+        // A fresh machine: no local state.
+        let state = tmp.path().join("state");
+        std::fs::remove_dir_all(&state).unwrap();
+
+        let out = demo(&[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let want = if damage.starts_with("flip") { 4 } else { 3 };
+        assert_eq!(out.status.code(), Some(want), "{damage}: {stderr}");
+        let store_dir = state.join("counts").join("Partition_0");
+        let installed = std::fs::read_dir(&store_dir)
+            .map(|d| {
+                d.flatten()
+                    .any(|e| e.path().extension().is_some_and(|x| x == "sst"))
+            })
+            .unwrap_or(false);
+        assert!(
+            !installed,
+            "{damage}: nothing may be installed into {store_dir:?}"
+        );
+
+        let out = demo(&["--restore-fallback"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let v = demo_counts_ok(&out);
+        assert!(
+            stderr.contains("RESTORE FALLBACK"),
+            "{damage}: loud: {stderr}"
+        );
+        let t = &v["tasks"][0];
+        assert!(t["fell-back-to"].is_string(), "{damage}: {v}");
+        // Resumed from the older checkpoint's offset (restored: > 0), so the last messages
+        // were processed again (> 0) — the newest checkpoint was at the end of the input.
+        assert!(t["resumed-from"].as_u64().unwrap() > 0, "{damage}: {v}");
+        assert_eq!(first["tasks"][0]["processed"], 3000, "{first}");
+        assert!(t["processed"].as_u64().unwrap() > 0, "{damage}: {v}");
     }
 }

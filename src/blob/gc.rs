@@ -281,6 +281,7 @@ pub async fn execute_sweep_with_progress(
             .map(|d| d.size)
             .sum();
         freed.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+        crate::crash::point("sweep.mid-delete");
     }
     for u in &plan.uploads {
         store.abort_multipart_upload(u).await?;

@@ -401,4 +401,83 @@ mod tests {
         assert!(e.to_string().contains("gave up after"), "{e}");
         assert!(start.elapsed() <= Duration::from_millis(5_000));
     }
+
+    /// The attempts of a store operation that keeps failing transiently, through the store
+    /// stack (the retry loop `RetryStore` runs, over counting, over fault injection failing
+    /// every request), on the paused (injected) clock: each gap lies within its jittered bound, the bounds follow the
+    /// schedule, the attempts stop exactly when the next delay would overrun the budget, and
+    /// the counting layer saw one request per attempt.
+    #[tokio::test(start_paused = true)]
+    async fn attempts_and_their_spacing_follow_the_backoff_schedule() {
+        use crate::blobstore::counting::CountingStore;
+        use crate::blobstore::fault::{FaultConfig, FaultStore, OpRates};
+        use crate::blobstore::local::LocalStore;
+        let tmp = tempfile_dir();
+        let policy = RetryPolicy {
+            initial_delay_ms: 100,
+            factor: 2.0,
+            max_delay_ms: 1_600,
+            budget_ms: 10_000,
+            max_attempts: 0,
+        };
+        let faulty = FaultStore::new(
+            LocalStore::new(&tmp).unwrap(),
+            FaultConfig {
+                error_rate: OpRates {
+                    head: 1.0,
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        );
+        let counting = CountingStore::new(faulty);
+        let counters = counting.counters();
+        let store = RetryStore::new(counting, policy);
+        let times = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let key = BlobKey::new("a/b").unwrap();
+        let start = tokio::time::Instant::now();
+        // Observe each attempt's time through a spy around the store.
+        let t = std::sync::Arc::clone(&times);
+        let r = retry(&policy, "head", |_| {
+            t.lock().unwrap().push(tokio::time::Instant::now());
+            store.inner().head(&key)
+        })
+        .await;
+        assert_eq!(r.unwrap_err().kind(), ErrorKind::Transient);
+        let times = times.lock().unwrap().clone();
+        let mut elapsed = Duration::ZERO;
+        for (i, w) in times.windows(2).enumerate() {
+            let gap = w[1] - w[0];
+            let bound = policy.delay_bound(i as u32 + 1);
+            assert!(
+                gap >= bound / 2 && gap <= bound,
+                "retry {}: waited {gap:?}, bound {bound:?}",
+                i + 1
+            );
+            elapsed += gap;
+        }
+        assert_eq!(times[0], start, "the first attempt is immediate");
+        // Stopped because the next delay could overrun the budget, not before.
+        let next_min = policy.delay_bound(times.len() as u32) / 2;
+        assert!(elapsed <= Duration::from_millis(policy.budget_ms));
+        assert!(
+            elapsed + policy.delay_bound(times.len() as u32)
+                > Duration::from_millis(policy.budget_ms),
+            "gave up early: {elapsed:?} spent, next delay at least {next_min:?}"
+        );
+        // The schedule: 100, 200, 400, 800, 1600, 1600, ... ms bounds.
+        assert_eq!(policy.delay_bound(5), Duration::from_millis(1_600));
+        assert_eq!(policy.delay_bound(9), Duration::from_millis(1_600));
+        assert!(times.len() >= 8, "{} attempts in 10 s", times.len());
+        // One request per attempt, all failed, as the counting layer saw them.
+        let head = counters.snapshot().head;
+        assert_eq!(head.calls, times.len() as u64);
+        assert_eq!(head.errors, times.len() as u64);
+    }
+
+    fn tempfile_dir() -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("blobsnap-retry-{:016x}", rand::random::<u64>()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
 }

@@ -62,6 +62,11 @@ pub struct JobSettings {
     pub sweep_every_commits: u64,
     /// The sweep's grace period (also: uploads older than half of it are abandoned).
     pub gc_grace: std::time::Duration,
+    /// When the last checkpoint's snapshot cannot be restored because it is corrupt or
+    /// missing, restore the newest retained checkpoint whose snapshot does, and resume from
+    /// *its* input offsets (the messages after them are processed again). Off by default: the
+    /// task fails instead, naming what is wrong.
+    pub restore_fallback: bool,
 }
 
 /// One input message.
@@ -144,6 +149,10 @@ pub struct TaskSummary {
     pub sweeps: u64,
     /// Objects deleted by sweeps.
     pub swept: u64,
+    /// Set when the last checkpoint could not be restored and an older one was
+    /// ([`JobSettings::restore_fallback`]): the checkpoint id restored, and why the newer ones
+    /// were skipped.
+    pub fell_back_to: Option<String>,
 }
 
 /// The task name of partition `p`.
@@ -189,7 +198,7 @@ pub async fn run_task(
     ));
     let (commits, last) = TaskCommitManager::start(
         ctx.clone(),
-        checkpoints,
+        Arc::clone(&checkpoints),
         Arc::clone(&clock),
         settings.retention,
         settings.unsafe_no_fencing,
@@ -197,14 +206,36 @@ pub async fn run_task(
     .await?;
     crate::crash::point("task.after-claim");
 
-    let restorer = BlobRestoreManager::new(
-        Arc::clone(&blob_store),
-        ctx.clone(),
-        &specs,
-        RestoreSettings::default(),
-    )?;
-    restorer.init(last.as_ref()).await?;
-    restorer.restore().await?;
+    let restore = |from: Option<crate::checkpoint::Checkpoint>| {
+        let (blob_store, ctx, specs) = (Arc::clone(&blob_store), ctx.clone(), specs.clone());
+        async move {
+            let restorer =
+                BlobRestoreManager::new(blob_store, ctx, &specs, RestoreSettings::default())?;
+            restorer.init(from.as_ref()).await?;
+            restorer.restore().await
+        }
+    };
+    let mut fell_back_to = None;
+    let last = match restore(last.clone()).await {
+        Ok(()) => last,
+        Err(e)
+            if settings.restore_fallback
+                && matches!(
+                    e.kind(),
+                    crate::ErrorKind::Corrupt | crate::ErrorKind::NotFound
+                ) =>
+        {
+            let (c, why) =
+                restore_fallback(&task, &checkpoints, last.as_ref(), e, &restore).await?;
+            fell_back_to = Some(format!(
+                "{} ({why})",
+                c.as_v2()
+                    .map_or_else(|| "?".to_string(), |v| v.id.to_string())
+            ));
+            Some(c)
+        }
+        Err(e) => return Err(e),
+    };
     crate::crash::point("task.after-restore");
 
     let mut stores = Stores::new();
@@ -258,6 +289,7 @@ pub async fn run_task(
     let mut summary = TaskSummary {
         task: task.clone(),
         resumed_from,
+        fell_back_to,
         ..Default::default()
     };
     let sweep = SweepCtx {
@@ -323,6 +355,69 @@ pub async fn run_task(
         summary.commits.push(report);
     }
     Ok(summary)
+}
+
+/// The last checkpoint did not restore (`first_error`): try the older retained ones, newest
+/// first, and return the first that restores, with a note of what was skipped.
+async fn restore_fallback<F, Fut>(
+    task: &str,
+    checkpoints: &Arc<dyn CheckpointStore>,
+    failed: Option<&crate::checkpoint::Checkpoint>,
+    first_error: Error,
+    restore: &F,
+) -> Result<(crate::checkpoint::Checkpoint, String)>
+where
+    F: Fn(Option<crate::checkpoint::Checkpoint>) -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    let failed_id = failed.and_then(|c| c.as_v2()).map(|c| c.id);
+    tracing::error!(
+        task,
+        error = %first_error,
+        "RESTORE FALLBACK: the last checkpoint's snapshot cannot be restored; trying older retained checkpoints (restore_fallback is on): input after the checkpoint chosen will be processed again"
+    );
+    let mut skipped = vec![format!(
+        "{}: {first_error}",
+        failed_id.map_or_else(|| "?".into(), |i| i.to_string())
+    )];
+    let mut tried = std::collections::BTreeSet::new();
+    tried.extend(failed_id);
+    for c in checkpoints.history(task, usize::MAX).await? {
+        let Some(v2) = c.checkpoint.as_v2() else {
+            continue;
+        };
+        if !tried.insert(v2.id) {
+            continue; // the same checkpoint again (a claim repeats the last one)
+        }
+        let id = v2.id;
+        match restore(Some(c.checkpoint.clone())).await {
+            Ok(()) => {
+                metrics::counter!("blobsnap_restore_fallbacks_total", "task" => task.to_string())
+                    .increment(1);
+                tracing::error!(
+                    task,
+                    checkpoint = %id,
+                    skipped = ?skipped,
+                    "RESTORE FALLBACK: restored the older checkpoint {id}; resuming from its offsets"
+                );
+                return Ok((c.checkpoint, skipped.join("; ")));
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    crate::ErrorKind::Corrupt | crate::ErrorKind::NotFound
+                ) =>
+            {
+                tracing::error!(task, checkpoint = %id, error = %e, "RESTORE FALLBACK: this one does not restore either");
+                skipped.push(format!("{id}: {e}"));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(first_error.context(format!(
+        "task {task}: no retained checkpoint restores (tried {})",
+        skipped.len()
+    )))
 }
 
 struct SweepCtx<'a> {

@@ -8,7 +8,8 @@
 //!   the server), then the connection is closed;
 //! - **connection reset**: the request is dropped and the client's socket closed with RST;
 //! - **truncated body**: the request goes through, the response is cut after half of its
-//!   body and the connection reset;
+//!   body (lost whole when it has none) and the connection reset: the client cannot know
+//!   whether the request took effect;
 //! - **delay**: the request waits `delay` before it is forwarded.
 
 #![allow(dead_code)]
@@ -34,6 +35,10 @@ pub struct FaultRates {
     pub truncate: f64,
     pub delay: f64,
     pub delay_for: Duration,
+    /// Only requests whose request line contains all of these are eligible.
+    pub only: &'static [&'static str],
+    /// At most this many faults in all (0: no limit).
+    pub limit: u64,
 }
 
 impl FaultRates {
@@ -47,6 +52,8 @@ impl FaultRates {
             truncate: each,
             delay: each,
             delay_for: Duration::from_secs(2),
+            only: &[],
+            limit: 0,
         }
     }
 }
@@ -416,17 +423,26 @@ async fn connection(
                         .and_then(|s| s.parse().ok())
                         .unwrap_or(0);
                     let mut w = cw.lock().await;
+                    let framing = if p.head_request || status == 204 || status == 304 {
+                        Framing::Length(0)
+                    } else {
+                        head.framing
+                    };
+                    let empty = matches!(framing, Framing::Length(0));
+                    if p.truncate && empty && !(100..200).contains(&status) {
+                        // No body to cut: the whole response is lost (the request was
+                        // carried out: an ambiguous outcome for the client).
+                        stats.truncated.fetch_add(1, Relaxed);
+                        let _ = socket2::SockRef::from(&*linger).set_linger(Some(Duration::ZERO));
+                        truncated.notify_one();
+                        return;
+                    }
                     if w.write_all(&head.raw).await.is_err() {
                         return;
                     }
                     if (100..200).contains(&status) {
                         continue; // interim: the final response follows
                     }
-                    let framing = if p.head_request || status == 204 || status == 304 {
-                        Framing::Length(0)
-                    } else {
-                        head.framing
-                    };
                     if p.truncate {
                         let cut = match framing {
                             Framing::Length(n) => Some(n / 2),
@@ -460,6 +476,8 @@ async fn connection(
             stats.requests.fetch_add(1, Relaxed);
             let fault = {
                 let r = *rates.lock().unwrap();
+                let eligible = r.only.iter().all(|w| head.first_line.contains(w))
+                    && (r.limit == 0 || stats.injected() < r.limit);
                 let mut rng = rng.lock().unwrap();
                 let x: f64 = rng.random();
                 let mut acc = 0.0;
@@ -472,7 +490,7 @@ async fn connection(
                     (r.delay, Fault::Delay(r.delay_for)),
                 ] {
                     acc += rate;
-                    if x < acc {
+                    if eligible && x < acc {
                         pick = f;
                         break;
                     }

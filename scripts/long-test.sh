@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The long tests, in one command (not in CI: they take tens of minutes):
+#
+#   scripts/long-test.sh
+#
+# 1. faults on the wire: the demo through the HTTP fault proxy (10 % of requests: 500, 503
+#    SlowDown, reset, lost/cut response, 2 s delay) for >= 500 commits, on the in-process
+#    s3s-fs server and on LocalStack;
+# 2. the full crash matrix: SIGKILL at every named point of claim, restore, commit, cleanup and
+#    sweep, 25 seeded runs per point, on a restart on the same host and on a new one;
+# 3. the property tests (index, checkpoint, marker and key parsers, diff) with 100x their
+#    usual case counts.
+#
+# Set CARGO_TARGET_DIR to reuse a build directory. Prints each stage's duration.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+stage_start=$(date +%s)
+stage() {
+  local now; now=$(date +%s)
+  echo "==> [$(date -u +%H:%M:%S)] $* (previous stage: $((now - stage_start)) s)" >&2
+  stage_start=$now
+}
+
+stage "build prerequisites"
+bash scripts/prereqs.sh
+
+stage "LocalStack"
+bash minio/localstack.sh install
+bash minio/localstack.sh start
+trap 'bash minio/localstack.sh stop' EXIT
+
+stage "faults on the wire: >= 500 commits through 10 % faulty requests (s3s-fs in-process)"
+BLOBSNAP_SOAK_COMMITS=${BLOBSNAP_SOAK_COMMITS:-500} \
+  cargo test --locked --release --test faults -- --nocapture demo_commits_through_a_faulty_wire_s3s
+
+stage "faults on the wire: >= 500 commits through 10 % faulty requests (LocalStack)"
+(
+  eval "export $(bash minio/localstack.sh env | tr '\n' ' ')"
+  BLOBSNAP_SOAK_COMMITS=${BLOBSNAP_SOAK_COMMITS:-500} \
+    cargo test --locked --release --test faults -- --ignored --nocapture external::
+)
+
+stage "crash matrix: 25 seeded runs per point"
+BLOBSNAP_CRASH_RUNS=${BLOBSNAP_CRASH_RUNS:-25} \
+  cargo test --locked --release --test lifecycle -- --nocapture demo_survives_kill_9_local
+
+stage "property tests with 100x cases"
+PROPTEST_CASES=${PROPTEST_CASES:-25600} cargo test --locked --release --lib --test formats
+
+stage "done"

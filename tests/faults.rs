@@ -1,0 +1,291 @@
+//! Faults on the wire: a real HTTP proxy on loopback (tests/support/proxy.rs) between the
+//! AWS SDK client and a real S3 server answers 500 / 503 SlowDown, resets connections, cuts
+//! responses (or loses them whole: the request took effect, the client cannot know) and delays
+//! requests by 2 s.
+//!
+//! - Lost responses of a create-only PUT and of CompleteMultipartUpload are settled: the put
+//!   succeeds once, the object holds exactly the bytes sent.
+//! - The demo job commits through 10 % faulty requests with 0 failed commits, and a fresh
+//!   machine restores through the same faults and ends with the right counts.
+//!   `BLOBSNAP_SOAK_COMMITS` (default 40) sets how many commits; the long-test command runs
+//!   ≥ 500, and the same against LocalStack (`external::`).
+
+mod support;
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use blobsnap::blobstore::retry::{RetryPolicy, RetryStore};
+use blobsnap::blobstore::s3::{S3Config, S3Store};
+use blobsnap::blobstore::{get_bytes, BlobStore, PutBody, PutOptions};
+use blobsnap::digest::Sha256;
+use support::proxy::{FaultRates, Proxy};
+
+/// The in-process s3s-fs server, or the external one; and the credentials.
+async fn upstream(external: bool) -> (support::Harness, String, String) {
+    if external {
+        let h = support::external().await;
+        let ak = std::env::var("BLOBSNAP_TEST_S3_ACCESS_KEY").unwrap_or_else(|_| "test".into());
+        let sk = std::env::var("BLOBSNAP_TEST_S3_SECRET_KEY").unwrap_or_else(|_| "test".into());
+        (h, ak, sk)
+    } else {
+        (
+            support::s3s().await,
+            support::S3S_ACCESS_KEY.into(),
+            support::S3S_SECRET_KEY.into(),
+        )
+    }
+}
+
+fn s3_of(h: &support::Harness) -> &S3Store {
+    match &h.kind {
+        support::Kind::S3(s) => s,
+        support::Kind::Local(_) => unreachable!(),
+    }
+}
+
+fn addr_of(s3: &S3Store) -> std::net::SocketAddr {
+    s3.config()
+        .endpoint
+        .as_deref()
+        .unwrap()
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap()
+}
+
+async fn through(proxy: &Proxy, config: &S3Config, ak: &str, sk: &str) -> Arc<dyn BlobStore> {
+    let mut c = config.clone();
+    c.endpoint = Some(proxy.endpoint());
+    let s3 = S3Store::connect_with_credentials(c, ak, sk, None)
+        .await
+        .unwrap();
+    Arc::new(RetryStore::new(
+        s3,
+        RetryPolicy {
+            initial_delay_ms: 20,
+            max_delay_ms: 500,
+            budget_ms: 60_000,
+            ..Default::default()
+        },
+    ))
+}
+
+async fn lost_responses_settle(external: bool) {
+    let (h, ak, sk) = upstream(external).await;
+    let s3 = s3_of(&h);
+    let proxy = Proxy::start(addr_of(s3), FaultRates::default(), 7).await;
+    let store = through(&proxy, s3.config(), &ak, &sk).await;
+
+    // A multipart upload whose CompleteMultipartUpload response is lost once.
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("big");
+    let data: Vec<u8> = (0..12u32 << 20).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&file, &data).unwrap();
+    proxy.set_rates(FaultRates {
+        truncate: 1.0,
+        only: &["POST ", "uploadId="],
+        limit: 1,
+        ..Default::default()
+    });
+    let key = h.scope.key("mp").unwrap();
+    store
+        .put(
+            &key,
+            PutBody::File {
+                path: file.clone(),
+                len: data.len() as u64,
+            },
+            PutOptions::create_only(Sha256::of(&data)),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{}: multipart put with a lost complete: {e}", h.name));
+    assert_eq!(
+        proxy.stats.truncated.load(Relaxed),
+        1,
+        "the fault was injected"
+    );
+    let back = get_bytes(store.as_ref(), &key, 64 << 20).await.unwrap();
+    assert_eq!(Sha256::of(&back), Sha256::of(&data), "{}", h.name);
+
+    // A create-only single PUT whose response is lost once.
+    proxy.set_rates(FaultRates {
+        truncate: 1.0,
+        only: &["PUT "],
+        limit: 2,
+        ..Default::default()
+    });
+    let key = h.scope.key("small").unwrap();
+    store
+        .put(
+            &key,
+            PutBody::Bytes(bytes::Bytes::from_static(b"exactly these bytes")),
+            PutOptions::create_only(Sha256::of(b"exactly these bytes")),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{}: create-only put with a lost response: {e}", h.name));
+    assert_eq!(proxy.stats.truncated.load(Relaxed), 2);
+    assert_eq!(
+        &get_bytes(store.as_ref(), &key, 100).await.unwrap()[..],
+        b"exactly these bytes"
+    );
+    // A second writer of other bytes still loses (where the server enforces create-only).
+    if h.store.capabilities().create_only == blobsnap::blobstore::CreateOnly::Atomic
+        || h.store.capabilities().create_only == blobsnap::blobstore::CreateOnly::Racy
+    {
+        proxy.set_rates(FaultRates::default());
+        let e = store
+            .put(
+                &key,
+                PutBody::Bytes(bytes::Bytes::from_static(b"other bytes")),
+                PutOptions::create_only(Sha256::of(b"other bytes")),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), blobsnap::ErrorKind::Conflict, "{e}");
+    }
+    h.cleanup().await;
+}
+
+/// The demo through a faulty wire: `commits` commits in all, then a restore on a fresh
+/// machine through the same faults, continuing to twice the input.
+async fn demo_through_faults(external: bool, commits: u64) {
+    let (h, ak, sk) = upstream(external).await;
+    let s3 = s3_of(&h);
+    let mut rates = FaultRates::even(0.10);
+    rates.delay_for = Duration::from_secs(2);
+    let proxy = Proxy::start(addr_of(s3), rates, 42).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let partitions = 2u64;
+    let commit_every = 40u64;
+    let lines = commits * commit_every / partitions;
+    let fences = h.store.capabilities().create_only == blobsnap::blobstore::CreateOnly::Atomic;
+    // Every due commit waits for the one in flight (none skipped): `commits` commits.
+    let config = tmp.path().join("job.toml");
+    std::fs::write(&config, "[job]\ncommit-max-delay-ms = 0\n").unwrap();
+    let run = |lines: u64| {
+        let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"));
+        c.args(["--json", "--bucket", &s3.config().bucket])
+            .arg("--config")
+            .arg(&config)
+            .args(["--s3-endpoint", &proxy.endpoint()])
+            .args(["--s3-region", s3.config().region.as_deref().unwrap()])
+            .args(["--s3-path-style", "--s3-prefix", h.scope.as_str()])
+            .args(["demo", "--dir"])
+            .arg(tmp.path())
+            .args(["--partitions", &partitions.to_string()])
+            .args(["--lines", &lines.to_string()])
+            .args(["--commit-every", &commit_every.to_string()])
+            .args((!fences).then_some("--unsafe-no-fencing"))
+            .env("AWS_ACCESS_KEY_ID", &ak)
+            .env("AWS_SECRET_ACCESS_KEY", &sk)
+            .env("BLOBSNAP_S3_MULTIPART_LISTING", "false")
+            .env("RUST_LOG", "blobsnap=warn");
+        if !external {
+            c.env("BLOBSNAP_S3_CREATE_ONLY", "racy");
+        }
+        c
+    };
+    let started = std::time::Instant::now();
+    let first = run(lines).output().await.unwrap();
+    let v = check(&first, "first run");
+    let made: u64 = v["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["commits"].as_u64().unwrap())
+        .sum();
+    let failed: u64 = v["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["commits-failed"].as_u64().unwrap())
+        .sum();
+    assert_eq!(failed, 0, "0 failed commits after retries: {v}");
+    assert!(made >= commits * 9 / 10, "{made} commits: {v}");
+
+    // A fresh machine restores through the same faults and goes on to twice the input.
+    std::fs::remove_dir_all(tmp.path().join("state")).unwrap();
+    let second = run(lines * 2).output().await.unwrap();
+    let v2 = check(&second, "restore and continue");
+    for t in v2["tasks"].as_array().unwrap() {
+        assert!(t["resumed-from"].as_u64().unwrap() > 0, "restored: {v2}");
+        assert_eq!(t["commits-failed"], 0, "{v2}");
+    }
+    let s = &proxy.stats;
+    let (requests, up, down) = s.snapshot();
+    eprintln!(
+        "{}: {made} + {} commits in {:.1} s through {requests} requests ({:.1} MiB up, {:.1} MiB down): injected 500 x{}, 503 x{}, reset x{}, truncated x{}, delayed 2 s x{}",
+        h.name,
+        v2["tasks"].as_array().unwrap().iter().map(|t| t["commits"].as_u64().unwrap()).sum::<u64>(),
+        started.elapsed().as_secs_f64(),
+        up as f64 / 1048576.0,
+        down as f64 / 1048576.0,
+        s.injected_500.load(Relaxed),
+        s.injected_503.load(Relaxed),
+        s.resets.load(Relaxed),
+        s.truncated.load(Relaxed),
+        s.delayed.load(Relaxed),
+    );
+    for (what, n) in [
+        ("500", &s.injected_500),
+        ("503", &s.injected_503),
+        ("reset", &s.resets),
+        ("truncated", &s.truncated),
+        ("delayed", &s.delayed),
+    ] {
+        assert!(n.load(Relaxed) > 0, "no {what} fault was injected");
+    }
+    let rate = s.injected() as f64 / requests as f64;
+    assert!(
+        (0.05..0.15).contains(&rate),
+        "fault rate {rate:.3} over {requests} requests"
+    );
+    h.cleanup().await;
+}
+
+fn check(out: &std::process::Output, what: &str) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "{what}: demo failed ({:?}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["check"], "ok", "{what}: {v}");
+    v
+}
+
+fn soak_commits() -> u64 {
+    std::env::var("BLOBSNAP_SOAK_COMMITS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_responses_settle_s3s() {
+    lost_responses_settle(false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_commits_through_a_faulty_wire_s3s() {
+    demo_through_faults(false, soak_commits()).await
+}
+
+mod external {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs BLOBSNAP_TEST_S3_ENDPOINT; run by scripts/test.sh"]
+    async fn lost_responses_settle() {
+        super::lost_responses_settle(true).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs BLOBSNAP_TEST_S3_ENDPOINT; run by scripts/test.sh"]
+    async fn demo_commits_through_a_faulty_wire() {
+        demo_through_faults(true, soak_commits()).await
+    }
+}
