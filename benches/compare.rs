@@ -4,7 +4,7 @@
 //!
 //! ```sh
 //! BLOBSNAP_BIN=target/release/blobsnap cargo bench --bench compare -- \
-//!     [--size-mib 2048] [--reps 3] [--servers garage:3,s3s:1,localstack:2] [--work DIR] [--micro]
+//!     [--size-mib 2048] [--reps 3] [--servers garage:2,s3s:1,localstack:1] [--work DIR] [--micro]
 //! ```
 //!
 //! For each server, each repetition starts from the same pristine store and runs, with the
@@ -610,6 +610,24 @@ async fn repetition(
         rm(&restored(tool));
     }
     rm(&w.join("restic-cache"));
+    // Free the server's disk (and LocalStack's memory) for the next repetition.
+    let store = ctx.server.store(&ctx.server.endpoint).await;
+    for prefix in [
+        format!("manual/bench-{tag}/"),
+        format!("rclone-{tag}/"),
+        format!("restic-{tag}/"),
+    ] {
+        let scope = blobsnap::blobstore::Scope::new(prefix).expect("scope");
+        let keys: Vec<BlobKey> = blobsnap::blobstore::list_all(&store, &scope)
+            .await
+            .expect("list")
+            .into_iter()
+            .map(|m| m.key)
+            .collect();
+        for chunk in keys.chunks(1000) {
+            let _ = store.delete_many(chunk).await;
+        }
+    }
     facts
 }
 
@@ -841,7 +859,7 @@ fn main() {
     let size_mib: u64 = arg("--size-mib").map_or(2048, |v| v.parse().expect("--size-mib"));
     let reps: usize = arg("--reps").map_or(3, |v| v.parse().expect("--reps"));
     let servers: Vec<String> = arg("--servers")
-        .unwrap_or_else(|| "garage:3,s3s:1,localstack:2".into())
+        .unwrap_or_else(|| "garage:2,s3s:1,localstack:1".into())
         .split(',')
         .map(str::to_string)
         .collect();

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # blobsnap vs rclone vs restic on the same S3 servers and the same RocksDB store, one command:
 #
-#   benches/compare.sh [--size-mib 2048] [--servers garage:3,s3s:1,localstack:2] [--micro]
+#   benches/compare.sh [--size-mib 2048] [--servers garage:2,s3s:1,localstack:1] [--micro]
 #
 # (`name:reps`: timed repetitions per server, after one counted repetition through the proxy)
 #
@@ -9,13 +9,14 @@
 # LocalStack: a venv, once), builds the release binary, starts Garage (one node, fsync on) and
 # LocalStack, runs `cargo bench --bench compare` (see benches/compare.rs for what it measures),
 # stops the servers. The markdown tables go to stdout and to benches/last-compare.md; progress
-# to stderr. Needs ~3.5x the store size free under $BENCH_WORK (default /var/tmp).
+# to stderr. Needs ~8x the store size free under $BENCH_WORK (default /var/tmp), plus what
+# the servers store (each repetition's objects are deleted after it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 args=("$@")
 size=2048
-servers=garage:3,s3s:1,localstack:2
+servers=garage:2,s3s:1,localstack:1
 for ((i = 0; i < ${#args[@]}; i++)); do
   case "${args[$i]}" in
     --size-mib) size=${args[$((i + 1))]} ;;
@@ -26,7 +27,7 @@ done
 names=",$(echo "$servers" | sed 's/:[0-9]*//g'),"
 work=${BENCH_WORK:-/var/tmp}/blobsnap-compare
 mkdir -p "$work"
-need=$(( size * 7 / 2 ))
+need=$(( size * 8 ))
 free=$(df -Pm "$work" | awk 'NR==2 {print $4}')
 if [ "$free" -lt "$need" ]; then
   echo "compare.sh: $work has $free MiB free, the run needs about $need MiB" >&2

@@ -8,7 +8,9 @@
 #    s3s-fs server and on LocalStack;
 # 2. the full crash matrix: SIGKILL at every named point of claim, restore, commit, cleanup and
 #    sweep, 25 seeded runs per point, on a restart on the same host and on a new one;
-# 3. the property tests (index, checkpoint, marker and key parsers, diff) with 100x their
+# 3. fuzzing: 10 minutes per target (checkpoint reader, index reader, marker/id/key/scope
+#    parsers) with a counting allocator;
+# 4. the property tests (index, checkpoint, marker and key parsers, diff) with 100x their
 #    usual case counts.
 #
 # Set CARGO_TARGET_DIR to reuse a build directory. Prints each stage's duration.
@@ -44,6 +46,9 @@ stage "faults on the wire: >= 500 commits through 10 % faulty requests (LocalSta
 stage "crash matrix: 25 seeded runs per point"
 BLOBSNAP_CRASH_RUNS=${BLOBSNAP_CRASH_RUNS:-25} \
   cargo test --locked --release --test lifecycle -- --nocapture demo_survives_kill_9_local
+
+stage "fuzzing: 10 minutes per target"
+BLOBSNAP_FUZZ_SECS=${BLOBSNAP_FUZZ_SECS:-600} cargo test --locked --release --test fuzz -- --nocapture
 
 stage "property tests with 100x cases"
 PROPTEST_CASES=${PROPTEST_CASES:-25600} cargo test --locked --release --lib --test formats

@@ -562,3 +562,178 @@ store_suites!([
     bad_indexes_are_refused_before_any_write,
     cancelled_restore_keeps_old_state,
 ]);
+
+/// A corpus of hostile indexes — `..`, `.`, empty, absolute and slashed names, NUL, duplicate
+/// names (files, directories, a file and a directory), a blob outside the store's scope,
+/// gigantic and negative sizes, negative offsets — each published under its correct hash key
+/// and restored into a directory next to an `outside` one: every one is refused with a
+/// classified error, the target is left as it was, no staging dir is left behind, and not a
+/// byte changes outside. And the symlink trick — the target holds `link -> ../outside` and the
+/// index has a directory `link` — restores without writing through the link.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_index_corpus_writes_nothing_outside_the_target() {
+    let h = support::local().await;
+    let mut fx = Fx::new(&h);
+    let src = fx.spec("src");
+    let mgr = fx.backup(&src);
+    mgr.init(None).await.unwrap();
+    // A snapshot with files and a subdirectory.
+    let id = fx.ids.next(fx.clock.now_millis()).unwrap();
+    let snap = src.checkpoint_dir(id);
+    std::fs::create_dir_all(snap.join("sub")).unwrap();
+    std::fs::write(snap.join("000001.sst"), vec![7u8; 10_000]).unwrap();
+    std::fs::write(snap.join("MANIFEST-000001"), b"manifest").unwrap();
+    std::fs::write(snap.join("sub").join("note"), b"in a subdirectory").unwrap();
+    let markers = mgr
+        .upload(
+            id,
+            &StoreMarkers::new(),
+            &BTreeMap::from([("counts".to_string(), snap)]),
+        )
+        .await
+        .unwrap();
+    let cp = checkpoint(id, &markers["counts"]);
+    let valid: serde_json::Value =
+        serde_json::from_slice(&fx.index(&cp).await.to_bytes().unwrap()).unwrap();
+
+    let outside = fx.tmp.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("precious"), b"do not touch").unwrap();
+    let dst = fx.spec("dst");
+    std::fs::create_dir_all(&dst.dir).unwrap();
+    std::fs::write(dst.dir.join("old"), b"old state").unwrap();
+
+    type Mutation = fn(&mut serde_json::Value);
+    assert!(
+        valid["dir-index"]["sub-dirs-present"][0].is_object(),
+        "the snapshot has a subdirectory: {valid}"
+    );
+    let cases: Vec<(&str, Mutation)> = vec![
+        ("name ..", |v| {
+            v["dir-index"]["files-present"][0]["file-name"] = "..".into()
+        }),
+        ("name .", |v| {
+            v["dir-index"]["files-present"][0]["file-name"] = ".".into()
+        }),
+        ("empty name", |v| {
+            v["dir-index"]["files-present"][0]["file-name"] = "".into()
+        }),
+        ("absolute name", |v| {
+            v["dir-index"]["files-present"][0]["file-name"] = "/tmp/blobsnap-pwned".into()
+        }),
+        ("name with a slash", |v| {
+            v["dir-index"]["files-present"][0]["file-name"] = "../outside/pwned".into()
+        }),
+        ("name with NUL", |v| {
+            v["dir-index"]["files-present"][0]["file-name"] = "a\u{0}b".into()
+        }),
+        ("duplicate file names", |v| {
+            let f = v["dir-index"]["files-present"][0].clone();
+            v["dir-index"]["files-present"]
+                .as_array_mut()
+                .unwrap()
+                .push(f);
+        }),
+        ("a file and a directory of one name", |v| {
+            let name = v["dir-index"]["files-present"][0]["file-name"].clone();
+            v["dir-index"]["sub-dirs-present"][0]["dir-name"] = name;
+        }),
+        ("directory ..", |v| {
+            v["dir-index"]["sub-dirs-present"][0]["dir-name"] = "..".into()
+        }),
+        ("directory with a slash", |v| {
+            v["dir-index"]["sub-dirs-present"][0]["dir-name"] = "x/../../outside".into()
+        }),
+        ("duplicate directories", |v| {
+            let d = v["dir-index"]["sub-dirs-present"][0].clone();
+            v["dir-index"]["sub-dirs-present"]
+                .as_array_mut()
+                .unwrap()
+                .push(d);
+        }),
+        ("blob outside the store's scope", |v| {
+            v["dir-index"]["files-present"][0]["blobs"][0]["blob-id"] =
+                "../../../other/blobs/x".into()
+        }),
+        ("absolute blob id", |v| {
+            v["dir-index"]["files-present"][0]["blobs"][0]["blob-id"] = "/etc/passwd".into()
+        }),
+        ("gigantic size", |v| {
+            v["dir-index"]["files-present"][0]["file-metadata"]["size"] =
+                serde_json::json!(1u64 << 62)
+        }),
+        ("negative size", |v| {
+            v["dir-index"]["files-present"][0]["file-metadata"]["size"] = serde_json::json!(-5)
+        }),
+        ("negative offset", |v| {
+            v["dir-index"]["files-present"][0]["blobs"][0]["offset"] = serde_json::json!(-1)
+        }),
+        ("no blob", |v| {
+            v["dir-index"]["files-present"][0]["blobs"] = serde_json::json!([])
+        }),
+    ];
+    let before_dst = snapshot_of(&dst.dir);
+    let before_out = snapshot_of(&outside);
+    for (what, mutate) in cases {
+        let mut v = valid.clone();
+        mutate(&mut v);
+        let bytes = serde_json::to_vec(&v).unwrap();
+        let marker = IndexMarker::of(id, &bytes);
+        fx.store
+            .put(
+                &fx.scope().index_key(&marker).unwrap(),
+                PutBody::Bytes(bytes.into()),
+                PutOptions::default(),
+            )
+            .await
+            .unwrap();
+        let e = restore(&fx, &dst, Some(&checkpoint(id, &marker.to_string())))
+            .await
+            .expect_err(what);
+        assert!(
+            matches!(e.kind(), ErrorKind::Corrupt | ErrorKind::InvalidInput)
+                || (what == "gigantic size"
+                    && (e.is_no_space() || e.to_string().contains("are free"))),
+            "{what}: {e}"
+        );
+        eprintln!("hostile index refused ({what}): {e}");
+        assert_eq!(
+            snapshot_of(&dst.dir),
+            before_dst,
+            "{what}: the target is unchanged"
+        );
+        assert_eq!(
+            snapshot_of(&outside),
+            before_out,
+            "{what}: nothing written outside"
+        );
+        assert!(
+            !blobsnap::blob::restore::staging_dir(&dst.dir)
+                .unwrap()
+                .exists(),
+            "{what}: no staging left"
+        );
+        assert!(!Path::new("/tmp/blobsnap-pwned").exists());
+    }
+
+    // The symlink trick: a valid index with a directory `sub`, a target where `sub` is a
+    // symlink to the outside directory.
+    std::fs::remove_dir_all(&dst.dir).unwrap();
+    std::fs::create_dir_all(&dst.dir).unwrap();
+    std::os::unix::fs::symlink(&outside, dst.dir.join("sub")).unwrap();
+    restore(&fx, &dst, Some(&cp)).await.unwrap();
+    assert_eq!(
+        snapshot_of(&outside),
+        before_out,
+        "nothing written through the link"
+    );
+    let sub = dst.dir.join("sub");
+    assert!(
+        !sub.symlink_metadata().unwrap().file_type().is_symlink(),
+        "the link was replaced by the restored directory"
+    );
+    assert_eq!(
+        std::fs::read(sub.join("note")).unwrap(),
+        b"in a subdirectory"
+    );
+}

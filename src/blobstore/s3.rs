@@ -131,6 +131,10 @@ pub struct S3Config {
     pub part_size: u64,
     /// Parts in flight at once per multipart upload.
     pub part_concurrency: usize,
+    /// Bytes of multipart parts held in memory at once, across every upload of this store
+    /// (at least one part): the memory bound of a backup, whatever the number of files in
+    /// flight.
+    pub multipart_memory: u64,
     /// Keys per ListObjectsV2 page (1..=1000).
     pub list_page_size: i32,
     /// Whether the server enforces `If-None-Match: *` on PUT, and how.
@@ -161,6 +165,7 @@ impl Default for S3Config {
             multipart_threshold: 64 << 20,
             part_size: 16 << 20,
             part_concurrency: 8,
+            multipart_memory: 128 << 20,
             list_page_size: 1000,
             create_only: CreateOnlySetting::Auto,
             verifies_sha256: true,
@@ -245,6 +250,8 @@ pub struct S3Store {
     config: Arc<S3Config>,
     /// What the probe found (`create-only = "auto"`), shared by clones.
     probed: Arc<tokio::sync::OnceCell<CreateOnly>>,
+    /// Parts that may be in memory at once ([`S3Config::multipart_memory`]), shared by clones.
+    part_budget: Arc<tokio::sync::Semaphore>,
 }
 
 impl fmt::Debug for S3Store {
@@ -337,6 +344,9 @@ impl S3Store {
         }
         Ok(S3Store {
             client: Client::from_conf(b.build()),
+            part_budget: Arc::new(tokio::sync::Semaphore::new(
+                (config.multipart_memory / config.part_size).max(1) as usize,
+            )),
             config: Arc::new(config),
             probed: Arc::default(),
         })
@@ -426,10 +436,12 @@ impl S3Store {
                 .server_side_encryption(ServerSideEncryption::AwsKms)
                 .set_ssekms_key_id(key_id.clone()),
         };
-        let out = req
-            .send()
-            .await
-            .map_err(|e| classify(self.what("put", key), e))?;
+        let out = if self.config.verifies_sha256 {
+            req.customize().disable_payload_signing().send().await
+        } else {
+            req.send().await
+        }
+        .map_err(|e| classify(self.what("put", key), e))?;
         Ok(PutResult {
             size: len,
             e_tag: out.e_tag,
@@ -503,7 +515,13 @@ impl S3Store {
         let parts = futures::stream::iter(1..=n_parts)
             .then(|n| {
                 let reader = Arc::clone(&reader);
+                let budget = Arc::clone(&self.part_budget);
                 async move {
+                    // A part's buffer exists only while it holds a permit of the budget.
+                    let permit = budget
+                        .acquire_owned()
+                        .await
+                        .map_err(|_| Error::new(ErrorKind::Cancelled, "part budget closed"))?;
                     let want = part_size.min(len - (n - 1) * part_size);
                     tokio::task::spawn_blocking(move || {
                         let mut r = reader
@@ -513,11 +531,11 @@ impl S3Store {
                     })
                     .await
                     .map_err(|e| Error::new(ErrorKind::Io, format!("read task: {e}")))?
-                    .map(|(bytes, sha)| (n, bytes, sha))
+                    .map(|(bytes, sha)| (n, bytes, sha, permit))
                 }
             })
-            .map_ok(|(n, bytes, sha)| async move {
-                let out = self
+            .map_ok(|(n, bytes, sha, _permit)| async move {
+                let req = self
                     .client
                     .upload_part()
                     .bucket(&self.config.bucket)
@@ -526,10 +544,15 @@ impl S3Store {
                     .part_number(n as i32)
                     .content_length(bytes.len() as i64)
                     .checksum_sha256(sha.to_base64())
-                    .body(ByteStream::from(bytes))
-                    .send()
-                    .await
-                    .map_err(|e| classify(self.what(&format!("upload part {n} of"), key), e))?;
+                    .body(ByteStream::from(bytes));
+                // The server checks the part's SHA-256 itself: signing the payload would hash
+                // every byte once more for nothing (kept where the server does not check).
+                let out = if self.config.verifies_sha256 {
+                    req.customize().disable_payload_signing().send().await
+                } else {
+                    req.send().await
+                }
+                .map_err(|e| classify(self.what(&format!("upload part {n} of"), key), e))?;
                 Ok::<_, Error>(
                     CompletedPart::builder()
                         .part_number(n as i32)

@@ -1,10 +1,10 @@
 //! Whole-object reads over any [`BlobStore`]: into memory with a size cap, or into a file,
 //! verified, with ranged parallel GETs for large objects.
 //!
-//! Large downloads use parallel ranged GETs: each range is buffered in memory (so memory is
-//! bounded by `concurrency × part_size`), written at its offset, and the file is hashed after
-//! all ranges have landed (a second sequential read, from the page cache). Small downloads
-//! stream into the file and are hashed on the way.
+//! Large downloads use parallel ranged GETs: each range streams into the file at its offset
+//! as its chunks arrive (memory: a few chunks per range in flight, not the range), and the
+//! file is hashed after all ranges have landed (a second sequential read, from the page
+//! cache). Small downloads stream into the file and are hashed on the way.
 
 use std::os::unix::fs::FileExt as _;
 use std::path::Path;
@@ -58,6 +58,62 @@ async fn collect_body(
         )));
     }
     Ok(buf.freeze())
+}
+
+/// Stream the body of `range` into `file` at its offset, chunk by chunk (positioned writes on
+/// the blocking pool, in chunks of up to 1 MiB). A body longer than the range is `Corrupt`, a
+/// shorter one `Transient`.
+async fn write_range(
+    key: &BlobKey,
+    got: super::GetResult,
+    range: &std::ops::Range<u64>,
+    file: &Arc<std::fs::File>,
+    dest: &Path,
+) -> Result<()> {
+    let want = range.end - range.start;
+    let mut at = range.start;
+    let mut pending = BytesMut::new();
+    let mut body = got.body;
+    let flush = |buf: Bytes, at: u64| {
+        let file = Arc::clone(file);
+        let dest = dest.to_path_buf();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                file.write_all_at(&buf, at)
+                    .map_err(|e| Error::io(format!("write {}", dest.display()), e))
+            })
+            .await
+            .map_err(|e| Error::new(crate::ErrorKind::Io, format!("write task failed: {e}")))?
+        }
+    };
+    loop {
+        let chunk = body.try_next().await?;
+        let done = chunk.is_none();
+        if let Some(c) = chunk {
+            if at + pending.len() as u64 + c.len() as u64 > range.end {
+                return Err(Error::corrupt(format!(
+                    "object {key}: body of range {range:?} longer than its {want} bytes"
+                )));
+            }
+            pending.extend_from_slice(&c);
+        }
+        if pending.len() >= 1 << 20 || (done && !pending.is_empty()) {
+            let buf = pending.split().freeze();
+            let len = buf.len() as u64;
+            flush(buf, at).await?;
+            at += len;
+        }
+        if done {
+            break;
+        }
+    }
+    if at < range.end {
+        return Err(Error::transient(format!(
+            "object {key}: body of range {range:?} truncated at {} of {want} bytes",
+            at - range.start
+        )));
+    }
+    Ok(())
 }
 
 /// How [`download_to_file`] fetches and what it checks.
@@ -165,14 +221,7 @@ async fn download_ranges(
             async move {
                 let got = store.get(key, Some(range.clone())).await?;
                 check_size(key, got.meta.size, size)?;
-                let buf = collect_body(key, got, &range).await?;
-                let dest = dest.to_path_buf();
-                tokio::task::spawn_blocking(move || {
-                    file.write_all_at(&buf, range.start)
-                        .map_err(|e| Error::io(format!("write {}", dest.display()), e))
-                })
-                .await
-                .map_err(|e| Error::new(crate::ErrorKind::Io, format!("write task failed: {e}")))?
+                write_range(key, got, &range, &file, dest).await
             }
         })
         .buffer_unordered(opts.concurrency.max(1))

@@ -1,0 +1,212 @@
+//! Hostile input to every reader of untrusted bytes, for a fixed time: the CheckpointV1/V2
+//! JSON reader, the SnapshotIndex reader, and the marker, checkpoint id, key and scope
+//! parsers. A mutational fuzzer (seeded; inputs grown from valid documents by byte flips,
+//! splices, duplications, number swaps to huge / negative / fractional values, deep nesting
+//! and truncation, plus plain random bytes) runs each target for `BLOBSNAP_FUZZ_SECS` seconds
+//! (default 5; the long-test command: 600). Every input must return (`Ok` or a classified
+//! `Err`), never panic, and allocate at most a bounded multiple of its own size — measured by
+//! a counting global allocator (`stats_alloc`) around each call. An index over the 64 MiB cap
+//! is refused before a byte of it is parsed.
+
+use std::alloc::System;
+use std::time::{Duration, Instant};
+
+use blobsnap::checkpoint::{Checkpoint, CheckpointId};
+use blobsnap::index::{IndexMarker, SnapshotIndex, MAX_INDEX_BYTES};
+use rand::{Rng as _, SeedableRng as _};
+use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
+
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+const CHECKPOINT_V2: &str = r#"{"checkpoint-id":"1614147487244-33","input-offsets":{"kafka;topic;0":"42","kafka;topic;1":"7"},"state-checkpoint-markers":{"blobsnap.BlobStoreStateBackendFactory":{"counts":"index/1614147487244-33.9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08.json"}},"version":2}"#;
+const CHECKPOINT_V1: &str = r#"{"kafka.topic.0":"42","kafka.topic.1":"7"}"#;
+const INDEX: &str = r#"{"format-version":1,"creation-time-millis":1614147487244,"snapshot-metadata":{"checkpoint-id":"1614147487244-33","job-name":"wordcount","job-id":"1","task-name":"Partition 0","store-name":"counts"},"dir-index":{"dir-name":"","files-present":[{"file-name":"000012.sst","blobs":[{"blob-id":"blobs/1614147487244-33/9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08","offset":0}],"file-metadata":{"creation-time-millis":1,"last-modified-time-millis":2,"size":4,"owner":"u","group":"g","permissions":"rw-r--r--"},"checksum":123,"sha256":"9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"}],"files-removed":[],"sub-dirs-present":[{"dir-name":"sub","files-present":[],"files-removed":[],"sub-dirs-present":[],"sub-dirs-removed":[]}],"sub-dirs-removed":[]},"prev-snapshot-index-blob-id":null}"#;
+const MARKER: &str =
+    "index/1614147487244-33.9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08.json";
+
+const NUMBERS: &[&str] = &[
+    "-1",
+    "0",
+    "18446744073709551615",
+    "18446744073709551616",
+    "-9223372036854775809",
+    "1e308",
+    "1.5",
+    "4611686018427387904",
+    "NaN",
+    "null",
+    "\"\"",
+    "[]",
+    "{}",
+];
+const NAMES: &[&str] = &[
+    "..",
+    ".",
+    "",
+    "/etc/passwd",
+    "a/b",
+    "a\\u0000b",
+    "\\u0000",
+    "../../x",
+    "C:\\\\x",
+    "\\ud800",
+    "blobs/../../other",
+];
+
+fn mutate(rng: &mut rand::rngs::StdRng, seed: &[u8]) -> Vec<u8> {
+    let mut v = seed.to_vec();
+    for _ in 0..rng.random_range(1..6) {
+        if v.is_empty() {
+            v.push(rng.random());
+            continue;
+        }
+        let at = rng.random_range(0..v.len());
+        match rng.random_range(0..10) {
+            0 => v[at] ^= 1 << rng.random_range(0..8),
+            1 => v[at] = rng.random(),
+            2 => {
+                v.truncate(at);
+            }
+            3 => {
+                // Duplicate a slice (duplicate keys, entries).
+                let end = rng.random_range(at..v.len().min(at + 200) + 1);
+                let piece = v[at..end].to_vec();
+                let to = rng.random_range(0..=v.len());
+                v.splice(to..to, piece);
+            }
+            4 => {
+                // Replace a number with a hostile one.
+                let n = NUMBERS[rng.random_range(0..NUMBERS.len())].as_bytes();
+                if let Some(p) = v[at..].iter().position(|b| b.is_ascii_digit()) {
+                    let start = at + p;
+                    let len = v[start..].iter().take_while(|b| b.is_ascii_digit()).count();
+                    v.splice(start..start + len, n.iter().copied());
+                }
+            }
+            5 => {
+                // Replace a string value with a hostile name.
+                let n = NAMES[rng.random_range(0..NAMES.len())].as_bytes();
+                if let Some(p) = v[at..].iter().position(|&b| b == b'"') {
+                    let start = at + p + 1;
+                    if let Some(len) = v[start..].iter().position(|&b| b == b'"') {
+                        v.splice(start..start + len, n.iter().copied());
+                    }
+                }
+            }
+            6 => {
+                // Deep nesting.
+                let depth = rng.random_range(1..2000);
+                let mut nest = vec![b'['; depth];
+                nest.extend(std::iter::repeat_n(b']', depth));
+                v.splice(at..at, nest);
+            }
+            7 => {
+                v.remove(at);
+            }
+            8 => {
+                let b: u8 = rng.random();
+                v.insert(at, b);
+            }
+            _ => {
+                // Splice in random bytes.
+                let n = rng.random_range(1..32);
+                let r: Vec<u8> = (0..n).map(|_| rng.random()).collect();
+                v.splice(at..at, r);
+            }
+        }
+    }
+    v
+}
+
+/// Run `target` on fuzzed inputs for `secs`; every call must return, and allocate at most
+/// `64 x len + 1 MiB` in all. Returns (inputs, Ok results, largest allocation ratio seen).
+fn fuzz(name: &str, seeds: &[&[u8]], secs: u64, target: impl Fn(&[u8]) -> bool) -> u64 {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0xb10b5 ^ name.len() as u64);
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let (mut n, mut ok, mut worst) = (0u64, 0u64, 0u64);
+    while Instant::now() < deadline {
+        for _ in 0..256 {
+            let input = if rng.random_range(0..8) == 0 {
+                let len = rng.random_range(0..512);
+                (0..len).map(|_| rng.random()).collect()
+            } else {
+                let seed = seeds[rng.random_range(0..seeds.len())];
+                mutate(&mut rng, seed)
+            };
+            let region = Region::new(GLOBAL);
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| target(&input)));
+            let allocated = region.change().bytes_allocated as u64;
+            let r = result.unwrap_or_else(|_| {
+                panic!(
+                    "{name} panicked on input {:?}",
+                    String::from_utf8_lossy(&input)
+                )
+            });
+            let bound = 64 * input.len() as u64 + (1 << 20);
+            assert!(
+                allocated <= bound,
+                "{name}: {allocated} bytes allocated for a {}-byte input: {:?}",
+                input.len(),
+                String::from_utf8_lossy(&input[..input.len().min(300)])
+            );
+            worst = worst.max(allocated);
+            n += 1;
+            ok += r as u64;
+        }
+    }
+    eprintln!(
+        "fuzz {name}: {n} inputs in {secs} s, {ok} accepted, 0 panics, largest allocation {} KiB",
+        worst >> 10
+    );
+    assert!(n > 1000, "{name}: only {n} inputs");
+    n
+}
+
+fn secs() -> u64 {
+    std::env::var("BLOBSNAP_FUZZ_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5)
+}
+
+/// One test, so that no other test's allocations are counted in a region.
+#[test]
+fn hostile_input_never_panics_and_allocation_stays_bounded() {
+    let secs = secs();
+    fuzz(
+        "checkpoint reader",
+        &[CHECKPOINT_V2.as_bytes(), CHECKPOINT_V1.as_bytes()],
+        secs,
+        |b| Checkpoint::from_json(b).is_ok(),
+    );
+    fuzz("index reader", &[INDEX.as_bytes()], secs, |b| {
+        SnapshotIndex::from_slice(b).is_ok()
+    });
+    fuzz(
+        "marker, id, key and scope parsers",
+        &[MARKER.as_bytes(), b"1614147487244-33", b"a/b/c", b"scope/"],
+        secs,
+        |b| {
+            let s = String::from_utf8_lossy(b);
+            let m = s.parse::<IndexMarker>().is_ok();
+            let i = s.parse::<CheckpointId>().is_ok();
+            let k = blobsnap::blobstore::BlobKey::new(s.to_string()).is_ok();
+            let sc = blobsnap::blobstore::Scope::new(s.to_string()).is_ok();
+            let u = blobsnap::blobstore::unescape_segment(&s).is_ok();
+            m | i | k | sc | u
+        },
+    );
+
+    // The cap: an index over it is refused before parsing (no allocation proportional to
+    // its size beyond the input itself).
+    let big = vec![b' '; (MAX_INDEX_BYTES + 1) as usize];
+    let region = Region::new(GLOBAL);
+    let e = SnapshotIndex::from_slice(&big).unwrap_err();
+    let allocated = region.change().bytes_allocated;
+    assert_eq!(e.kind(), blobsnap::ErrorKind::Corrupt, "{e}");
+    assert!(
+        allocated < 64 << 10,
+        "{allocated} bytes allocated to refuse it"
+    );
+}
