@@ -113,8 +113,9 @@ start_node() {
       >>"$dir/garage.log" 2>&1 </dev/null &
     echo $! >"$dir/pid" )
   local up=0
-  for _ in $(seq 1 100); do
-    if g "$i" node id -q >/dev/null 2>&1; then up=1; break; fi
+  # `node id` reads a local key file; `status` needs the node's RPC listener.
+  for _ in $(seq 1 300); do
+    if g "$i" status >/dev/null 2>&1; then up=1; break; fi
     if ! alive "$i"; then break; fi
     sleep 0.1
   done
