@@ -10,7 +10,9 @@
 #    sweep, 25 seeded runs per point, on a restart on the same host and on a new one;
 # 3. fuzzing: 10 minutes per target (checkpoint reader, index reader, marker/id/key/scope
 #    parsers) with a counting allocator;
-# 4. the property tests (index, checkpoint, marker and key parsers, diff) with 100x their
+# 4. the GC model: 10,000 randomized interleavings of commits (with retention cleanup and
+#    abandon-after-grace/2) and sweeps over a virtual-clock object store;
+# 5. the property tests (index, checkpoint, marker and key parsers, diff) with 100x their
 #    usual case counts.
 #
 # Set CARGO_TARGET_DIR to reuse a build directory. Prints each stage's duration.
@@ -49,6 +51,9 @@ BLOBSNAP_CRASH_RUNS=${BLOBSNAP_CRASH_RUNS:-25} \
 
 stage "fuzzing: 10 minutes per target"
 BLOBSNAP_FUZZ_SECS=${BLOBSNAP_FUZZ_SECS:-600} cargo test --locked --release --test fuzz -- --nocapture
+
+stage "GC model: 10,000 randomized interleavings of commits, cleanups and sweeps"
+BLOBSNAP_GC_INTERLEAVINGS=${BLOBSNAP_GC_INTERLEAVINGS:-10000} cargo test --locked --release --test gc_model -- --nocapture
 
 stage "property tests with 100x cases"
 PROPTEST_CASES=${PROPTEST_CASES:-25600} cargo test --locked --release --lib --test formats

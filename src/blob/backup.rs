@@ -382,6 +382,7 @@ impl BlobBackupManager {
             Ordering::Relaxed,
         );
         let upload_started = Instant::now();
+        let upload_started_ms = self.clock.now_millis();
         let jobs: Vec<(String, PathBuf, u64, Sha256)> = to_put
             .iter()
             .map(|f| {
@@ -412,12 +413,17 @@ impl BlobBackupManager {
 
         // 4. the index — unless the upload took so long that the sweep could have taken
         //    its first blobs (DESIGN §7 step 2).
-        if upload_started.elapsed() > self.settings.gc_grace / 2 {
+        //    Measured on the monotonic clock and on the task's clock (the one the tests inject),
+        //    whichever says longer.
+        let ran = upload_started
+            .elapsed()
+            .max(std::time::Duration::from_millis(
+                self.clock.now_millis().saturating_sub(upload_started_ms),
+            ));
+        if ran > self.settings.gc_grace / 2 {
             return Err(Error::transient(format!(
-                "upload of store {} at {id} ran for {:?}, over half the sweep's grace ({:?}): abandoned; the next commit starts afresh",
-                spec.name,
-                upload_started.elapsed(),
-                self.settings.gc_grace
+                "upload of store {} at {id} ran for {ran:?}, over half the sweep's grace ({:?}): abandoned; the next commit starts afresh",
+                spec.name, self.settings.gc_grace
             )));
         }
         let index = SnapshotIndex {

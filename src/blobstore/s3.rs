@@ -11,10 +11,12 @@
 //!   stalled endpoint fails with a `Transient` error instead of hanging.
 //! - **Checksums**: a single PUT sends the SHA-256 (`x-amz-checksum-sha256`), so the server
 //!   rejects a body that does not match. Files above [`S3Config::multipart_threshold`] go up as
-//!   multipart uploads with [`S3Config::part_concurrency`] parts in flight (memory: that many
-//!   parts); the checksum algorithm is named at CreateMultipartUpload, every part carries its
-//!   SHA-256, the whole file is hashed as the parts are read, and the upload is aborted
-//!   instead of completed if that hash differs from the expected one (the file changed).
+//!   multipart uploads with [`S3Config::part_concurrency`] parts in flight per file and
+//!   [`S3Config::max_parts_in_flight`] in all; each part is hashed (with the whole file, in
+//!   order, through one 1 MiB buffer) and then streamed from the file — no part is held in
+//!   memory. The checksum algorithm is named at CreateMultipartUpload, every part carries its
+//!   SHA-256, and the upload is aborted instead of completed if the whole file's hash differs
+//!   from the expected one (the file changed).
 //! - **Errors** are classified (DESIGN §9): 404 → `NotFound`; 412 → `Conflict`; 403, a missing
 //!   bucket, a wrong region → `Permanent`; 5xx, 503 SlowDown, timeouts, connection failures →
 //!   `Transient`; a checksum mismatch → `Corrupt`.
@@ -39,7 +41,6 @@ use aws_sdk_s3::types::{
 use aws_sdk_s3::Client;
 use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 use aws_smithy_types::byte_stream::Length;
-use bytes::{Bytes, BytesMut};
 use futures::stream::BoxStream;
 use futures::{StreamExt as _, TryStreamExt as _};
 use serde::{Deserialize, Serialize};
@@ -131,10 +132,10 @@ pub struct S3Config {
     pub part_size: u64,
     /// Parts in flight at once per multipart upload.
     pub part_concurrency: usize,
-    /// Bytes of multipart parts held in memory at once, across every upload of this store
-    /// (at least one part): the memory bound of a backup, whatever the number of files in
-    /// flight.
-    pub multipart_memory: u64,
+    /// Multipart parts on the wire at once across every upload of this store (parts stream
+    /// from disk: this bounds connections and open files, whatever the number of files in
+    /// flight).
+    pub max_parts_in_flight: usize,
     /// Keys per ListObjectsV2 page (1..=1000).
     pub list_page_size: i32,
     /// Whether the server enforces `If-None-Match: *` on PUT, and how.
@@ -165,7 +166,7 @@ impl Default for S3Config {
             multipart_threshold: 64 << 20,
             part_size: 16 << 20,
             part_concurrency: 8,
-            multipart_memory: 128 << 20,
+            max_parts_in_flight: 16,
             list_page_size: 1000,
             create_only: CreateOnlySetting::Auto,
             verifies_sha256: true,
@@ -250,7 +251,8 @@ pub struct S3Store {
     config: Arc<S3Config>,
     /// What the probe found (`create-only = "auto"`), shared by clones.
     probed: Arc<tokio::sync::OnceCell<CreateOnly>>,
-    /// Parts that may be in memory at once ([`S3Config::multipart_memory`]), shared by clones.
+    /// Parts that may be on the wire at once ([`S3Config::max_parts_in_flight`]), shared by
+    /// clones.
     part_budget: Arc<tokio::sync::Semaphore>,
 }
 
@@ -345,7 +347,7 @@ impl S3Store {
         Ok(S3Store {
             client: Client::from_conf(b.build()),
             part_budget: Arc::new(tokio::sync::Semaphore::new(
-                (config.multipart_memory / config.part_size).max(1) as usize,
+                config.max_parts_in_flight.max(1),
             )),
             config: Arc::new(config),
             probed: Arc::default(),
@@ -509,7 +511,7 @@ impl S3Store {
     ) -> Result<PutResult> {
         let part_size = self.config.part_size;
         let n_parts = len.div_ceil(part_size).max(1);
-        let reader = Arc::new(std::sync::Mutex::new(PartReader::open(path, len)?));
+        let reader = Arc::new(std::sync::Mutex::new(PartReader::open(path.clone(), len)?));
         // Parts are read (and the whole file hashed) in order, one at a time, in a blocking
         // task; up to `part_concurrency` of them are on the wire at once.
         let parts = futures::stream::iter(1..=n_parts)
@@ -517,7 +519,7 @@ impl S3Store {
                 let reader = Arc::clone(&reader);
                 let budget = Arc::clone(&self.part_budget);
                 async move {
-                    // A part's buffer exists only while it holds a permit of the budget.
+                    // A part is hashed and sent only while it holds a permit of the budget.
                     let permit = budget
                         .acquire_owned()
                         .await
@@ -531,35 +533,48 @@ impl S3Store {
                     })
                     .await
                     .map_err(|e| Error::new(ErrorKind::Io, format!("read task: {e}")))?
-                    .map(|(bytes, sha)| (n, bytes, sha, permit))
+                    .map(|(offset, sha)| (n, offset, want, sha, permit))
                 }
             })
-            .map_ok(|(n, bytes, sha, _permit)| async move {
-                let req = self
-                    .client
-                    .upload_part()
-                    .bucket(&self.config.bucket)
-                    .key(key)
-                    .upload_id(upload_id)
-                    .part_number(n as i32)
-                    .content_length(bytes.len() as i64)
-                    .checksum_sha256(sha.to_base64())
-                    .body(ByteStream::from(bytes));
-                // The server checks the part's SHA-256 itself: signing the payload would hash
-                // every byte once more for nothing (kept where the server does not check).
-                let out = if self.config.verifies_sha256 {
-                    req.customize().disable_payload_signing().send().await
-                } else {
-                    req.send().await
-                }
-                .map_err(|e| classify(self.what(&format!("upload part {n} of"), key), e))?;
-                Ok::<_, Error>(
-                    CompletedPart::builder()
+            .map_ok(|(n, offset, want, sha, _permit)| {
+                let path = path.clone();
+                async move {
+                    let body = ByteStream::read_from()
+                        .path(&path)
+                        .offset(offset)
+                        .length(Length::Exact(want))
+                        .build()
+                        .await
+                        .map_err(|e| {
+                            Error::new(ErrorKind::Io, format!("open {} for upload", path.display()))
+                                .with_source(e)
+                        })?;
+                    let req = self
+                        .client
+                        .upload_part()
+                        .bucket(&self.config.bucket)
+                        .key(key)
+                        .upload_id(upload_id)
                         .part_number(n as i32)
-                        .set_e_tag(out.e_tag)
+                        .content_length(want as i64)
                         .checksum_sha256(sha.to_base64())
-                        .build(),
-                )
+                        .body(body);
+                    // The server checks the part's SHA-256 itself: signing the payload would hash
+                    // every byte once more for nothing (kept where the server does not check).
+                    let out = if self.config.verifies_sha256 {
+                        req.customize().disable_payload_signing().send().await
+                    } else {
+                        req.send().await
+                    }
+                    .map_err(|e| classify(self.what(&format!("upload part {n} of"), key), e))?;
+                    Ok::<_, Error>(
+                        CompletedPart::builder()
+                            .part_number(n as i32)
+                            .set_e_tag(out.e_tag)
+                            .checksum_sha256(sha.to_base64())
+                            .build(),
+                    )
+                }
             })
             .try_buffer_unordered(self.config.part_concurrency)
             .try_collect::<Vec<_>>()
@@ -613,6 +628,8 @@ struct PartReader {
     file: std::fs::File,
     len: u64,
     whole: Hasher,
+    hashed: u64,
+    buf: Vec<u8>,
 }
 
 impl PartReader {
@@ -624,29 +641,37 @@ impl PartReader {
             file,
             len,
             whole: Hasher::new(),
+            hashed: 0,
+            buf: vec![0u8; 1 << 20],
         })
     }
 
-    fn next_part(&mut self, want: u64) -> Result<(Bytes, Sha256)> {
-        let mut buf = BytesMut::zeroed(want as usize);
-        let mut filled = 0;
-        while filled < buf.len() {
-            let n = self
+    /// Hash the next `want` bytes (into the part's SHA-256 and the whole file's), through one
+    /// reused 1 MiB buffer; returns the part's offset and SHA-256. The part itself is then
+    /// streamed from the file by the SDK, so no part is ever held in memory.
+    fn next_part(&mut self, want: u64) -> Result<(u64, Sha256)> {
+        let offset = self.hashed;
+        let mut part = Hasher::new();
+        let mut left = want;
+        while left > 0 {
+            let n = (left as usize).min(self.buf.len());
+            let got = self
                 .file
-                .read(&mut buf[filled..])
+                .read(&mut self.buf[..n])
                 .map_err(|e| Error::io(format!("read {}", self.path.display()), e))?;
-            if n == 0 {
+            if got == 0 {
                 return Err(Error::corrupt(format!(
                     "{} shrank while being uploaded (expected {} bytes)",
                     self.path.display(),
                     self.len
                 )));
             }
-            filled += n;
+            self.whole.update(&self.buf[..got]);
+            part.update(&self.buf[..got]);
+            left -= got as u64;
         }
-        self.whole.update(&buf);
-        let sha = Sha256::of(&buf);
-        Ok((buf.freeze(), sha))
+        self.hashed += want;
+        Ok((offset, part.finish().sha256))
     }
 
     fn finish(&mut self) -> Result<Sha256> {
