@@ -332,6 +332,16 @@ async fn open_store(args: &StoreArgs) -> blobsnap::Result<Arc<dyn BlobStore>> {
     store_settings(args)?.open_store().await
 }
 
+/// `$XDG_CACHE_HOME/blobsnap`, else `~/.cache/blobsnap`, else a temp dir.
+fn user_cache_dir() -> std::path::PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("blobsnap")
+}
+
 /// The settings file and environment, with the store flags on top.
 fn store_settings(args: &StoreArgs) -> blobsnap::Result<Settings> {
     let mut settings = Settings::load(args.config.as_deref())?;
@@ -1077,7 +1087,10 @@ async fn backup_command(
         std::slice::from_ref(&spec),
         Arc::new(blobsnap::backend::SystemClock),
         blobsnap::blob::backup::BackupSettings {
-            hash_cache: false,
+            // The hashes of the database's immutable files are cached in the user's cache
+            // dir (never next to the database): an incremental backup reads only new files.
+            hash_cache: true,
+            hash_cache_dir: Some(user_cache_dir().join("hashcache")),
             ..Default::default()
         },
     )?;

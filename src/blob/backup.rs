@@ -54,6 +54,10 @@ pub struct BackupSettings {
     pub limiter: Arc<Semaphore>,
     /// Cache the hashes of immutable files next to each store.
     pub hash_cache: bool,
+    /// Keep the hash caches in this directory instead of next to each store (one file per
+    /// store, named by the SHA-256 of the store's path): for stores whose parent directory
+    /// is not ours to write in (`blobsnap backup` of someone's database).
+    pub hash_cache_dir: Option<PathBuf>,
     /// Committed snapshots kept per store (at least 1); older ones are deleted by cleanup.
     pub retention: usize,
     /// The sweep's grace period: an upload still running half of it after its first PUT is
@@ -66,6 +70,7 @@ impl Default for BackupSettings {
         BackupSettings {
             limiter: Arc::new(Semaphore::new(8)),
             hash_cache: true,
+            hash_cache_dir: None,
             retention: 2,
             gc_grace: std::time::Duration::from_secs(24 * 3600),
         }
@@ -231,9 +236,19 @@ impl BlobBackupManager {
                 )));
             }
             let scope = job.store(&task.task_name, &spec.name)?;
-            let cache = settings
-                .hash_cache
-                .then(|| Arc::new(HashCache::load(HashCache::path_for(&spec.dir))));
+            let cache = settings.hash_cache.then(|| {
+                let path = match &settings.hash_cache_dir {
+                    Some(d) => {
+                        let abs = std::fs::canonicalize(&spec.dir).unwrap_or(spec.dir.clone());
+                        d.join(format!(
+                            "{}.blobsnap-hashcache",
+                            Sha256::of(abs.as_os_str().as_encoded_bytes())
+                        ))
+                    }
+                    None => HashCache::path_for(&spec.dir),
+                };
+                Arc::new(HashCache::load(path))
+            });
             specs.push((spec.clone(), scope, cache));
             progress.insert(spec.name.clone(), Arc::default());
         }

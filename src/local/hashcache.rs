@@ -164,6 +164,9 @@ impl HashCache {
         tmp.push(".tmp");
         let tmp = PathBuf::from(tmp);
         let write = || -> std::io::Result<()> {
+            if let Some(parent) = self.path.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
             let mut f = std::fs::File::create(&tmp)?;
             f.write_all(&body)?;
             f.write_all(b"\n")?;
