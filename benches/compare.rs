@@ -891,7 +891,7 @@ fn main() {
             t.elapsed().as_secs_f64()
         );
         println!(
-            "## {} MiB RocksDB store, {} files; {reps} timed repetitions + 1 counted (through the proxy)",
+            "## {} MiB RocksDB store, {} files; per server: 1 counted repetition (through the proxy) + the timed ones (median: the upper one of an even count)",
             size >> 20,
             walk(&pristine.join("db")).len()
         );
@@ -902,6 +902,7 @@ fn main() {
             };
             let server = server(&name, &work).await;
             server.create_bucket().await;
+            println!("\n{reps} timed repetition(s) on {}.", server.name);
             eprintln!("== {} at {}", server.name, server.endpoint);
             let ctx = Ctx {
                 server: &server,
