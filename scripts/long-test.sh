@@ -12,7 +12,9 @@
 #    parsers) with a counting allocator;
 # 4. the GC model: 10,000 randomized interleavings of commits (with retention cleanup and
 #    abandon-after-grace/2) and sweeps over a virtual-clock object store;
-# 5. the property tests (index, checkpoint, marker and key parsers, diff) with 100x their
+# 5. bounded resources: 100,000 small files and one 8 GiB file through backup and restore
+#    (peak RSS and open descriptors asserted; needs ~25 GiB free under /var/tmp);
+# 6. the property tests (index, checkpoint, marker and key parsers, diff) with 100x their
 #    usual case counts.
 #
 # Set CARGO_TARGET_DIR to reuse a build directory. Prints each stage's duration.
@@ -54,6 +56,10 @@ BLOBSNAP_FUZZ_SECS=${BLOBSNAP_FUZZ_SECS:-600} cargo test --locked --release --te
 
 stage "GC model: 10,000 randomized interleavings of commits, cleanups and sweeps"
 BLOBSNAP_GC_INTERLEAVINGS=${BLOBSNAP_GC_INTERLEAVINGS:-10000} cargo test --locked --release --test gc_model -- --nocapture
+
+stage "bounded resources: 100,000 small files and one 8 GiB file, backed up and restored"
+BLOBSNAP_BOUNDED_FILES=${BLOBSNAP_BOUNDED_FILES:-100000} BLOBSNAP_BOUNDED_BIG_MIB=${BLOBSNAP_BOUNDED_BIG_MIB:-8192} \
+  cargo test --locked --release --test bounded -- --ignored --nocapture
 
 stage "property tests with 100x cases"
 PROPTEST_CASES=${PROPTEST_CASES:-25600} cargo test --locked --release --lib --test formats

@@ -171,7 +171,10 @@ impl<S: BlobStore> BlobStore for RetryStore<S> {
     }
 
     async fn probe_capabilities(&self) -> Result<Capabilities> {
-        self.inner.probe_capabilities().await
+        retry(&self.policy, "probe capabilities", |_| {
+            self.inner.probe_capabilities()
+        })
+        .await
     }
 
     async fn put(&self, key: &BlobKey, body: PutBody, mut opts: PutOptions) -> Result<PutResult> {

@@ -733,7 +733,14 @@ where
         }
         SdkError::ResponseError(r) => {
             let status = r.raw().status().as_u16();
-            let kind = kind_of_status(status, None);
+            // A success whose body was cut (connection lost mid-response) is ambiguous, not
+            // final: the request may well have taken effect. Retry (create-only puts and
+            // multipart completes then settle by reading back).
+            let kind = if (200..300).contains(&status) {
+                ErrorKind::Transient
+            } else {
+                kind_of_status(status, None)
+            };
             Error::new(kind, format!("{what}: unreadable response (HTTP {status})"))
                 .with_source(err)
         }

@@ -22,7 +22,7 @@ use serde::Serialize;
 
 use super::{classify, CreateOnly, S3Store};
 use crate::digest::Sha256;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 
 /// Concurrent create-only writers per round.
 pub const WRITERS: usize = 16;
@@ -90,9 +90,10 @@ impl S3Store {
         )
     }
 
-    /// One create-only put: `Ok(true)` stored, `Ok(false)` refused (412, or 409 for a
-    /// conditional write that lost a race), `Err` anything else.
-    async fn probe_put(&self, key: &str, body: Bytes) -> Result<bool> {
+    /// One create-only put: `Ok(Some(true))` stored, `Ok(Some(false))` refused (412, or 409
+    /// for a conditional write that lost a race), `Ok(None)` unknown (a transient failure: it
+    /// may or may not have been stored), `Err` anything else.
+    async fn probe_put_once(&self, key: &str, body: Bytes) -> Result<Option<bool>> {
         let sha = Sha256::of(&body);
         let r = self
             .client
@@ -106,19 +107,55 @@ impl S3Store {
             .send()
             .await;
         match r {
-            Ok(_) => Ok(true),
+            Ok(_) => Ok(Some(true)),
             Err(e) => {
                 let status = e.raw_response().map(|r| r.status().as_u16());
                 if matches!(status, Some(412) | Some(409)) {
-                    Ok(false)
+                    Ok(Some(false))
                 } else {
-                    Err(classify(self.what("probe put", key), e))
+                    let e = classify(self.what("probe put", key), e);
+                    if e.kind() == ErrorKind::Transient {
+                        Ok(None)
+                    } else {
+                        Err(e)
+                    }
                 }
             }
         }
     }
 
+    /// A create-only put whose outcome must be known: retried while transient. A retry that
+    /// is refused after an unknown attempt is ambiguous (the first may have stored it); the
+    /// caller only uses this where that cannot mislead (fresh keys, sequential puts).
+    async fn probe_put(&self, key: &str, body: Bytes) -> Result<bool> {
+        for attempt in 0..8u32 {
+            if let Some(won) = self.probe_put_once(key, body.clone()).await? {
+                return Ok(
+                    won || attempt > 0 && self.probe_get_sha(key).await? == Sha256::of(&body)
+                );
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50 << attempt.min(5))).await;
+        }
+        Err(Error::transient(format!(
+            "{}: no definite answer after 8 attempts",
+            self.what("probe put", key)
+        )))
+    }
+
     async fn probe_get_sha(&self, key: &str) -> Result<Sha256> {
+        let mut last = None;
+        for attempt in 0..8u32 {
+            match self.probe_get_sha_once(key).await {
+                Ok(s) => return Ok(s),
+                Err(e) if e.kind() == ErrorKind::Transient => last = Some(e),
+                Err(e) => return Err(e),
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50 << attempt.min(5))).await;
+        }
+        Err(last.unwrap_or_else(|| Error::transient("probe get")))
+    }
+
+    async fn probe_get_sha_once(&self, key: &str) -> Result<Sha256> {
         let out = self
             .client
             .get_object()
