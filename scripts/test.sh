@@ -19,12 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-stage_start=$(date +%s)
-stage() {
-  local now; now=$(date +%s)
-  echo "==> [$(date -u +%H:%M:%S)] $* (previous stage: $((now - stage_start)) s)" >&2
-  stage_start=$now
-}
+source scripts/stage.sh
 
 stage "build prerequisites"
 bash scripts/prereqs.sh

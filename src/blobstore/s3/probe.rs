@@ -81,6 +81,31 @@ fn not_implemented(code: Option<&str>, status: Option<u16>) -> bool {
     code == Some("NotImplemented") || status == Some(501)
 }
 
+/// Whether an optional feature answered: `Ok(true)` it works, `Ok(false)` 501 /
+/// NotImplemented, `Err` any other failure (classified, naming `what`).
+fn supported<T, E>(
+    r: std::result::Result<
+        T,
+        aws_sdk_s3::error::SdkError<E, aws_smithy_runtime_api::client::orchestrator::HttpResponse>,
+    >,
+    what: String,
+) -> Result<bool>
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    match r {
+        Ok(_) => Ok(true),
+        Err(e) => {
+            let status = e.raw_response().map(|r| r.status().as_u16());
+            if not_implemented(e.code(), status) {
+                Ok(false)
+            } else {
+                Err(classify(what, e))
+            }
+        }
+    }
+}
+
 impl S3Store {
     fn scratch_prefix(&self) -> String {
         format!(
@@ -328,60 +353,39 @@ impl S3Store {
         };
         let verifies_sha256 = refused && !stored;
 
-        let multipart_listing = match self
-            .client
-            .list_multipart_uploads()
-            .bucket(bucket)
-            .prefix(prefix)
-            .send()
-            .await
-        {
-            Ok(_) => true,
-            Err(e) => {
-                let status = e.raw_response().map(|r| r.status().as_u16());
-                if not_implemented(e.code(), status) {
-                    false
-                } else {
-                    return Err(classify(
-                        self.what("probe list multipart uploads", prefix),
-                        e,
-                    ));
-                }
-            }
-        };
+        let multipart_listing = supported(
+            self.client
+                .list_multipart_uploads()
+                .bucket(bucket)
+                .prefix(prefix)
+                .send()
+                .await,
+            self.what("probe list multipart uploads", prefix),
+        )?;
 
         let key = format!("{prefix}tagging");
         self.probe_put(&key, Bytes::from_static(b"tag me")).await?;
-        let tagging = match self
-            .client
-            .put_object_tagging()
-            .bucket(bucket)
-            .key(&key)
-            .tagging(
-                aws_sdk_s3::types::Tagging::builder()
-                    .tag_set(
-                        aws_sdk_s3::types::Tag::builder()
-                            .key("blobsnap-probe")
-                            .value("1")
-                            .build()
-                            .map_err(|e| Error::invalid(format!("probe tag: {e}")))?,
-                    )
-                    .build()
-                    .map_err(|e| Error::invalid(format!("probe tagging: {e}")))?,
-            )
-            .send()
-            .await
-        {
-            Ok(_) => true,
-            Err(e) => {
-                let status = e.raw_response().map(|r| r.status().as_u16());
-                if not_implemented(e.code(), status) {
-                    false
-                } else {
-                    return Err(classify(self.what("probe put tagging", &key), e));
-                }
-            }
-        };
+        let tagging = supported(
+            self.client
+                .put_object_tagging()
+                .bucket(bucket)
+                .key(&key)
+                .tagging(
+                    aws_sdk_s3::types::Tagging::builder()
+                        .tag_set(
+                            aws_sdk_s3::types::Tag::builder()
+                                .key("blobsnap-probe")
+                                .value("1")
+                                .build()
+                                .map_err(|e| Error::invalid(format!("probe tag: {e}")))?,
+                        )
+                        .build()
+                        .map_err(|e| Error::invalid(format!("probe tagging: {e}")))?,
+                )
+                .send()
+                .await,
+            self.what("probe put tagging", &key),
+        )?;
 
         let lifecycle = match self
             .client
