@@ -29,7 +29,11 @@ use crate::backend::{Clock, StoreEngine, StoreMarkers, StoreSpec, TaskBackupMana
 use crate::checkpoint::{
     Checkpoint, CheckpointId, CheckpointIdGen, CheckpointStore, CheckpointV2, Markers, Ssp,
 };
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
+
+/// How many times a starting task claims the next checkpoint number when a writer it is
+/// replacing keeps committing the number it tried.
+const CLAIM_ATTEMPTS: u32 = 8;
 
 /// One backend as the commit manager sees it: its factory name and its backup manager.
 pub struct Backend {
@@ -128,26 +132,44 @@ impl TaskCommitManager {
             tracing::warn!(task = %task.task_name, "running without fencing (unsafe_no_fencing): a zombie writer could commit over this one");
         }
         let writer = format!("{:032x}", rand::random::<u128>());
-        let latest = checkpoints.latest(&task.task_name).await?;
-        let (seq, last) = match latest {
-            Some(c) => (c.seq, Some(c.checkpoint)),
-            None => (0, None),
+        // The claim: the latest committed state again under the next number. A writer still
+        // running (the zombie this process replaces) may commit that number first: then the
+        // newcomer re-reads and claims the next one, a bounded number of times, so that a
+        // restarted task is not locked out by the process it replaces.
+        let mut attempt = 0;
+        let (seq, ids, claim) = loop {
+            attempt += 1;
+            let latest = checkpoints.latest(&task.task_name).await?;
+            let (seq, last) = match latest {
+                Some(c) => (c.seq, Some(c.checkpoint)),
+                None => (0, None),
+            };
+            let last_id = last.as_ref().and_then(|c| c.as_v2()).map(|c| c.id);
+            let mut ids = CheckpointIdGen::after(last_id);
+            let claim = match last {
+                Some(c) => c,
+                None => Checkpoint::V2(CheckpointV2 {
+                    id: ids.next(clock.now_millis())?,
+                    input_offsets: BTreeMap::new(),
+                    state_checkpoint_markers: Markers::new(),
+                }),
+            };
+            match checkpoints
+                .write(&task.task_name, seq + 1, &writer, &claim)
+                .await
+            {
+                Ok(()) => break (seq, ids, claim),
+                Err(e) if e.kind() == ErrorKind::Conflict && attempt < CLAIM_ATTEMPTS => {
+                    tracing::info!(task = %task.task_name, seq = seq + 1, attempt, "another writer committed the number this process claimed; claiming the next one");
+                }
+                Err(e) => {
+                    return Err(e.context(format!(
+                        "claim task {:?} (attempt {attempt} of {CLAIM_ATTEMPTS})",
+                        task.task_name
+                    )))
+                }
+            }
         };
-        let last_id = last.as_ref().and_then(|c| c.as_v2()).map(|c| c.id);
-        let mut ids = CheckpointIdGen::after(last_id);
-        // The claim: the same state again under the next number.
-        let claim = match &last {
-            Some(c) => c.clone(),
-            None => Checkpoint::V2(CheckpointV2 {
-                id: ids.next(clock.now_millis())?,
-                input_offsets: BTreeMap::new(),
-                state_checkpoint_markers: Markers::new(),
-            }),
-        };
-        checkpoints
-            .write(&task.task_name, seq + 1, &writer, &claim)
-            .await
-            .map_err(|e| e.context(format!("claim task {:?}", task.task_name)))?;
         tracing::info!(task = %task.task_name, seq = seq + 1, writer, "claimed the task");
         let mgr = TaskCommitManager {
             task,

@@ -613,6 +613,7 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
                     );
                 }
                 println!("sha256 verified on put: {}", report.verifies_sha256);
+                println!("crc32c verified on put: {}", report.verifies_crc32c);
                 println!("multipart listing: {}", report.multipart_listing);
                 println!("object tagging: {}", report.tagging);
                 println!("lifecycle rules: {}", report.lifecycle);

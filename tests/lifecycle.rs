@@ -313,6 +313,63 @@ mod external {
     async fn zombie_writer_is_fenced() {
         zombie_case(&support::external().await).await
     }
+
+    /// Two real processes, one job, on an S3 server. Where the server enforces create-only
+    /// writes (LocalStack) the later one fences the earlier off; where it does not (Garage),
+    /// the job refuses to start without `--unsafe-no-fencing`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs BLOBSNAP_TEST_S3_ENDPOINT; run by scripts/test.sh"]
+    async fn two_processes_one_job_the_zombie_stops_with_conflict() {
+        let h = support::external().await;
+        let support::Kind::S3(s3) = &h.kind else {
+            unreachable!()
+        };
+        let ak = std::env::var("BLOBSNAP_TEST_S3_ACCESS_KEY").unwrap_or_else(|_| "test".into());
+        let sk = std::env::var("BLOBSNAP_TEST_S3_SECRET_KEY").unwrap_or_else(|_| "test".into());
+        let c = s3.config();
+        let store_args: Vec<std::ffi::OsString> = vec![
+            "--bucket".into(),
+            c.bucket.clone().into(),
+            "--s3-endpoint".into(),
+            c.endpoint.clone().unwrap().into(),
+            "--s3-region".into(),
+            c.region.clone().unwrap().into(),
+            "--s3-path-style".into(),
+            "--s3-prefix".into(),
+            h.scope.as_str().into(),
+        ];
+        let envs = vec![
+            ("AWS_ACCESS_KEY_ID".to_string(), ak.clone()),
+            ("AWS_SECRET_ACCESS_KEY".to_string(), sk.clone()),
+        ];
+        if h.store.capabilities().create_only != blobsnap::blobstore::CreateOnly::Atomic {
+            let tmp = tempfile::tempdir().unwrap();
+            let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+                .args(&store_args)
+                .args(["demo", "--dir"])
+                .arg(tmp.path())
+                .envs(envs.iter().map(|(k, v)| (k, v)))
+                .output()
+                .await
+                .unwrap();
+            assert!(!out.status.success(), "a job without a fence must refuse");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                err.contains("unsafe_no_fencing") || err.contains("unsafe-no-fencing"),
+                "{err}"
+            );
+            return;
+        }
+        let mut config = c.clone();
+        config.prefix = h.scope.as_str().to_string();
+        let prefixed: Arc<dyn BlobStore> = Arc::new(
+            blobsnap::blobstore::s3::S3Store::connect_with_credentials(config, &ak, &sk, None)
+                .await
+                .unwrap(),
+        );
+        two_process_zombie_case(prefixed, store_args, envs, 8_000).await;
+        h.cleanup().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -837,34 +894,72 @@ async fn slow_uploads_skip_commits_and_counts_stay_right() {
 /// Two real processes running the same job against the same store: the later claim fences
 /// the earlier one off (it stops with exit code 6, `Conflict`), the survivor ends with the
 /// right counts, and the committed history has exactly one writer per sequence number.
+/// Then a sweep with grace 0 leaves exactly what the retained checkpoints reference (the
+/// zombie's uploads are gone, nothing either process committed is), and a third process on
+/// a fresh host restores the survivor's state.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_one_job_the_zombie_stops_with_conflict() {
-    let bin = env!("CARGO_BIN_EXE_blobsnap");
     let tmp = tempfile::tempdir().unwrap();
     let store_dir = tmp.path().join("store");
-    let demo = |dir: &str| {
+    let store: Arc<dyn BlobStore> =
+        Arc::new(blobsnap::blobstore::local::LocalStore::new(&store_dir).unwrap());
+    let store_args = vec!["--local".into(), store_dir.into_os_string()];
+    two_process_zombie_case(store, store_args, vec![], 40_000).await;
+}
+
+/// The body of the two-process zombie case, on any store that enforces create-only writes:
+/// `store_args` are the CLI's global store flags, `envs` its environment (credentials),
+/// `store` a handle on the same place for the checks.
+async fn two_process_zombie_case(
+    store: Arc<dyn BlobStore>,
+    store_args: Vec<std::ffi::OsString>,
+    envs: Vec<(String, String)>,
+    lines: u32,
+) {
+    let bin = env!("CARGO_BIN_EXE_blobsnap");
+    let tmp = tempfile::tempdir().unwrap();
+    let lines = lines.to_string();
+    let cli = |args: &[&str]| {
         let mut cmd = tokio::process::Command::new(bin);
-        cmd.args(["--json", "--local"])
-            .arg(&store_dir)
-            .args(["demo", "--dir"])
-            .arg(tmp.path().join(dir))
-            .args([
-                "--partitions",
-                "2",
-                "--lines",
-                "40000",
-                "--commit-every",
-                "200",
-            ]);
+        cmd.arg("--json")
+            .args(&store_args)
+            .args(args)
+            .envs(envs.iter().map(|(k, v)| (k, v)));
         cmd
     };
-    // The same generated input for both (same parameters, same seed).
-    let first = demo("a")
+    let demo = |dir: &str| {
+        let mut cmd = cli(&["demo", "--dir"]);
+        cmd.arg(tmp.path().join(dir)).args([
+            "--partitions",
+            "2",
+            "--lines",
+            &lines,
+            "--commit-every",
+            "200",
+        ]);
+        cmd
+    };
+    let job_scope = JobScope::new("wordcount", "1").unwrap();
+    let cps = BlobCheckpointStore::new(Arc::clone(&store), job_scope.clone());
+    // The same generated input for both (same parameters, same seed). The second starts once
+    // the first has committed.
+    let mut first = demo("a")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let started = std::time::Instant::now();
+    while cps.history("Partition 0", 1).await.unwrap().is_empty() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "the first process never committed"
+        );
+        assert!(
+            first.try_wait().unwrap().is_none(),
+            "the first process ended before its first commit was seen"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     let second = demo("b").output();
     let (a, b) = tokio::join!(first.wait_with_output(), second);
     let (a, b) = (a.unwrap(), b.unwrap());
@@ -881,14 +976,44 @@ async fn two_processes_one_job_the_zombie_stops_with_conflict() {
     );
     demo_counts_ok(&b);
     // One writer per sequence number, and the latest is the survivor's.
-    let store: Arc<dyn BlobStore> =
-        Arc::new(blobsnap::blobstore::local::LocalStore::new(&store_dir).unwrap());
-    let cps = BlobCheckpointStore::new(store, JobScope::new("wordcount", "1").unwrap());
     for t in ["Partition 0", "Partition 1"] {
         let hist = cps.history(t, usize::MAX).await.unwrap();
         let seqs: BTreeSet<u64> = hist.iter().map(|c| c.seq).collect();
         assert_eq!(seqs.len(), hist.len());
     }
+
+    // Neither process's cleanup deleted what the other's committed index needs; the
+    // zombie's uploads are swept.
+    let keys = || async {
+        list_all(store.as_ref(), job_scope.scope())
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|m| m.key.as_str().to_string())
+            .collect::<BTreeSet<String>>()
+    };
+    let before = keys().await;
+    let expected = support::referenced(&store, "wordcount", 2).await;
+    let missing: Vec<_> = expected.difference(&before).collect();
+    assert!(missing.is_empty(), "referenced but missing: {missing:?}");
+    let out = cli(&["gc", "--job", "wordcount", "--grace-secs", "0"])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let after = keys().await;
+    assert_eq!(after, expected, "exactly the referenced objects remain");
+    eprintln!(
+        "zombie case: {} objects referenced, {} orphans swept",
+        expected.len(),
+        before.len() - after.len()
+    );
+    // A new host restores the survivor's committed state and ends right.
+    demo_counts_ok(&demo("c").output().await.unwrap());
 }
 
 /// Commits also come by time (`--commit-ms`), and `[job]` settings come from the TOML file.

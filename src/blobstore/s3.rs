@@ -71,6 +71,20 @@ pub enum Sse {
     },
 }
 
+/// The checksum each multipart part carries (`x-amz-checksum-*`), which the server checks
+/// against the bytes it received. The whole file's SHA-256 (its content address) is
+/// computed at the scan either way, and checked again while the parts are read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PartChecksum {
+    /// CRC-32C (the default): hardware-accelerated on both ends, so neither the client nor
+    /// the server spends a SHA-256 pass per part on the wire check.
+    #[default]
+    Crc32c,
+    /// SHA-256 of every part: a second full hash on the client and on the server.
+    Sha256,
+}
+
 /// How a store treats create-only puts, as configured per endpoint (see [`CreateOnly`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -140,8 +154,11 @@ pub struct S3Config {
     pub list_page_size: i32,
     /// Whether the server enforces `If-None-Match: *` on PUT, and how.
     pub create_only: CreateOnlySetting,
-    /// Whether the server verifies `x-amz-checksum-sha256`.
+    /// Whether the server verifies `x-amz-checksum-sha256` (and the part checksums): then
+    /// payloads are sent unsigned, since signing would hash every byte once more.
     pub verifies_sha256: bool,
+    /// The checksum of each multipart part.
+    pub part_checksum: PartChecksum,
     /// Whether ListMultipartUploads works.
     pub multipart_listing: bool,
     /// Whether object tagging works.
@@ -170,6 +187,7 @@ impl Default for S3Config {
             list_page_size: 1000,
             create_only: CreateOnlySetting::Auto,
             verifies_sha256: true,
+            part_checksum: PartChecksum::Crc32c,
             multipart_listing: true,
             tagging: true,
             lifecycle: true,
@@ -463,7 +481,10 @@ impl S3Store {
             .create_multipart_upload()
             .bucket(&self.config.bucket)
             .key(key)
-            .checksum_algorithm(ChecksumAlgorithm::Sha256);
+            .checksum_algorithm(match self.config.part_checksum {
+                PartChecksum::Crc32c => ChecksumAlgorithm::Crc32C,
+                PartChecksum::Sha256 => ChecksumAlgorithm::Sha256,
+            });
         create = match &self.config.sse {
             Sse::None => create,
             Sse::S3 => create.server_side_encryption(ServerSideEncryption::Aes256),
@@ -511,7 +532,11 @@ impl S3Store {
     ) -> Result<PutResult> {
         let part_size = self.config.part_size;
         let n_parts = len.div_ceil(part_size).max(1);
-        let reader = Arc::new(std::sync::Mutex::new(PartReader::open(path.clone(), len)?));
+        let reader = Arc::new(std::sync::Mutex::new(PartReader::open(
+            path.clone(),
+            len,
+            self.config.part_checksum,
+        )?));
         // Parts are read (and the whole file hashed) in order, one at a time, in a blocking
         // task; up to `part_concurrency` of them are on the wire at once.
         let parts = futures::stream::iter(1..=n_parts)
@@ -533,10 +558,10 @@ impl S3Store {
                     })
                     .await
                     .map_err(|e| Error::new(ErrorKind::Io, format!("read task: {e}")))?
-                    .map(|(offset, sha)| (n, offset, want, sha, permit))
+                    .map(|(offset, sum)| (n, offset, want, sum, permit))
                 }
             })
-            .map_ok(|(n, offset, want, sha, _permit)| {
+            .map_ok(|(n, offset, want, sum, _permit)| {
                 let path = path.clone();
                 async move {
                     let body = ByteStream::read_from()
@@ -557,22 +582,29 @@ impl S3Store {
                         .upload_id(upload_id)
                         .part_number(n as i32)
                         .content_length(want as i64)
-                        .checksum_sha256(sha.to_base64())
                         .body(body);
-                    // The server checks the part's SHA-256 itself: signing the payload would hash
-                    // every byte once more for nothing (kept where the server does not check).
+                    let req = match &sum {
+                        PartSum::Crc32c(c) => req.checksum_crc32_c(c),
+                        PartSum::Sha256(c) => req.checksum_sha256(c),
+                    };
+                    // The server checks the part's checksum itself: signing the payload would
+                    // hash every byte once more for nothing (kept where the server does not
+                    // check).
                     let out = if self.config.verifies_sha256 {
                         req.customize().disable_payload_signing().send().await
                     } else {
                         req.send().await
                     }
                     .map_err(|e| classify(self.what(&format!("upload part {n} of"), key), e))?;
+                    let part = CompletedPart::builder()
+                        .part_number(n as i32)
+                        .set_e_tag(out.e_tag);
                     Ok::<_, Error>(
-                        CompletedPart::builder()
-                            .part_number(n as i32)
-                            .set_e_tag(out.e_tag)
-                            .checksum_sha256(sha.to_base64())
-                            .build(),
+                        match sum {
+                            PartSum::Crc32c(c) => part.checksum_crc32_c(c),
+                            PartSum::Sha256(c) => part.checksum_sha256(c),
+                        }
+                        .build(),
                     )
                 }
             })
@@ -622,36 +654,46 @@ impl S3Store {
     }
 }
 
-/// Reads a file part by part, hashing each part and the whole.
+/// A part's checksum, base64 as S3 wants it.
+enum PartSum {
+    Crc32c(String),
+    Sha256(String),
+}
+
+/// Reads a file part by part: each part's checksum, and the whole file's SHA-256.
 struct PartReader {
     path: PathBuf,
     file: std::fs::File,
     len: u64,
+    algorithm: PartChecksum,
     whole: Hasher,
     hashed: u64,
     buf: Vec<u8>,
 }
 
 impl PartReader {
-    fn open(path: PathBuf, len: u64) -> Result<Self> {
+    fn open(path: PathBuf, len: u64, algorithm: PartChecksum) -> Result<Self> {
         let file = std::fs::File::open(&path)
             .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
         Ok(PartReader {
             path,
             file,
             len,
+            algorithm,
             whole: Hasher::new(),
             hashed: 0,
             buf: vec![0u8; 1 << 20],
         })
     }
 
-    /// Hash the next `want` bytes (into the part's SHA-256 and the whole file's), through one
-    /// reused 1 MiB buffer; returns the part's offset and SHA-256. The part itself is then
-    /// streamed from the file by the SDK, so no part is ever held in memory.
-    fn next_part(&mut self, want: u64) -> Result<(u64, Sha256)> {
+    /// Read the next `want` bytes through one reused 1 MiB buffer, into the part's checksum
+    /// and the whole file's SHA-256; returns the part's offset and checksum. The part itself
+    /// is then streamed from the file by the SDK, so no part is ever held in memory.
+    fn next_part(&mut self, want: u64) -> Result<(u64, PartSum)> {
+        use base64::Engine as _;
         let offset = self.hashed;
-        let mut part = Hasher::new();
+        let mut sha = (self.algorithm == PartChecksum::Sha256).then(Hasher::new);
+        let mut crc = 0u32;
         let mut left = want;
         while left > 0 {
             let n = (left as usize).min(self.buf.len());
@@ -667,11 +709,21 @@ impl PartReader {
                 )));
             }
             self.whole.update(&self.buf[..got]);
-            part.update(&self.buf[..got]);
+            match &mut sha {
+                Some(h) => h.update(&self.buf[..got]),
+                None => crc = crc32c::crc32c_append(crc, &self.buf[..got]),
+            }
             left -= got as u64;
         }
         self.hashed += want;
-        Ok((offset, part.finish().sha256))
+        let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+        Ok((
+            offset,
+            match sha {
+                Some(h) => PartSum::Sha256(h.finish().sha256.to_base64()),
+                None => PartSum::Crc32c(b64(&crc.to_be_bytes())),
+            },
+        ))
     }
 
     fn finish(&mut self) -> Result<Sha256> {

@@ -55,6 +55,8 @@ pub struct ProbeReport {
     /// A put whose `x-amz-checksum-sha256` does not match its body was refused *and* not
     /// stored.
     pub verifies_sha256: bool,
+    /// The same with `x-amz-checksum-crc32c` (the default checksum of multipart parts).
+    pub verifies_crc32c: bool,
     /// ListMultipartUploads answers.
     pub multipart_listing: bool,
     /// PutObjectTagging answers.
@@ -67,9 +69,14 @@ impl ProbeReport {
     /// The `[s3]` settings lines that describe this server.
     pub fn settings_toml(&self) -> String {
         format!(
-            "create-only = \"{}\"\nverifies-sha256 = {}\nmultipart-listing = {}\ntagging = {}\nlifecycle = {}\n",
+            "create-only = \"{}\"\nverifies-sha256 = {}\npart-checksum = \"{}\"\nmultipart-listing = {}\ntagging = {}\nlifecycle = {}\n",
             self.create_only.verdict,
             self.verifies_sha256,
+            if self.verifies_crc32c || !self.verifies_sha256 {
+                "crc32c"
+            } else {
+                "sha256"
+            },
             self.multipart_listing,
             self.tagging,
             self.lifecycle
@@ -312,6 +319,43 @@ impl S3Store {
         })
     }
 
+    /// Whether a put whose checksum (set by `with_checksum`) does not match its body is
+    /// refused *and* leaves nothing stored.
+    async fn refuses_bad_checksum(
+        &self,
+        key: &str,
+        with_checksum: impl FnOnce(
+            aws_sdk_s3::operation::put_object::builders::PutObjectFluentBuilder,
+        ) -> aws_sdk_s3::operation::put_object::builders::PutObjectFluentBuilder,
+    ) -> Result<bool> {
+        let bucket = &self.config.bucket;
+        let body = Bytes::from_static(b"the body");
+        let refused = with_checksum(
+            self.client
+                .put_object()
+                .bucket(bucket)
+                .key(key)
+                .content_length(body.len() as i64),
+        )
+        .body(ByteStream::from(body))
+        .send()
+        .await
+        .is_err();
+        let stored = match self
+            .client
+            .head_object()
+            .bucket(bucket)
+            .key(key)
+            .send()
+            .await
+        {
+            Ok(_) => true,
+            Err(e) if e.raw_response().map(|r| r.status().as_u16()) == Some(404) => false,
+            Err(e) => return Err(classify(self.what("probe head", key), e)),
+        };
+        Ok(refused && !stored)
+    }
+
     /// Probe everything blobsnap depends on: create-only writes, SHA-256 verification,
     /// multipart listing, tagging, lifecycle. Needs write access to the bucket.
     pub async fn probe(&self) -> Result<ProbeReport> {
@@ -325,33 +369,21 @@ impl S3Store {
         let create_only = self.probe_create_only_in(prefix).await?;
         let bucket = &self.config.bucket;
 
-        // A body with someone else's SHA-256: refused, and nothing stored.
-        let key = format!("{prefix}bad-digest");
-        let body = Bytes::from_static(b"the body");
-        let refused = self
-            .client
-            .put_object()
-            .bucket(bucket)
-            .key(&key)
-            .content_length(body.len() as i64)
-            .checksum_sha256(Sha256::of(b"another body").to_base64())
-            .body(ByteStream::from(body))
-            .send()
-            .await
-            .is_err();
-        let stored = match self
-            .client
-            .head_object()
-            .bucket(bucket)
-            .key(&key)
-            .send()
-            .await
-        {
-            Ok(_) => true,
-            Err(e) if e.raw_response().map(|r| r.status().as_u16()) == Some(404) => false,
-            Err(e) => return Err(classify(self.what("probe head", &key), e)),
-        };
-        let verifies_sha256 = refused && !stored;
+        // A body with someone else's checksum: refused, and nothing stored.
+        let verifies_sha256 = self
+            .refuses_bad_checksum(&format!("{prefix}bad-sha256"), |r| {
+                r.checksum_sha256(Sha256::of(b"another body").to_base64())
+            })
+            .await?;
+        let verifies_crc32c = self
+            .refuses_bad_checksum(&format!("{prefix}bad-crc32c"), |r| {
+                use base64::Engine as _;
+                r.checksum_crc32_c(
+                    base64::engine::general_purpose::STANDARD
+                        .encode(crc32c::crc32c(b"another body").to_be_bytes()),
+                )
+            })
+            .await?;
 
         let multipart_listing = supported(
             self.client
@@ -412,6 +444,7 @@ impl S3Store {
         Ok(ProbeReport {
             create_only,
             verifies_sha256,
+            verifies_crc32c,
             multipart_listing,
             tagging,
             lifecycle,
