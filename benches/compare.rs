@@ -5,6 +5,7 @@
 //! ```sh
 //! BLOBSNAP_BIN=target/release/blobsnap cargo bench --bench compare -- \
 //!     [--size-mib 2048] [--reps 3] [--servers garage:2,s3s:1,localstack:1] [--work DIR] [--micro]
+//!     [--scaling 1024,8192]
 //! ```
 //!
 //! For each server, each repetition starts from the same pristine store and runs, with the
@@ -855,6 +856,97 @@ async fn micro(work: &Path, pristine: &Path) {
     );
 }
 
+/// The same ~100 MiB delta committed on stores of each size in `sizes` (MiB): blobsnap only,
+/// on one server. Full backup, then 3 incremental backups of ~100 MiB of new data each
+/// (median), then a restore into an empty directory; wall time and peak RSS of each.
+async fn scaling(server: &Server, bin: &Path, work: &Path, sizes: &[u64]) {
+    println!(
+        "\n### The same ~100 MiB delta on stores of different sizes ({}, blobsnap)\n",
+        server.name
+    );
+    println!("| store MiB | files | full backup s | full backup peak RSS MiB | new file bytes per delta, MiB | incremental s (median of 3) | incremental peak RSS MiB | restore s | restore peak RSS MiB |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let mut incremental = Vec::new();
+    for &size_mib in sizes {
+        let dir = work.join(format!("scale-{size_mib}"));
+        let t = Instant::now();
+        let keys = generate(&dir, size_mib);
+        let db = dir.join("db");
+        eprintln!(
+            "== scaling: {size_mib} MiB store ready in {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+        let ctx = Ctx {
+            server,
+            bin: bin.to_path_buf(),
+            work: work.to_path_buf(),
+            pristine: dir.clone(),
+            keys,
+            size_mib,
+        };
+        let tag = format!("scale-{size_mib}-{:08x}", rand::random::<u32>());
+        let backup = |what: &'static str| {
+            let mut c = ctx.blobsnap(&server.endpoint);
+            c.args(["backup", "--db"]).arg(&db).args(["--name", &tag]);
+            timed(c, what)
+        };
+        let (full, _) = backup("blobsnap backup (scaling, full)").await;
+        let (mut secs, mut rss, mut fresh) = (Vec::new(), 0, Vec::new());
+        let mut marker = String::new();
+        for rep in 0..3u64 {
+            let before = walk(&db);
+            // 5 % of 2 GiB: the same ~100 MiB whatever the store's size.
+            mutate(&db, keys + rep * 10_000, 2048, 7000 + rep);
+            fresh.push(new_bytes(&before, &db) as f64);
+            let (m, out) = backup("blobsnap backup (scaling, incremental)").await;
+            let v: serde_json::Value = serde_json::from_str(&out).expect("backup json");
+            marker = v["marker"].as_str().expect("marker").to_string();
+            secs.push(m.secs);
+            rss = rss.max(m.rss_kib);
+        }
+        let to = dir.join("restore");
+        rm(&to);
+        let mut c = ctx.blobsnap(&server.endpoint);
+        c.args(["restore", &marker, "--job", "manual", "--job-id"])
+            .arg(&tag)
+            .args(["--task", "backup", "--store", "db", "--to"])
+            .arg(&to);
+        let (restore, _) = timed(c, "blobsnap restore (scaling)").await;
+        let inc = median(secs);
+        incremental.push((size_mib, inc));
+        println!(
+            "| {} | {} | {:.2} | {} | {:.1} | {:.2} | {} | {:.2} | {} |",
+            dir_size(&db) >> 20,
+            walk(&db).len(),
+            full.secs,
+            full.rss_kib / 1024,
+            median(fresh) / 1048576.0,
+            inc,
+            rss / 1024,
+            restore.secs,
+            restore.rss_kib / 1024
+        );
+        let store = server.store(&server.endpoint).await;
+        let scope = blobsnap::blobstore::Scope::new(format!("manual/{tag}/")).expect("scope");
+        let keys: Vec<BlobKey> = blobsnap::blobstore::list_all(&store, &scope)
+            .await
+            .expect("list")
+            .into_iter()
+            .map(|m| m.key)
+            .collect();
+        for chunk in keys.chunks(1000) {
+            let _ = store.delete_many(chunk).await;
+        }
+        rm(&dir);
+    }
+    if let (Some((a, ta)), Some((b, tb))) = (incremental.first(), incremental.last()) {
+        println!(
+            "\n- incremental time ratio, {b} MiB vs {a} MiB store: {:.2}",
+            tb / ta
+        );
+    }
+}
+
 fn main() {
     let size_mib: u64 = arg("--size-mib").map_or(2048, |v| v.parse().expect("--size-mib"));
     let reps: usize = arg("--reps").map_or(3, |v| v.parse().expect("--reps"));
@@ -900,6 +992,9 @@ fn main() {
                 Some((n, r)) => (n.to_string(), r.parse().expect("--servers name:reps")),
                 None => (spec.clone(), reps),
             };
+            if reps == 0 {
+                continue;
+            }
             let server = server(&name, &work).await;
             server.create_bucket().await;
             println!("\n{reps} timed repetition(s) on {}.", server.name);
@@ -951,6 +1046,16 @@ fn main() {
                 limit_line(&server, &work.join("db"), &mut results).await;
             }
             report(&server, size, &results, &facts);
+        }
+        if let Some(sizes) = arg("--scaling") {
+            let sizes: Vec<u64> = sizes
+                .split(',')
+                .map(|v| v.parse().expect("--scaling MiB,MiB"))
+                .collect();
+            let name = servers[0].split(':').next().unwrap_or("garage").to_string();
+            let server = server(&name, &work).await;
+            server.create_bucket().await;
+            scaling(&server, &bin, &work, &sizes).await;
         }
         if std::env::args().any(|a| a == "--micro") {
             micro(&work, &pristine).await;

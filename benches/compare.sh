@@ -2,8 +2,12 @@
 # blobsnap vs rclone vs restic on the same S3 servers and the same RocksDB store, one command:
 #
 #   benches/compare.sh [--size-mib 2048] [--servers garage:2,s3s:1,localstack:1] [--micro]
+#                      [--scaling 1024,8192]
 #
-# (`name:reps`: timed repetitions per server, after one counted repetition through the proxy)
+# (`name:reps`: timed repetitions per server, after one counted repetition through the proxy;
+# `name:0` skips the comparison there. `--scaling`: blobsnap alone on the first server, the
+# same ~100 MiB delta backed up on stores of each size, with full backup and restore times
+# and peak RSS.)
 #
 # Installs rclone and restic (apt) and the servers when missing (Garage: cargo install, once;
 # LocalStack: a venv, once), builds the release binary, starts Garage (one node, fsync on) and
@@ -21,6 +25,7 @@ for ((i = 0; i < ${#args[@]}; i++)); do
   case "${args[$i]}" in
     --size-mib) size=${args[$((i + 1))]} ;;
     --servers) servers=${args[$((i + 1))]} ;;
+    --scaling) scaling=${args[$((i + 1))]} ;;
   esac
 done
 
@@ -28,6 +33,8 @@ names=",$(echo "$servers" | sed 's/:[0-9]*//g'),"
 work=${BENCH_WORK:-/var/tmp}/blobsnap-compare
 mkdir -p "$work"
 need=$(( size * 8 ))
+largest=$(echo "${scaling:-0}" | tr ',' '\n' | sort -n | tail -1)
+if [ $(( largest * 4 )) -gt "$need" ]; then need=$(( largest * 4 )); fi
 free=$(df -Pm "$work" | awk 'NR==2 {print $4}')
 if [ "$free" -lt "$need" ]; then
   echo "compare.sh: $work has $free MiB free, the run needs about $need MiB" >&2

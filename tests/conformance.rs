@@ -327,6 +327,7 @@ mod cases {
                 PutOptions {
                     mode: PutMode::Overwrite,
                     sha256: Some(Sha256::of(b"other bytes")),
+                    crc32: None,
                 },
             )
             .await
@@ -453,25 +454,32 @@ mod cases {
         let path = dir.path().join("changing");
         std::fs::write(&path, &data).unwrap();
         let key = h.scope.key("changed").unwrap();
-        // The scan hash no longer matches the bytes on disk: as if the file changed.
+        // The scan's digest no longer matches the bytes on disk: as if the file changed. With
+        // the scan's SHA-256 alone (checked by a second SHA-256 pass) and with its CRC-32 too
+        // (checked by CRC).
         let stale = Sha256::of(&data[1..]);
-        let e = h
-            .store
-            .put(
-                &key,
-                PutBody::File {
-                    path,
-                    len: len as u64,
-                },
-                PutOptions::create_only(stale),
-            )
-            .await
-            .unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::Corrupt, "{}: {e}", h.name);
-        assert_eq!(
-            h.store.head(&key).await.unwrap_err().kind(),
-            ErrorKind::NotFound
-        );
+        for opts in [
+            PutOptions::create_only(stale),
+            PutOptions::create_only(stale).with_crc32(crc32fast::hash(&data[1..])),
+        ] {
+            let e = h
+                .store
+                .put(
+                    &key,
+                    PutBody::File {
+                        path: path.clone(),
+                        len: len as u64,
+                    },
+                    opts,
+                )
+                .await
+                .unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Corrupt, "{}: {e}", h.name);
+            assert_eq!(
+                h.store.head(&key).await.unwrap_err().kind(),
+                ErrorKind::NotFound
+            );
+        }
         if h.store.capabilities().multipart_listing {
             let uploads = h.store.list_multipart_uploads(&h.scope).await.unwrap();
             assert!(

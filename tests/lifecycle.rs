@@ -234,6 +234,81 @@ async fn zombie_case(h: &support::Harness) {
     assert_eq!(latest.seq, 3);
 }
 
+/// A checkpoint store where another writer (the zombie a starting task replaces) commits the
+/// very number the newcomer writes, just before it, `races` times.
+#[derive(Debug)]
+struct RacingZombie {
+    inner: Arc<dyn CheckpointStore>,
+    races: std::sync::atomic::AtomicU32,
+}
+
+#[async_trait::async_trait]
+impl CheckpointStore for RacingZombie {
+    async fn enforces_exclusive_writes(&self) -> blobsnap::Result<bool> {
+        self.inner.enforces_exclusive_writes().await
+    }
+    async fn latest(
+        &self,
+        task: &str,
+    ) -> blobsnap::Result<Option<blobsnap::checkpoint::CommittedCheckpoint>> {
+        self.inner.latest(task).await
+    }
+    async fn history(
+        &self,
+        task: &str,
+        limit: usize,
+    ) -> blobsnap::Result<Vec<blobsnap::checkpoint::CommittedCheckpoint>> {
+        self.inner.history(task, limit).await
+    }
+    async fn write(
+        &self,
+        task: &str,
+        seq: u64,
+        writer: &str,
+        checkpoint: &blobsnap::checkpoint::Checkpoint,
+    ) -> blobsnap::Result<()> {
+        use std::sync::atomic::Ordering;
+        let left = self.races.load(Ordering::SeqCst);
+        if left > 0 {
+            self.races.store(left - 1, Ordering::SeqCst);
+            self.inner.write(task, seq, "zombie", checkpoint).await?;
+        }
+        self.inner.write(task, seq, writer, checkpoint).await
+    }
+    async fn trim(&self, task: &str, keep: usize) -> blobsnap::Result<()> {
+        self.inner.trim(task, keep).await
+    }
+}
+
+/// A starting task whose claim loses to a commit of the process it replaces claims the next
+/// number; a bounded number of times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_lost_to_the_zombie_is_retried_at_the_next_number() {
+    let h = support::local().await;
+    let ctx = task(&h);
+    let inner: Arc<dyn CheckpointStore> = Arc::new(BlobCheckpointStore::new(
+        Arc::clone(&h.store),
+        JobScope::new(&ctx.job_name, "1").unwrap(),
+    ));
+    let start = |races: u32| {
+        let checkpoints: Arc<dyn CheckpointStore> = Arc::new(RacingZombie {
+            inner: Arc::clone(&inner),
+            races: races.into(),
+        });
+        TaskCommitManager::start(ctx.clone(), checkpoints, Arc::new(SystemClock), 2, false)
+    };
+    // Two lost claims (numbers 1 and 2 go to the zombie), then number 3 is this process's.
+    let (mgr, _) = start(2).await.unwrap();
+    let latest = inner.latest(&ctx.task_name).await.unwrap().unwrap();
+    assert_eq!((latest.seq, latest.writer.as_str()), (3, mgr.writer()));
+    // A zombie that wins every time: the start gives up after 8 attempts, with `Conflict`.
+    let e = start(u32::MAX).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Conflict, "{e}");
+    assert!(e.to_string().contains("attempt 8 of 8"), "{e}");
+    let latest = inner.latest(&ctx.task_name).await.unwrap().unwrap();
+    assert_eq!((latest.seq, latest.writer.as_str()), (11, "zombie"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zombie_writer_is_fenced_local() {
     zombie_case(&support::local().await).await

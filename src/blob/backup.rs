@@ -38,7 +38,7 @@ use super::{hash_object, read_index, Expected, FACTORY_NAME};
 use crate::backend::{Clock, StoreMarkers, StoreSpec, TaskBackupManager, TaskContext};
 use crate::blobstore::{BlobStore, PutBody, PutOptions};
 use crate::checkpoint::{Checkpoint, CheckpointId};
-use crate::digest::Sha256;
+use crate::digest::{FileDigest, Sha256};
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::{
     DirIndex, FileBlob, FileIndex, IndexMarker, SnapshotIndex, SnapshotMetadata, FORMAT_VERSION,
@@ -398,23 +398,22 @@ impl BlobBackupManager {
         );
         let upload_started = Instant::now();
         let upload_started_ms = self.clock.now_millis();
-        let jobs: Vec<(String, PathBuf, u64, Sha256)> = to_put
+        let jobs: Vec<(String, PathBuf, u64, FileDigest)> = to_put
             .iter()
             .map(|f| {
-                let sha = f.digest.sha256;
                 (
-                    StoreScope::blob_id(id, sha),
+                    StoreScope::blob_id(id, f.digest.sha256),
                     f.path.clone(),
                     f.digest.size,
-                    sha,
+                    f.digest,
                 )
             })
             .collect();
         let requests: u64 = futures::stream::iter(jobs)
-            .map(|(blob_id, path, len, sha)| {
+            .map(|(blob_id, path, len, digest)| {
                 let progress = Arc::clone(&progress);
                 async move {
-                    let r = self.put_blob(scope, blob_id, path, len, sha).await?;
+                    let r = self.put_blob(scope, blob_id, path, len, digest).await?;
                     crate::crash::point("backup.mid-upload");
                     progress.files_uploaded.fetch_add(1, Ordering::Relaxed);
                     progress.bytes_uploaded.fetch_add(len, Ordering::Relaxed);
@@ -540,8 +539,9 @@ impl BlobBackupManager {
         blob_id: String,
         path: PathBuf,
         len: u64,
-        sha256: Sha256,
+        digest: FileDigest,
     ) -> Result<u64> {
+        let sha256 = digest.sha256;
         let _permit = self
             .settings
             .limiter
@@ -555,7 +555,11 @@ impl BlobBackupManager {
         };
         match self
             .blob_store
-            .put(&key, body, PutOptions::create_only(sha256))
+            .put(
+                &key,
+                body,
+                PutOptions::create_only(digest.sha256).with_crc32(digest.crc32),
+            )
             .await
         {
             Ok(r) => Ok(u64::from(r.requests)),

@@ -102,6 +102,11 @@ pub struct PutOptions {
     /// checksum is sent and the whole is compared before completing). When `None`, the store
     /// computes it before sending.
     pub sha256: Option<Sha256>,
+    /// The CRC-32 (IEEE) of the whole body, known with `sha256` from the scan. A store that
+    /// re-reads a file part by part (S3 multipart) then checks the file did not change since
+    /// the scan with this cheap CRC instead of a second SHA-256 pass; the parts themselves
+    /// are checked by the server. `None`: the SHA-256 is recomputed.
+    pub crc32: Option<u32>,
 }
 
 impl PutOptions {
@@ -110,6 +115,15 @@ impl PutOptions {
         PutOptions {
             mode: PutMode::CreateOnly,
             sha256: Some(sha256),
+            crc32: None,
+        }
+    }
+
+    /// The same, with the whole body's CRC-32 (IEEE) known too.
+    pub fn with_crc32(self, crc32: u32) -> Self {
+        PutOptions {
+            crc32: Some(crc32),
+            ..self
         }
     }
 }

@@ -14,9 +14,10 @@
 //!   multipart uploads with [`S3Config::part_concurrency`] parts in flight per file and
 //!   [`S3Config::max_parts_in_flight`] in all; each part is hashed (with the whole file, in
 //!   order, through one 1 MiB buffer) and then streamed from the file — no part is held in
-//!   memory. The checksum algorithm is named at CreateMultipartUpload, every part carries its
-//!   SHA-256, and the upload is aborted instead of completed if the whole file's hash differs
-//!   from the expected one (the file changed).
+//!   memory. The checksum algorithm ([`S3Config::part_checksum`]: CRC-32C by default, or
+//!   SHA-256) is named at CreateMultipartUpload, every part carries its checksum, and the
+//!   upload is aborted instead of completed if the file changed since the scan: its CRC-32
+//!   differs from the scan's ([`PutOptions::crc32`]), or, without one, its SHA-256.
 //! - **Errors** are classified (DESIGN §9): 404 → `NotFound`; 412 → `Conflict`; 403, a missing
 //!   bucket, a wrong region → `Permanent`; 5xx, 503 SlowDown, timeouts, connection failures →
 //!   `Transient`; a checksum mismatch → `Corrupt`.
@@ -532,10 +533,17 @@ impl S3Store {
     ) -> Result<PutResult> {
         let part_size = self.config.part_size;
         let n_parts = len.div_ceil(part_size).max(1);
+        // The guard that the file did not change since the scan: its CRC-32 when the scan's
+        // is known (cheap; the server checks every part), else its SHA-256 again.
+        let whole = match (opts.sha256, opts.crc32) {
+            (Some(_), Some(_)) => Whole::Crc32(crc32fast::Hasher::new()),
+            _ => Whole::Sha256(Hasher::new()),
+        };
         let reader = Arc::new(std::sync::Mutex::new(PartReader::open(
             path.clone(),
             len,
             self.config.part_checksum,
+            whole,
         )?));
         // Parts are read (and the whole file hashed) in order, one at a time, in a blocking
         // task; up to `part_concurrency` of them are on the wire at once.
@@ -620,13 +628,20 @@ impl S3Store {
                 .map_err(|_| Error::new(ErrorKind::Io, "part reader poisoned"))?;
             r.finish()?
         };
-        if let Some(expected) = opts.sha256 {
-            if expected != whole {
+        match (whole, opts.sha256, opts.crc32) {
+            (WholeSum::Crc32(got), _, Some(expected)) if got != expected => {
                 return Err(Error::corrupt(format!(
-                    "{}: the file hashed to {whole} while being sent, expected {expected} (it changed); upload aborted",
+                    "{}: the file's CRC-32 was {got:08x} while being sent, {expected:08x} at the scan (it changed); upload aborted",
                     self.what("put", key)
                 )));
             }
+            (WholeSum::Sha256(got), Some(expected), _) if got != expected => {
+                return Err(Error::corrupt(format!(
+                    "{}: the file hashed to {got} while being sent, expected {expected} (it changed); upload aborted",
+                    self.what("put", key)
+                )));
+            }
+            _ => {}
         }
         let mut complete = self
             .client
@@ -660,19 +675,31 @@ enum PartSum {
     Sha256(String),
 }
 
-/// Reads a file part by part: each part's checksum, and the whole file's SHA-256.
+/// What a [`PartReader`] computes over the whole file.
+enum Whole {
+    Sha256(Hasher),
+    Crc32(crc32fast::Hasher),
+}
+
+/// Its result.
+enum WholeSum {
+    Sha256(Sha256),
+    Crc32(u32),
+}
+
+/// Reads a file part by part: each part's checksum, and the whole file's SHA-256 or CRC-32.
 struct PartReader {
     path: PathBuf,
     file: std::fs::File,
     len: u64,
     algorithm: PartChecksum,
-    whole: Hasher,
+    whole: Whole,
     hashed: u64,
     buf: Vec<u8>,
 }
 
 impl PartReader {
-    fn open(path: PathBuf, len: u64, algorithm: PartChecksum) -> Result<Self> {
+    fn open(path: PathBuf, len: u64, algorithm: PartChecksum, whole: Whole) -> Result<Self> {
         let file = std::fs::File::open(&path)
             .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
         Ok(PartReader {
@@ -680,7 +707,7 @@ impl PartReader {
             file,
             len,
             algorithm,
-            whole: Hasher::new(),
+            whole,
             hashed: 0,
             buf: vec![0u8; 1 << 20],
         })
@@ -708,7 +735,10 @@ impl PartReader {
                     self.len
                 )));
             }
-            self.whole.update(&self.buf[..got]);
+            match &mut self.whole {
+                Whole::Sha256(h) => h.update(&self.buf[..got]),
+                Whole::Crc32(h) => h.update(&self.buf[..got]),
+            }
             match &mut sha {
                 Some(h) => h.update(&self.buf[..got]),
                 None => crc = crc32c::crc32c_append(crc, &self.buf[..got]),
@@ -726,7 +756,7 @@ impl PartReader {
         ))
     }
 
-    fn finish(&mut self) -> Result<Sha256> {
+    fn finish(&mut self) -> Result<WholeSum> {
         let mut probe = [0u8; 1];
         let extra = self
             .file
@@ -739,7 +769,12 @@ impl PartReader {
                 self.len
             )));
         }
-        Ok(std::mem::take(&mut self.whole).finish().sha256)
+        Ok(
+            match std::mem::replace(&mut self.whole, Whole::Crc32(crc32fast::Hasher::new())) {
+                Whole::Sha256(h) => WholeSum::Sha256(h.finish().sha256),
+                Whole::Crc32(h) => WholeSum::Crc32(h.finalize()),
+            },
+        )
     }
 }
 
