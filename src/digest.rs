@@ -157,6 +157,41 @@ pub fn hash_file(path: &Path) -> Result<FileDigest> {
     Ok(hasher.finish())
 }
 
+/// Hash `paths` on up to one thread per core (at most 8; blocking: call from
+/// `spawn_blocking`). Results in the order of `paths`.
+pub fn hash_files_in_parallel(paths: &[&Path]) -> Vec<Result<FileDigest>> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let out: Vec<std::sync::Mutex<Option<Result<FileDigest>>>> =
+        paths.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    let threads = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .clamp(1, 8)
+        .min(paths.len().max(1));
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(p) = paths.get(i) else { break };
+                let d = hash_file(p);
+                if let Ok(mut slot) = out[i].lock() {
+                    *slot = Some(d);
+                }
+            });
+        }
+    });
+    out.into_iter()
+        .zip(paths)
+        .map(|(slot, p)| {
+            slot.into_inner().ok().flatten().unwrap_or_else(|| {
+                Err(Error::new(
+                    crate::error::ErrorKind::Io,
+                    format!("hash {}: the hashing thread failed", p.display()),
+                ))
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -38,7 +38,7 @@ use super::{read_index, Expected, FACTORY_NAME};
 use crate::backend::{StoreSpec, TaskContext, TaskRestoreManager};
 use crate::blobstore::{download_to_file, BlobStore, DownloadOptions};
 use crate::checkpoint::{Checkpoint, CheckpointId};
-use crate::digest::{hash_file, Sha256};
+use crate::digest::{hash_file, hash_files_in_parallel, Sha256};
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::{FileIndex, IndexMarker, SnapshotIndex};
 use crate::layout::{JobScope, StoreScope};
@@ -240,25 +240,13 @@ fn list_files(dir: &Path) -> Result<BTreeMap<String, (PathBuf, u64)>> {
 
 /// SHA-256 of each file (`None` if unreadable), on up to as many threads as there are cores.
 fn hash_in_parallel(paths: &[PathBuf]) -> HashMap<PathBuf, Option<Sha256>> {
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let out = std::sync::Mutex::new(HashMap::with_capacity(paths.len()));
-    let threads = std::thread::available_parallelism()
-        .map_or(2, |n| n.get())
-        .clamp(1, 8)
-        .min(paths.len().max(1));
-    std::thread::scope(|scope| {
-        for _ in 0..threads {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(p) = paths.get(i) else { break };
-                let h = hash_file(p).ok().map(|d| d.sha256);
-                if let Ok(mut m) = out.lock() {
-                    m.insert(p.clone(), h);
-                }
-            });
-        }
-    });
-    out.into_inner().unwrap_or_default()
+    let refs: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
+    paths
+        .iter()
+        .cloned()
+        .zip(hash_files_in_parallel(&refs))
+        .map(|(p, d)| (p, d.ok().map(|d| d.sha256)))
+        .collect()
 }
 
 /// Plan the restore of `spec` to `index` (blocking: hashes local candidates).

@@ -1,5 +1,6 @@
-//! Walking a store's checkpoint directory: every file hashed (SHA-256 + CRC32 in one read),
-//! nested directories kept, anything that is not a regular file or directory refused.
+//! Walking a store's checkpoint directory: every file hashed (SHA-256 + CRC32 in one read,
+//! files in parallel on every core) unless the hash cache vouches for it, nested directories
+//! kept, anything that is not a regular file or directory refused.
 //!
 //! Blocking: call from `spawn_blocking`.
 
@@ -9,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::hashcache::{CacheKey, HashCache};
-use crate::digest::{hash_file, FileDigest};
+use crate::digest::{hash_files_in_parallel, FileDigest};
 use crate::error::{Error, Result};
 use crate::index::{validate_name, FileMetadata};
 
@@ -121,13 +122,58 @@ fn millis(secs: i64, nsec: i64) -> u64 {
 }
 
 /// Scan `root` recursively. Immutable files are looked up in (and added to) `cache`.
+///
+/// The walk stats every file first; the files the cache cannot vouch for are then hashed on
+/// every core (a full backup of new SSTs is bound by this hashing before its first PUT).
 pub fn scan_dir(
     root: &Path,
     cache: Option<&HashCache>,
     owners: &Owners,
     stats: &ScanStats,
 ) -> Result<LocalDir> {
-    scan(root, String::new(), cache, owners, stats)
+    let mut pending = Vec::new();
+    let mut tree = scan(root, String::new(), cache, owners, stats, &mut pending)?;
+    if pending.is_empty() {
+        return Ok(tree);
+    }
+    let paths: Vec<&Path> = pending.iter().map(|p| p.path.as_path()).collect();
+    let mut digests = HashMap::with_capacity(pending.len());
+    for (p, d) in pending.iter().zip(hash_files_in_parallel(&paths)) {
+        let d = d?;
+        stats.bytes_hashed.fetch_add(d.size, Ordering::Relaxed);
+        if d.size != p.key.size {
+            return Err(Error::invalid(format!(
+                "{} changed while being hashed ({} bytes, then {})",
+                p.path.display(),
+                p.key.size,
+                d.size
+            )));
+        }
+        if let (true, Some(c)) = (is_immutable(&p.key.name), cache) {
+            c.insert(p.key.clone(), d);
+        }
+        digests.insert(p.path.clone(), d);
+    }
+    fill_digests(&mut tree, &digests);
+    Ok(tree)
+}
+
+/// A file the walk found and the cache did not vouch for: hashed after the walk.
+struct Pending {
+    path: PathBuf,
+    key: CacheKey,
+}
+
+fn fill_digests(dir: &mut LocalDir, digests: &HashMap<PathBuf, FileDigest>) {
+    for f in &mut dir.files {
+        if let Some(d) = digests.get(&f.path) {
+            f.digest = *d;
+            f.metadata.size = d.size;
+        }
+    }
+    for d in &mut dir.dirs {
+        fill_digests(d, digests);
+    }
 }
 
 fn scan(
@@ -136,6 +182,7 @@ fn scan(
     cache: Option<&HashCache>,
     owners: &Owners,
     stats: &ScanStats,
+    pending: &mut Vec<Pending>,
 ) -> Result<LocalDir> {
     let mut out = LocalDir {
         name,
@@ -155,7 +202,8 @@ fn scan(
             .map_err(|e| Error::io(format!("stat {}", path.display()), e))?;
         let ft = md.file_type();
         if ft.is_dir() {
-            out.dirs.push(scan(&path, name, cache, owners, stats)?);
+            out.dirs
+                .push(scan(&path, name, cache, owners, stats, pending)?);
         } else if ft.is_file() {
             stats.files.fetch_add(1, Ordering::Relaxed);
             let key = CacheKey {
@@ -176,22 +224,16 @@ fn scan(
                     d
                 }
                 None => {
-                    let d = hash_file(&path)?;
-                    stats.bytes_hashed.fetch_add(d.size, Ordering::Relaxed);
-                    if d.size != md.len() {
-                        return Err(Error::invalid(format!(
-                            "{} changed while being hashed ({} bytes, then {})",
-                            path.display(),
-                            md.len(),
-                            d.size
-                        )));
+                    // Hashed after the walk, in parallel (`fill_digests`).
+                    pending.push(Pending {
+                        path: path.clone(),
+                        key,
+                    });
+                    FileDigest {
+                        sha256: crate::digest::Sha256::from_bytes([0; 32]),
+                        crc32: 0,
+                        size: md.len(),
                     }
-                    if is_immutable(&name) {
-                        if let Some(c) = cache {
-                            c.insert(key, d);
-                        }
-                    }
-                    d
                 }
             };
             out.files.push(LocalFile {
