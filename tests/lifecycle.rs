@@ -579,6 +579,37 @@ async fn demo_survives_kill_9_local() {
                     .await
                     .unwrap();
                 demo_counts_ok(&out);
+                // Then a sweep with grace 0 leaves exactly what the retained checkpoints
+                // reference: the crash's orphans go, nothing committed does.
+                let out = tokio::process::Command::new(bin)
+                    .args(["--json", "--local"])
+                    .arg(dir.join("store"))
+                    .args(["gc", "--job", "wordcount", "--grace-secs", "0"])
+                    .output()
+                    .await
+                    .unwrap();
+                assert!(
+                    out.status.success(),
+                    "{point}: gc: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let store: Arc<dyn BlobStore> = Arc::new(
+                    blobsnap::blobstore::local::LocalStore::new(dir.join("store")).unwrap(),
+                );
+                let left: BTreeSet<String> = list_all(
+                    store.as_ref(),
+                    JobScope::new("wordcount", "1").unwrap().scope(),
+                )
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|m| m.key.as_str().to_string())
+                .collect();
+                assert_eq!(
+                    left,
+                    support::referenced(&store, "wordcount", 3).await,
+                    "{point} (run {run}, new host {new_host}): after a sweep with grace 0"
+                );
                 let _ = std::fs::remove_dir_all(&dir);
             }
         }
