@@ -296,6 +296,18 @@ mod cases {
             "{}",
             h.name
         );
+        // Multipart parts carry CRC-32C by default: a server that checks SHA-256 checks it too
+        // (LocalStack, Garage), or `blobsnap probe` says to use `part-checksum = "sha256"`.
+        if declared.verifies_sha256 {
+            assert!(report.verifies_crc32c, "{}: CRC-32C not verified", h.name);
+            assert!(
+                report
+                    .settings_toml()
+                    .contains("part-checksum = \"crc32c\""),
+                "{}",
+                h.name
+            );
+        }
         assert_eq!(
             report.multipart_listing, declared.multipart_listing,
             "{}",
