@@ -618,18 +618,23 @@ async fn repetition(
         format!("rclone-{tag}/"),
         format!("restic-{tag}/"),
     ] {
-        let scope = blobsnap::blobstore::Scope::new(prefix).expect("scope");
-        let keys: Vec<BlobKey> = blobsnap::blobstore::list_all(&store, &scope)
-            .await
-            .expect("list")
-            .into_iter()
-            .map(|m| m.key)
-            .collect();
-        for chunk in keys.chunks(1000) {
-            let _ = store.delete_many(chunk).await;
-        }
+        delete_prefix(&store, prefix).await;
     }
     facts
+}
+
+/// Delete every object under `prefix` (best effort: it only frees the server's disk).
+async fn delete_prefix(store: &S3Store, prefix: String) {
+    let scope = blobsnap::blobstore::Scope::new(prefix).expect("scope");
+    let keys: Vec<BlobKey> = blobsnap::blobstore::list_all(store, &scope)
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|m| m.key)
+        .collect();
+    for chunk in keys.chunks(1000) {
+        let _ = store.delete_many(chunk).await;
+    }
 }
 
 /// The limit line: parallel PUTs and GETs of the store's SST bytes through the S3 layer.
@@ -926,17 +931,11 @@ async fn scaling(server: &Server, bin: &Path, work: &Path, sizes: &[u64]) {
             restore.secs,
             restore.rss_kib / 1024
         );
-        let store = server.store(&server.endpoint).await;
-        let scope = blobsnap::blobstore::Scope::new(format!("manual/{tag}/")).expect("scope");
-        let keys: Vec<BlobKey> = blobsnap::blobstore::list_all(&store, &scope)
-            .await
-            .expect("list")
-            .into_iter()
-            .map(|m| m.key)
-            .collect();
-        for chunk in keys.chunks(1000) {
-            let _ = store.delete_many(chunk).await;
-        }
+        delete_prefix(
+            &server.store(&server.endpoint).await,
+            format!("manual/{tag}/"),
+        )
+        .await;
         rm(&dir);
     }
     if let (Some((a, ta)), Some((b, tb))) = (incremental.first(), incremental.last()) {

@@ -471,6 +471,50 @@ async fn a_store_that_cannot_fence_is_refused() {
         .unwrap();
 }
 
+/// Every key under the demo job's scope.
+async fn job_keys(store: &dyn BlobStore) -> BTreeSet<String> {
+    list_all(store, JobScope::new("wordcount", "1").unwrap().scope())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.key.as_str().to_string())
+        .collect()
+}
+
+/// Before a sweep, everything the demo job's retained checkpoints reference exists; after
+/// `gc --job wordcount --grace-secs 0` (appended to `blobsnap`, the CLI with its global store
+/// flags), exactly that is left. Returns how many objects the sweep deleted.
+async fn sweep_leaves_exactly_the_referenced(
+    mut blobsnap: tokio::process::Command,
+    store: &Arc<dyn BlobStore>,
+    partitions: u32,
+    what: &str,
+) -> usize {
+    let before = job_keys(store.as_ref()).await;
+    let expected = support::referenced(store, "wordcount", partitions).await;
+    let missing: Vec<_> = expected.difference(&before).collect();
+    assert!(
+        missing.is_empty(),
+        "{what}: referenced but missing: {missing:?}"
+    );
+    let out = blobsnap
+        .args(["gc", "--job", "wordcount", "--grace-secs", "0"])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{what}: gc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let after = job_keys(store.as_ref()).await;
+    assert_eq!(
+        after, expected,
+        "{what}: after a sweep with grace 0, exactly the referenced objects remain"
+    );
+    before.len() - after.len()
+}
+
 fn demo_counts_ok(out: &std::process::Output) -> serde_json::Value {
     assert!(
         out.status.success(),
@@ -581,35 +625,18 @@ async fn demo_survives_kill_9_local() {
                 demo_counts_ok(&out);
                 // Then a sweep with grace 0 leaves exactly what the retained checkpoints
                 // reference: the crash's orphans go, nothing committed does.
-                let out = tokio::process::Command::new(bin)
-                    .args(["--json", "--local"])
-                    .arg(dir.join("store"))
-                    .args(["gc", "--job", "wordcount", "--grace-secs", "0"])
-                    .output()
-                    .await
-                    .unwrap();
-                assert!(
-                    out.status.success(),
-                    "{point}: gc: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
+                let mut gc = tokio::process::Command::new(bin);
+                gc.args(["--json", "--local"]).arg(dir.join("store"));
                 let store: Arc<dyn BlobStore> = Arc::new(
                     blobsnap::blobstore::local::LocalStore::new(dir.join("store")).unwrap(),
                 );
-                let left: BTreeSet<String> = list_all(
-                    store.as_ref(),
-                    JobScope::new("wordcount", "1").unwrap().scope(),
+                sweep_leaves_exactly_the_referenced(
+                    gc,
+                    &store,
+                    3,
+                    &format!("{point} (run {run}, new host {new_host})"),
                 )
-                .await
-                .unwrap()
-                .into_iter()
-                .map(|m| m.key.as_str().to_string())
-                .collect();
-                assert_eq!(
-                    left,
-                    support::referenced(&store, "wordcount", 3).await,
-                    "{point} (run {run}, new host {new_host}): after a sweep with grace 0"
-                );
+                .await;
                 let _ = std::fs::remove_dir_all(&dir);
             }
         }
@@ -755,12 +782,7 @@ async fn sweep_after_kills_leaves_exactly_the_referenced_objects() {
     let store: Arc<dyn BlobStore> =
         Arc::new(blobsnap::blobstore::local::LocalStore::new(dir.join("store")).unwrap());
     let job_scope = JobScope::new("wordcount", "1").unwrap();
-    let before: BTreeSet<String> = list_all(store.as_ref(), job_scope.scope())
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|m| m.key.as_str().to_string())
-        .collect();
+    let before: BTreeSet<String> = job_keys(store.as_ref()).await;
     let expected = support::referenced(&store, "wordcount", 3).await;
     assert!(
         before.is_superset(&expected),
@@ -795,12 +817,7 @@ async fn sweep_after_kills_leaves_exactly_the_referenced_objects() {
         .map(|d| d["key"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(dry["plan"]["unknown"].as_array().unwrap().len(), 0, "{dry}");
-    let after_dry: BTreeSet<String> = list_all(store.as_ref(), job_scope.scope())
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|m| m.key.as_str().to_string())
-        .collect();
+    let after_dry: BTreeSet<String> = job_keys(store.as_ref()).await;
     assert_eq!(after_dry, before, "a dry run deletes nothing");
     assert!(
         planned.is_disjoint(&expected),
@@ -818,12 +835,7 @@ async fn sweep_after_kills_leaves_exactly_the_referenced_objects() {
         Some(9),
         "the sweep was killed mid-delete"
     );
-    let mid: BTreeSet<String> = list_all(store.as_ref(), job_scope.scope())
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|m| m.key.as_str().to_string())
-        .collect();
+    let mid: BTreeSet<String> = job_keys(store.as_ref()).await;
     assert!(
         expected.is_subset(&mid),
         "a killed sweep deleted nothing referenced"
@@ -835,12 +847,7 @@ async fn sweep_after_kills_leaves_exactly_the_referenced_objects() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let after: BTreeSet<String> = list_all(store.as_ref(), job_scope.scope())
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|m| m.key.as_str().to_string())
-        .collect();
+    let after: BTreeSet<String> = job_keys(store.as_ref()).await;
     assert_eq!(after, expected, "exactly the referenced objects remain");
     assert_eq!(
         before.difference(&after).cloned().collect::<BTreeSet<_>>(),
@@ -1090,34 +1097,8 @@ async fn two_process_zombie_case(
 
     // Neither process's cleanup deleted what the other's committed index needs; the
     // zombie's uploads are swept.
-    let keys = || async {
-        list_all(store.as_ref(), job_scope.scope())
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|m| m.key.as_str().to_string())
-            .collect::<BTreeSet<String>>()
-    };
-    let before = keys().await;
-    let expected = support::referenced(&store, "wordcount", 2).await;
-    let missing: Vec<_> = expected.difference(&before).collect();
-    assert!(missing.is_empty(), "referenced but missing: {missing:?}");
-    let out = cli(&["gc", "--job", "wordcount", "--grace-secs", "0"])
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let after = keys().await;
-    assert_eq!(after, expected, "exactly the referenced objects remain");
-    eprintln!(
-        "zombie case: {} objects referenced, {} orphans swept",
-        expected.len(),
-        before.len() - after.len()
-    );
+    let swept = sweep_leaves_exactly_the_referenced(cli(&[]), &store, 2, "zombie case").await;
+    eprintln!("zombie case: {swept} orphans swept");
     // A new host restores the survivor's committed state and ends right.
     demo_counts_ok(&demo("c").output().await.unwrap());
 }
