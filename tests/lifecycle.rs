@@ -567,14 +567,28 @@ async fn demo_survives_kill_9_local() {
         "commit.during-cleanup",
         "restore.after-plan",
         "restore.mid-download",
+        "restore.before-marker",
         "restore.after-marker",
         "restore.after-exchange",
         "sweep.mid-delete",
     ];
+    // BLOBSNAP_CRASH_POINTS=a,b runs only those points (e.g. to repeat one many times).
+    let only: Option<Vec<String>> = std::env::var("BLOBSNAP_CRASH_POINTS")
+        .ok()
+        .map(|v| v.split(',').map(str::to_string).collect());
+    let points: Vec<&str> = POINTS
+        .iter()
+        .copied()
+        .filter(|p| only.as_ref().is_none_or(|o| o.iter().any(|x| x == p)))
+        .collect();
+    assert!(
+        !points.is_empty(),
+        "BLOBSNAP_CRASH_POINTS names no known point"
+    );
     let mut killed_at_point = 0;
     let mut reached: BTreeMap<&str, u64> = BTreeMap::new();
     for run in 0..runs {
-        for (i, point) in POINTS.iter().enumerate() {
+        for (i, point) in points.iter().enumerate() {
             for new_host in [false, true] {
                 let dir = tmp.path().join(format!("points-{run}-{i}-{new_host}"));
                 let (pre_kill_ms, nth) = if run == 0 {
@@ -642,9 +656,13 @@ async fn demo_survives_kill_9_local() {
         }
     }
     eprintln!("crash matrix: {runs} run(s) per point and host, killed at: {reached:?}");
+    // Some points are not reached in every run (nothing to download on the same host; the
+    // demo's own sweep runs rarely: `sweep.mid-delete` is driven by the sweep test); at least
+    // 5 in 8 must be (one run: 22 of 26).
+    let attempts = 2 * points.len() as u64 * runs;
     assert!(
-        killed_at_point >= 15 * runs,
-        "only {killed_at_point} runs reached their crash point"
+        killed_at_point * 8 >= attempts * 5,
+        "only {killed_at_point} of {attempts} runs reached their crash point"
     );
     // Random SIGKILLs, then a run to the end.
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
