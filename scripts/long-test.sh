@@ -7,7 +7,9 @@
 #    SlowDown, reset, lost/cut response, 2 s delay) for >= 500 commits, on the in-process
 #    s3s-fs server and on LocalStack;
 # 2. the full crash matrix: SIGKILL at every named point of claim, restore, commit, cleanup and
-#    sweep, 25 seeded runs per point, on a restart on the same host and on a new one;
+#    sweep, 25 seeded runs per point, on a restart on the same host and on a new one, each
+#    followed by a grace-0 sweep that must leave exactly the referenced objects
+#    (BLOBSNAP_CRASH_POINTS=a,b repeats chosen points only);
 # 3. fuzzing: 10 minutes per target (checkpoint reader, index reader, marker/id/key/scope
 #    parsers) with a counting allocator;
 # 4. the GC model: 10,000 randomized interleavings of commits (with retention cleanup and
