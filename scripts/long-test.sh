@@ -46,7 +46,7 @@ stage "faults on the wire: >= 500 commits through 10 % faulty requests (LocalSta
 
 stage "crash matrix: 25 seeded runs per point"
 BLOBSNAP_CRASH_RUNS=${BLOBSNAP_CRASH_RUNS:-25} \
-  cargo test --locked --release --test lifecycle -- --nocapture demo_survives_kill_9_local
+  cargo test --locked --release --test lifecycle -- --nocapture demo_survives_kill_9_local sweep_after_kills_leaves_exactly_the_referenced_objects
 
 stage "fuzzing: 10 minutes per target"
 BLOBSNAP_FUZZ_SECS=${BLOBSNAP_FUZZ_SECS:-600} cargo test --locked --release --test fuzz -- --nocapture

@@ -859,6 +859,61 @@ async fn sweep_after_kills_leaves_exactly_the_referenced_objects() {
         "a killed sweep deleted nothing referenced"
     );
 
+    // More kills mid-delete, `BLOBSNAP_CRASH_RUNS` times (default 1; the long test: 25): each
+    // time 2,500 orphan blobs (3 delete batches) are planted in a task's store scope and the
+    // sweep is killed after a seeded first or second batch: nothing referenced is ever gone.
+    let runs: u64 = std::env::var("BLOBSNAP_CRASH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    use futures::StreamExt as _;
+    let sscope = job_scope.store("Partition 0", "counts").unwrap();
+    let old: blobsnap::checkpoint::CheckpointId = "1000-1".parse().unwrap();
+    for run in 0..runs {
+        futures::stream::iter(0..2500)
+            .map(|i| {
+                let body = format!("orphan {run} {i}");
+                let sha = blobsnap::digest::Sha256::of(body.as_bytes());
+                let key = sscope
+                    .key(&blobsnap::layout::StoreScope::blob_id(old, sha))
+                    .unwrap();
+                let store = Arc::clone(&store);
+                async move {
+                    store
+                        .put(
+                            &key,
+                            blobsnap::blobstore::PutBody::Bytes(body.into()),
+                            blobsnap::blobstore::PutOptions::create_only(sha),
+                        )
+                        .await
+                        .unwrap();
+                }
+            })
+            .buffer_unordered(32)
+            .collect::<Vec<()>>()
+            .await;
+        let nth = rng.random_range(1..=2u32);
+        let out = gc(false)
+            .env("BLOBSNAP_CRASH_AT", format!("sweep.mid-delete@{nth}"))
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(
+            out.status.signal(),
+            Some(9),
+            "run {run}: the sweep was killed after delete batch {nth}"
+        );
+        let mid = job_keys(store.as_ref()).await;
+        assert!(
+            expected.is_subset(&mid),
+            "run {run}: a sweep killed after batch {nth} deleted something referenced"
+        );
+        assert!(
+            mid.len() >= expected.len() + 2500 - 1000 * nth as usize,
+            "run {run}: the sweep was killed before it deleted everything (after batch {nth} of 3)"
+        );
+    }
+
     let out = gc(false).output().await.unwrap();
     assert!(
         out.status.success(),
