@@ -4,7 +4,8 @@
 //! the in-process S3 server.
 //!
 //! Sizes: `BLOBSNAP_BOUNDED_FILES` (default 5,000; the long-test command: 100,000) and
-//! `BLOBSNAP_BOUNDED_BIG_MIB` (default 256; the long-test command: 8192, needs ~3× that free).
+//! `BLOBSNAP_BOUNDED_BIG_MIB` (default 256; the long-test command: 8192, needs ~3× that free);
+//! 0 skips that case.
 //! The peak is process-wide, so both cases run in one test, one after the other; each asserts
 //! on how much the peak grew during its own backup and restore.
 
@@ -183,7 +184,9 @@ async fn many_small_files() {
             h.name
         );
         assert!(fds < 512, "{}: {fds} descriptors open at once", h.name);
-        h.cleanup().await;
+        // No per-key cleanup: both stores live in the harness's temp dir, gone with it (s3s-fs
+        // lists in O(objects) per page: deleting 100,000 keys one page at a time took longer
+        // than the round trip).
     }
 }
 
@@ -228,6 +231,11 @@ async fn one_large_file() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "long: scripts/long-test.sh runs it (100,000 files, 8 GiB)"]
 async fn memory_and_descriptors_stay_bounded() {
-    many_small_files().await;
-    one_large_file().await;
+    // 0 skips a case (to repeat the other alone).
+    if env_u64("BLOBSNAP_BOUNDED_FILES", 5_000) > 0 {
+        many_small_files().await;
+    }
+    if env_u64("BLOBSNAP_BOUNDED_BIG_MIB", 256) > 0 {
+        one_large_file().await;
+    }
 }
