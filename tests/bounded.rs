@@ -207,9 +207,19 @@ async fn one_large_file() {
         }
         f.flush().unwrap();
     }
-    // s3s-fs: single PUTs (its multipart fails for long keys).
-    let s3s = support::s3s_with(|c| c.multipart_threshold = 16 << 30).await;
-    for h in [support::local().await, s3s] {
+    // s3s-fs: single PUTs (its multipart fails for long keys), so only up to S3's 5 GiB
+    // single-PUT limit; the multipart path of a larger file is measured on Garage by
+    // `benches/compare.sh --scaling` (an 8 GiB store).
+    let mut stores = vec![support::local().await];
+    if mib << 20 <= blobsnap::blobstore::s3::MAX_SINGLE_PUT {
+        stores.push(
+            support::s3s_with(|c| c.multipart_threshold = blobsnap::blobstore::s3::MAX_SINGLE_PUT)
+                .await,
+        );
+    } else {
+        eprintln!("one {mib} MiB file: not through s3s-fs (over the 5 GiB single-PUT limit; its multipart fails for long keys)");
+    }
+    for h in stores {
         let (grown, fds) = round_trip(&h, &src).await;
         eprintln!(
             "one {mib} MiB file through {}: peak RSS grew {} MiB, at most {fds} open descriptors",

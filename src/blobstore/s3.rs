@@ -115,6 +115,11 @@ impl From<CreateOnlySetting> for CreateOnly {
     }
 }
 
+/// S3's largest single PUT, and largest part (5 GiB).
+pub const MAX_SINGLE_PUT: u64 = 5 << 30;
+/// S3's most parts in one multipart upload.
+pub const MAX_PARTS: u64 = 10_000;
+
 /// Settings of the S3 store: plain data, loadable from TOML (`[s3]`) and `BLOBSNAP_S3_*` env.
 /// Credentials are deliberately not here: they come from the AWS default chain.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -220,10 +225,22 @@ impl S3Config {
                 self.part_size
             )));
         }
+        if self.part_size > MAX_SINGLE_PUT {
+            return Err(Error::invalid(format!(
+                "s3 part-size {} is above S3's 5 GiB maximum",
+                self.part_size
+            )));
+        }
         if self.multipart_threshold < self.part_size {
             return Err(Error::invalid(
                 "s3 multipart-threshold must be at least part-size",
             ));
+        }
+        if self.multipart_threshold > MAX_SINGLE_PUT {
+            return Err(Error::invalid(format!(
+                "s3 multipart-threshold {} is above S3's 5 GiB limit of a single PUT: larger files must go up in parts",
+                self.multipart_threshold
+            )));
         }
         if self.part_concurrency == 0 {
             return Err(Error::invalid("s3 part-concurrency must be at least 1"));
@@ -531,7 +548,7 @@ impl S3Store {
         len: u64,
         opts: PutOptions,
     ) -> Result<PutResult> {
-        let part_size = self.config.part_size;
+        let part_size = part_size_for(self.config.part_size, len);
         let n_parts = len.div_ceil(part_size).max(1);
         // The guard that the file did not change since the scan: its CRC-32 when the scan's
         // is known (cheap; the server checks every part), else its SHA-256 again.
@@ -667,6 +684,12 @@ impl S3Store {
             requests: n_parts as u32 + 2,
         })
     }
+}
+
+/// The part size for a file of `len` bytes: the configured one, or, for a file too large for
+/// [`MAX_PARTS`] parts of it, the smallest whole number of MiB that fits.
+fn part_size_for(configured: u64, len: u64) -> u64 {
+    configured.max(len.div_ceil(MAX_PARTS).next_multiple_of(1 << 20))
 }
 
 /// A part's checksum, base64 as S3 wants it.
@@ -1212,6 +1235,27 @@ impl BlobStore for S3Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn s3_size_limits() {
+        // The configured part size while it fits S3's 10,000 parts; larger whole MiB after.
+        assert_eq!(part_size_for(16 << 20, 8 << 30), 16 << 20);
+        assert_eq!(part_size_for(16 << 20, 10_000 * (16 << 20)), 16 << 20);
+        let big = 200u64 << 30;
+        let p = part_size_for(16 << 20, big);
+        assert!(p > 16 << 20 && p.is_multiple_of(1 << 20));
+        assert!(big.div_ceil(p) <= MAX_PARTS && big.div_ceil(p - (1 << 20)) > MAX_PARTS);
+        // A single PUT over 5 GiB is refused by S3: so is such a threshold.
+        let config = |threshold: u64| S3Config {
+            bucket: "b-ok".into(),
+            multipart_threshold: threshold,
+            ..Default::default()
+        };
+        assert!(config(MAX_SINGLE_PUT).validate().is_ok());
+        let e = config(MAX_SINGLE_PUT + 1).validate().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+        assert!(e.to_string().contains("5 GiB"), "{e}");
+    }
 
     #[test]
     fn classification_table() {
