@@ -59,6 +59,9 @@ bash minio/garage.sh stop
 stage "Garage 3-node cluster: node loss under the demo job"
 cargo test --locked --test garage_cluster -- --ignored --nocapture
 
+stage "bounded resources at the default sizes (5,000 small files, one 256 MiB file; no server)"
+cargo test --locked --test bounded -- --ignored --nocapture
+
 stage "cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps
 

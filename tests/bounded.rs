@@ -239,7 +239,7 @@ async fn one_large_file() {
 /// One test (the peak RSS is process-wide): many small files, then one large file. Long
 /// (~5 min in a debug build at the default sizes): run by `scripts/long-test.sh`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "long: scripts/long-test.sh runs it (100,000 files, 8 GiB)"]
+#[ignore = "minutes long: scripts/test.sh runs it at the default sizes, scripts/long-test.sh at 100,000 files and 8 GiB"]
 async fn memory_and_descriptors_stay_bounded() {
     // 0 skips a case (to repeat the other alone).
     if env_u64("BLOBSNAP_BOUNDED_FILES", 5_000) > 0 {

@@ -515,6 +515,18 @@ async fn sweep_leaves_exactly_the_referenced(
     before.len() - after.len()
 }
 
+/// Run `gc` with `BLOBSNAP_CRASH_AT=at`; it must die by SIGKILL there. Returns the demo job's
+/// keys left after it.
+async fn sweep_killed_at(
+    mut gc: tokio::process::Command,
+    at: &str,
+    store: &Arc<dyn BlobStore>,
+) -> BTreeSet<String> {
+    let out = gc.env("BLOBSNAP_CRASH_AT", at).output().await.unwrap();
+    assert_eq!(out.status.signal(), Some(9), "the sweep was killed at {at}");
+    job_keys(store.as_ref()).await
+}
+
 fn demo_counts_ok(out: &std::process::Output) -> serde_json::Value {
     assert!(
         out.status.success(),
@@ -843,17 +855,7 @@ async fn sweep_after_kills_leaves_exactly_the_referenced_objects() {
     );
 
     // A sweep killed (SIGKILL) after its first delete batch deleted nothing referenced.
-    let out = gc(false)
-        .env("BLOBSNAP_CRASH_AT", "sweep.mid-delete")
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(
-        out.status.signal(),
-        Some(9),
-        "the sweep was killed mid-delete"
-    );
-    let mid: BTreeSet<String> = job_keys(store.as_ref()).await;
+    let mid = sweep_killed_at(gc(false), "sweep.mid-delete", &store).await;
     assert!(
         expected.is_subset(&mid),
         "a killed sweep deleted nothing referenced"
@@ -893,17 +895,7 @@ async fn sweep_after_kills_leaves_exactly_the_referenced_objects() {
             .collect::<Vec<()>>()
             .await;
         let nth = rng.random_range(1..=2u32);
-        let out = gc(false)
-            .env("BLOBSNAP_CRASH_AT", format!("sweep.mid-delete@{nth}"))
-            .output()
-            .await
-            .unwrap();
-        assert_eq!(
-            out.status.signal(),
-            Some(9),
-            "run {run}: the sweep was killed after delete batch {nth}"
-        );
-        let mid = job_keys(store.as_ref()).await;
+        let mid = sweep_killed_at(gc(false), &format!("sweep.mid-delete@{nth}"), &store).await;
         assert!(
             expected.is_subset(&mid),
             "run {run}: a sweep killed after batch {nth} deleted something referenced"
