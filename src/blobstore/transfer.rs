@@ -16,22 +16,38 @@ use tokio::io::AsyncWriteExt as _;
 
 use super::{BlobKey, BlobStore};
 use crate::digest::{hash_file, Hasher, Sha256};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 
 /// Read a whole object into memory, refusing objects larger than `max_len` before reading
 /// their body. A body that ends early is `Transient` (retry), one longer than announced is
 /// `Corrupt`.
 pub async fn get_bytes(store: &dyn BlobStore, key: &BlobKey, max_len: u64) -> Result<Bytes> {
-    let got = store.get(key, None).await?;
-    if got.meta.size > max_len {
-        return Err(Error::invalid(format!(
-            "object {key} is {} bytes, over the cap of {max_len}",
-            got.meta.size
-        )));
+    // The store's retry layer retries the request; a body cut after the headers shows up only
+    // while it is read, so that is re-fetched here (a few times, briefly spaced). An error of
+    // the request itself has already had its retries.
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let got = store.get(key, None).await?;
+        if got.meta.size > max_len {
+            return Err(Error::invalid(format!(
+                "object {key} is {} bytes, over the cap of {max_len}",
+                got.meta.size
+            )));
+        }
+        let range = got.range.clone();
+        match collect_body(key, got, &range).await {
+            Err(e) if e.kind() == ErrorKind::Transient && attempt < BODY_ATTEMPTS => {
+                tracing::debug!(%key, attempt, error = %e, "body cut; fetching again");
+                tokio::time::sleep(std::time::Duration::from_millis(100 << attempt)).await;
+            }
+            r => return r,
+        }
     }
-    let range = got.range.clone();
-    collect_body(key, got, &range).await
 }
+
+/// Attempts of [`get_bytes`] at a body that ends early.
+const BODY_ATTEMPTS: u32 = 5;
 
 /// Read a body that must carry exactly `range`: longer is `Corrupt`, shorter (a dropped
 /// connection) is `Transient`.
