@@ -12,9 +12,13 @@
 #   minio/garage.sh status           # `garage status`
 #   minio/garage.sh cli I ARGS...    # `garage ARGS...` with node I's config
 #
-# Node I (1-based) listens on S3 port $GARAGE_BASE_PORT + 10*(I-1) (default 3900), RPC +1,
-# admin +3, all on 127.0.0.1. State (config, metadata, data, logs, PIDs) lives under
-# $GARAGE_STATE (default ~/.cache/blobsnap/garage-state-$GARAGE_BASE_PORT); `start` wipes it.
+# Node I (1-based) listens on S3 port BASE + 10*(I-1), RPC +1, admin +3, all on 127.0.0.1;
+# BASE is $GARAGE_BASE_PORT, or (default) a free range chosen at `start` and kept in the state
+# dir. State (config, metadata, data, logs, PIDs, ports, owner) lives under $GARAGE_STATE
+# (default: one per clone under $BLOBSNAP_TOOLS/instances); `start` wipes that dir, and only
+# that one. A PID is signalled only while its command line names this state dir's config, and
+# `start` first stops and deletes the instances of any clone whose owner (the script run that
+# started them) is gone — a run killed at its time limit.
 #
 # RPC timeout: 10 s instead of Garage's 300 s (GARAGE_RPC_TIMEOUT_MS): a block a node learns it
 # needs is fetched 2 x this timeout later, so a repaired node catches up in ~20 s, not 10 min.
@@ -27,15 +31,19 @@
 set -euo pipefail
 
 TOOLS=${BLOBSNAP_TOOLS:-$HOME/.cache/blobsnap}
+source "$(dirname "$0")/common.sh"
 VERSION=${GARAGE_VERSION:-2.5.0}
 GARAGE=${GARAGE_BIN:-$TOOLS/garage/bin/garage}
-BASE=${GARAGE_BASE_PORT:-3900}
-STATE=${GARAGE_STATE:-$TOOLS/garage-state-$BASE}
+CLONE=$(cd "$(dirname "$0")/.." && pwd)
+STATE=${GARAGE_STATE:-$TOOLS/instances/garage-$(echo "$CLONE" | cksum | cut -d' ' -f1)}
+BASE=$(cat "$STATE/base_port" 2>/dev/null || echo "${GARAGE_BASE_PORT:-3900}")
 BUCKET=${GARAGE_BUCKET:-blobsnap-test}
 KEY_ID=GK0123456789abcdef01234567
 SECRET=0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef
 
-install() {
+install() { with_lock "$TOOLS/garage-install.lock" install_locked; }
+
+install_locked() {
   if [ -x "$GARAGE" ] && "$GARAGE" --version 2>/dev/null | grep -q "$VERSION"; then
     return 0
   fi
@@ -79,7 +87,7 @@ metrics_token = "blobsnap-test-metrics-token"
 EOF
 }
 
-alive() { [ -f "$STATE/node$1/pid" ] && kill -0 "$(cat "$STATE/node$1/pid")" 2>/dev/null; }
+alive() { [ -f "$STATE/node$1/pid" ] && pid_is_ours "$(cat "$STATE/node$1/pid")" "$STATE/node$1/garage.toml"; }
 
 # How many nodes node $1 sees as connected (the HEALTHY list, hostname known).
 connected() {
@@ -105,12 +113,15 @@ start_node() {
   if alive "$i"; then return 0; fi
   local restart=0
   [ -d "$dir/meta/db.sqlite" ] || [ -n "$(ls -A "$dir/meta" 2>/dev/null)" ] && restart=1
-  if curl -s -o /dev/null "http://127.0.0.1:$(s3_port "$i")/" 2>/dev/null; then
-    echo "garage.sh: something already answers on 127.0.0.1:$(s3_port "$i"); refusing to start node $i" >&2
-    exit 1
-  fi
+  local p
+  for p in "$(s3_port "$i")" "$(rpc_port "$i")" "$(admin_port "$i")"; do
+    if ! port_free "$p"; then
+      echo "garage.sh: port $p on 127.0.0.1 is taken; refusing to start node $i" >&2
+      exit 1
+    fi
+  done
   ( RUST_LOG=${GARAGE_LOG:-garage=warn} setsid nohup "$GARAGE" -c "$dir/garage.toml" server \
-      >>"$dir/garage.log" 2>&1 </dev/null &
+      >>"$dir/garage.log" 2>&1 </dev/null 8>&- 9>&- &
     echo $! >"$dir/pid" )
   local up=0
   # `node id` reads a local key file; `status` needs the node's RPC listener.
@@ -151,21 +162,24 @@ kill_node() {
 stop() {
   local n; n=$(nodes)
   for i in $(seq 1 "$n"); do
-    if alive "$i"; then
-      local pid; pid=$(cat "$STATE/node$i/pid")
-      kill -TERM -- "-$pid" 2>/dev/null || kill "$pid" 2>/dev/null || true
-      for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    fi
-    kill_node "$i"
+    if alive "$i"; then stop_pid "$(cat "$STATE/node$i/pid")"; fi
+    rm -f "$STATE/node$i/pid"
   done
 }
+
+stop_state() { GARAGE_STATE=$1 bash "$0" stop; }
 
 start() {
   local n=${1:-1}
   install
   stop
+  reap_orphans garage "$STATE" stop_state
   rm -rf "$STATE"
   mkdir -p "$STATE"
+  if [ -n "${GARAGE_BASE_PORT:-}" ]; then BASE=$GARAGE_BASE_PORT; else BASE=$(free_port_range $((10 * n))); fi
+  echo "$BASE" >"$STATE/base_port"
+  write_owner "$STATE"
+  register_instance garage "$STATE"
   echo "$n" >"$STATE/nodes"
   od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$STATE/rpc_secret"
   for i in $(seq 1 "$n"); do write_config "$i" "$n"; start_node "$i"; done

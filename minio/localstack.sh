@@ -2,9 +2,16 @@
 # LocalStack S3 in host mode (no Docker): install into a venv, start, stop.
 #
 #   minio/localstack.sh install     # venv under $BLOBSNAP_TOOLS (default ~/.cache/blobsnap)
-#   minio/localstack.sh start       # listens on 127.0.0.1:$LOCALSTACK_PORT (default 4566)
-#   minio/localstack.sh stop        # stops the process started by `start` (by its PID)
+#   minio/localstack.sh start       # listens on 127.0.0.1:$LOCALSTACK_PORT (default: a free port)
+#   minio/localstack.sh stop        # stops the server of this state dir (by its PID, verified)
 #   minio/localstack.sh env         # prints the BLOBSNAP_TEST_S3_* variables for the suite
+#
+# Each instance has a state dir of its own (LOCALSTACK_STATE; default one per clone under
+# $BLOBSNAP_TOOLS/instances), holding its PID, port, owner and log: two clones or two CI runs
+# never stop or reuse each other's server, and `start` first stops and deletes the instances
+# whose owner (the script run that started them) is gone — a run killed at its time limit.
+# Python: LocalStack needs >= 3.13; a fresh machine of this kind has pyenv's 3.13 (found under
+# ~/.pyenv/versions); elsewhere set LOCALSTACK_PYTHON.
 #
 # Recipe (measured on this kind of machine): LocalStack 2026.x needs Python >= 3.13 (3.11 and
 # 3.12 fail with a misleading "No component plugins found"); the pins below each fix a break
@@ -13,9 +20,10 @@
 set -euo pipefail
 
 TOOLS=${BLOBSNAP_TOOLS:-$HOME/.cache/blobsnap}
+source "$(dirname "$0")/common.sh"
 VENV=$TOOLS/localstack-venv
-PORT=${LOCALSTACK_PORT:-4566}
-STATE=${LOCALSTACK_STATE:-$TOOLS/localstack-state}
+CLONE=$(cd "$(dirname "$0")/.." && pwd)
+STATE=${LOCALSTACK_STATE:-$TOOLS/instances/localstack-$(echo "$CLONE" | cksum | cut -d' ' -f1)}
 PIN="localstack-core[runtime]==2026.3.0"
 
 find_python() {
@@ -28,7 +36,9 @@ find_python() {
   return 1
 }
 
-install() {
+install() { with_lock "$TOOLS/localstack-install.lock" install_locked; }
+
+install_locked() {
   if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/.blobsnap-pin" 2>/dev/null)" = "$PIN" ]; then
     return 0
   fi
@@ -45,36 +55,42 @@ install() {
   echo "$PIN" > "$VENV/.blobsnap-pin"
 }
 
-healthy() { curl -sf "http://127.0.0.1:$PORT/_localstack/health" >/dev/null 2>&1; }
+port() { cat "$STATE/port" 2>/dev/null || echo "${LOCALSTACK_PORT:-4566}"; }
+healthy() { curl -sf "http://127.0.0.1:$1/_localstack/health" >/dev/null 2>&1; }
 
 stop() {
   if [ -f "$STATE/pid" ]; then
     local pid; pid=$(cat "$STATE/pid")
-    if kill -0 "$pid" 2>/dev/null; then
-      kill -TERM -- "-$pid" 2>/dev/null || kill "$pid" 2>/dev/null || true
-      for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-      kill -KILL -- "-$pid" 2>/dev/null || true
-    fi
+    if pid_is_ours "$pid" "$STATE"; then stop_pid "$pid"; fi
     rm -f "$STATE/pid"
   fi
 }
 
+stop_state() { LOCALSTACK_STATE=$1 bash "$0" stop; }
+
 start() {
   install
   stop
-  if healthy; then
-    echo "localstack.sh: something already answers on 127.0.0.1:$PORT; refusing to start a second server" >&2
+  reap_orphans localstack "$STATE" stop_state
+  local PORT=${LOCALSTACK_PORT:-}
+  if [ -z "$PORT" ]; then PORT=$(free_port_range 1); fi
+  if healthy "$PORT" || ! port_free "$PORT"; then
+    echo "localstack.sh: port $PORT on 127.0.0.1 is taken; refusing to start a second server" >&2
     exit 1
   fi
   mkdir -p "$STATE"
-  # setsid: LocalStack and anything it spawns form one process group, stopped together.
+  echo "$PORT" >"$STATE/port"
+  write_owner "$STATE"
+  register_instance localstack "$STATE"
+  # setsid: LocalStack and anything it spawns form one process group, stopped together. Its
+  # working directory is the state dir (how `stop` recognizes it); no lock fd is inherited.
   ( cd "$STATE"
     GATEWAY_LISTEN=127.0.0.1:$PORT SERVICES=s3 GATEWAY_SERVER=hypercorn DNS_ADDRESS=0 \
       EAGER_SERVICE_LOADING=1 setsid nohup "$VENV/bin/python" -m localstack.runtime.main \
-      >"$STATE/localstack.log" 2>&1 </dev/null &
+      >"$STATE/localstack.log" 2>&1 </dev/null 8>&- 9>&- &
     echo $! >"$STATE/pid" )
   for _ in $(seq 1 300); do
-    if healthy; then
+    if healthy "$PORT"; then
       echo "localstack.sh: LocalStack S3 ready on http://127.0.0.1:$PORT (pid $(cat "$STATE/pid"))" >&2
       return 0
     fi
@@ -92,7 +108,7 @@ case "${1:-}" in
   start) start ;;
   stop) stop ;;
   env)
-    echo "BLOBSNAP_TEST_S3_ENDPOINT=http://127.0.0.1:$PORT"
+    echo "BLOBSNAP_TEST_S3_ENDPOINT=http://127.0.0.1:$(port)"
     echo "BLOBSNAP_TEST_S3_ACCESS_KEY=test"
     echo "BLOBSNAP_TEST_S3_SECRET_KEY=test"
     echo "BLOBSNAP_TEST_S3_REGION=us-east-1"

@@ -3,8 +3,9 @@
 #
 #   scripts/test.sh
 #
-# 1. installs what the build needs when missing (libclang-dev for RocksDB's bindgen);
-# 2. installs (once, into ~/.cache/blobsnap) and starts LocalStack on 127.0.0.1:4566;
+# 1. installs what the build needs when missing (libclang-dev for RocksDB's bindgen, found by
+#    the names bindgen loads: scripts/prereqs.sh) and checks the tools the suites run;
+# 2. installs (once, into ~/.cache/blobsnap) and starts LocalStack on a free loopback port;
 # 3. runs fmt, clippy (-D warnings), rustdoc (-D warnings) and `cargo test` — the unit
 #    tests, the format tests, the conformance suite and the backup suite (real RocksDB)
 #    against the local store and an in-process s3s-fs server;
@@ -15,6 +16,12 @@
 #    Garage cluster (tests/garage_cluster.rs);
 # 6. stops LocalStack and Garage (by their PIDs) and exits non-zero if anything failed.
 #
+# The servers of one run are its own: state dirs named after this run's PID under
+# ~/.cache/blobsnap/instances, free ports, stopped on every exit (a signal included); a run
+# killed with SIGKILL leaves them behind, and the next run's server scripts stop and delete
+# them (their owner is gone). Two runs with one CARGO_TARGET_DIR share its binaries: .ci/run
+# holds a lock on it, so a second CI run waits for the first.
+#
 # Each stage prints its duration. Set CARGO_TARGET_DIR to reuse a build directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,14 +30,25 @@ source scripts/stage.sh
 
 stage "build prerequisites"
 bash scripts/prereqs.sh
-for tool in curl; do
-  command -v "$tool" >/dev/null || { echo "missing $tool" >&2; exit 1; }
-done
+bash scripts/prereqs.sh --tools curl python3 flock setsid cksum
+
+TOOLS=${BLOBSNAP_TOOLS:-$HOME/.cache/blobsnap}
+export BLOBSNAP_OWNER_PID=$$
+export LOCALSTACK_STATE=$TOOLS/instances/localstack-run-$$
+export GARAGE_STATE=$TOOLS/instances/garage-run-$$
+unset LOCALSTACK_PORT GARAGE_BASE_PORT
+cleanup() {
+  bash minio/localstack.sh stop || true
+  bash minio/garage.sh stop || true
+  rm -rf "$LOCALSTACK_STATE" "$GARAGE_STATE"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM HUP
 
 stage "LocalStack"
 bash minio/localstack.sh install
 bash minio/localstack.sh start
-trap 'bash minio/localstack.sh stop; bash minio/garage.sh stop' EXIT
 eval "export $(bash minio/localstack.sh env | tr '\n' ' ')"
 
 stage "cargo fmt --check"

@@ -26,7 +26,6 @@ use blobsnap::blobstore::s3::{CreateOnlySetting, S3Config, S3Store};
 use blobsnap::blobstore::{list_all, BlobStore};
 use blobsnap::layout::JobScope;
 
-const BASE_PORT: u16 = 3950;
 const KEY_ID: &str = "GK0123456789abcdef01234567";
 const SECRET: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 const BUCKET: &str = "blobsnap-test";
@@ -40,8 +39,9 @@ impl Cluster {
         let out = Command::new("bash")
             .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/minio/garage.sh"))
             .args(args)
-            .env("GARAGE_BASE_PORT", BASE_PORT.to_string())
+            .env_remove("GARAGE_BASE_PORT")
             .env("GARAGE_STATE", self.state.path())
+            .env("BLOBSNAP_OWNER_PID", std::process::id().to_string())
             .output()
             .expect("run minio/garage.sh");
         assert!(
@@ -70,6 +70,13 @@ impl Cluster {
         self.sh(&["start-node", &node.to_string()]);
     }
 
+    /// Node 1's S3 endpoint: garage.sh chose free ports at start and keeps the base there.
+    fn endpoint(&self) -> String {
+        let base = std::fs::read_to_string(self.state.path().join("base_port"))
+            .expect("garage.sh start writes base_port");
+        format!("http://127.0.0.1:{}", base.trim())
+    }
+
     fn data_dir(&self, node: u32) -> PathBuf {
         self.state.path().join(format!("node{node}/data"))
     }
@@ -80,7 +87,7 @@ impl Drop for Cluster {
         let _ = Command::new("bash")
             .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/minio/garage.sh"))
             .arg("stop")
-            .env("GARAGE_BASE_PORT", BASE_PORT.to_string())
+            .env_remove("GARAGE_BASE_PORT")
             .env("GARAGE_STATE", self.state.path())
             .output();
     }
@@ -117,7 +124,7 @@ fn block_files(dir: &Path) -> std::collections::BTreeSet<String> {
 
 /// A settings file for the blobsnap CLI: S3 at node 1 (the gateway), small timeouts and
 /// retry budget, no fence (Garage ignores If-None-Match).
-fn settings(dir: &Path, job_id: &str) -> PathBuf {
+fn settings(dir: &Path, job_id: &str, endpoint: &str) -> PathBuf {
     let path = dir.join(format!("blobsnap-{job_id}.toml"));
     std::fs::write(
         &path,
@@ -127,7 +134,7 @@ kind = "s3"
 
 [s3]
 bucket = "{BUCKET}"
-endpoint = "http://127.0.0.1:{BASE_PORT}"
+endpoint = "{endpoint}"
 region = "garage"
 path-style = true
 connect-timeout-ms = 1000
@@ -200,10 +207,10 @@ fn demo_losing_nodes(
     (child.wait_with_output().unwrap(), Some(killed_at))
 }
 
-async fn store() -> Arc<dyn BlobStore> {
+async fn store(endpoint: String) -> Arc<dyn BlobStore> {
     let config = S3Config {
         bucket: BUCKET.into(),
-        endpoint: Some(format!("http://127.0.0.1:{BASE_PORT}")),
+        endpoint: Some(endpoint),
         region: Some("garage".into()),
         path_style: true,
         create_only: CreateOnlySetting::Ignored,
@@ -223,7 +230,7 @@ async fn node_loss_on_a_three_node_cluster() {
     let t0 = Instant::now();
     let cluster = Cluster::start(3);
     let tmp = tempfile::tempdir().unwrap();
-    let config = settings(tmp.path(), "1");
+    let config = settings(tmp.path(), "1", &cluster.endpoint());
     let lines = 60_000;
 
     // 1. Lose node 2 in the middle of the commits.
@@ -311,7 +318,7 @@ async fn node_loss_on_a_three_node_cluster() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let store = store().await;
+    let store = store(cluster.endpoint()).await;
     let expected = support::referenced(&store, "wordcount", 2).await;
     let scope = JobScope::new("wordcount", "1").unwrap();
     let left: std::collections::BTreeSet<String> = list_all(store.as_ref(), scope.scope())
@@ -326,7 +333,7 @@ async fn node_loss_on_a_three_node_cluster() {
     // 5. Two nodes lost under a running job (of its own id): a classified failure, bounded
     //    in time; then the nodes come back and the job resumes.
     cluster.restart(3);
-    let config2 = settings(tmp.path(), "2");
+    let config2 = settings(tmp.path(), "2", &cluster.endpoint());
     let (out, killed_at) = demo_losing_nodes(
         &cluster,
         demo(&config2, &tmp.path().join("e"), lines * 2),
