@@ -9,8 +9,9 @@
 # - An instance records its owner (the PID and start time of the script run that asked for
 #   it, BLOBSNAP_OWNER_PID); `reap_orphans` stops and deletes instances whose owner is gone.
 
-# The start time of PID (clock ticks since boot), or nothing.
-proc_start() { awk '{print $22}' "/proc/$1/stat" 2>/dev/null || true; }
+# The start time of PID (clock ticks since boot), or nothing when it is gone (or a zombie).
+# Fields after the command name, which may hold spaces: state is the 1st, start time the 20th.
+proc_start() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | awk '$1 != "Z" {print $20}' || true; }
 
 # Is PID alive and the server of state dir DIR?
 pid_is_ours() {

@@ -83,9 +83,10 @@ start() {
   write_owner "$STATE"
   register_instance localstack "$STATE"
   # setsid: LocalStack and anything it spawns form one process group, stopped together. Its
-  # working directory is the state dir (how `stop` recognizes it); no lock fd is inherited.
+  # working directory is the state dir (how `stop` recognizes it), its files stay in it
+  # (FILESYSTEM_ROOT; the default is a dir in the venv that every instance would share).
   ( cd "$STATE"
-    GATEWAY_LISTEN=127.0.0.1:$PORT SERVICES=s3 GATEWAY_SERVER=hypercorn DNS_ADDRESS=0 \
+    FILESYSTEM_ROOT=$STATE/fs GATEWAY_LISTEN=127.0.0.1:$PORT SERVICES=s3 GATEWAY_SERVER=hypercorn DNS_ADDRESS=0 \
       EAGER_SERVICE_LOADING=1 setsid nohup "$VENV/bin/python" -m localstack.runtime.main \
       >"$STATE/localstack.log" 2>&1 </dev/null 8>&- 9>&- &
     echo $! >"$STATE/pid" )
