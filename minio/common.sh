@@ -23,12 +23,13 @@ pid_is_ours() {
 }
 
 # SIGTERM the process group of PID (it was started with setsid), wait up to 10 s, SIGKILL.
+# (A zombie counts as stopped: its parent reaps it.)
 stop_pid() {
   local pid=$1
   kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+  for _ in $(seq 1 100); do [ -n "$(proc_start "$pid")" ] || return 0; sleep 0.1; done
   kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
-  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+  for _ in $(seq 1 50); do [ -n "$(proc_start "$pid")" ] || return 0; sleep 0.1; done
 }
 
 # Is TCP port P on 127.0.0.1 free to bind?

@@ -64,6 +64,7 @@ package_of() {
     /usr/bin/time) echo time ;;
     c++|g++) echo g++ ;;
     setsid|flock) echo util-linux ;;
+    ldb) echo rocksdb-tools ;;
     *) echo "$1" ;;
   esac
 }

@@ -30,7 +30,7 @@ source scripts/stage.sh
 
 stage "build prerequisites"
 bash scripts/prereqs.sh
-bash scripts/prereqs.sh --tools curl python3 flock setsid cksum
+bash scripts/prereqs.sh --tools curl python3 flock setsid cksum ldb
 
 TOOLS=${BLOBSNAP_TOOLS:-$HOME/.cache/blobsnap}
 export BLOBSNAP_OWNER_PID=$$
@@ -76,6 +76,9 @@ bash minio/garage.sh stop
 
 stage "Garage 3-node cluster: node loss under the demo job"
 cargo test --locked --test garage_cluster -- --ignored --nocapture
+
+stage "interoperability: a RocksDB 7.8 database (Debian rocksdb-tools' ldb) through backup --db and restore"
+cargo test --locked --test interop -- --ignored --nocapture
 
 stage "bounded resources at the default sizes (5,000 small files, one 256 MiB file; no server)"
 cargo test --locked --test bounded -- --ignored --nocapture

@@ -113,6 +113,15 @@ pub trait TaskBackupManager: Send + Sync {
         dirs: &BTreeMap<String, PathBuf>,
     ) -> Result<StoreMarkers>;
 
+    /// Called by the commit manager immediately before it writes the checkpoint naming the
+    /// markers `upload` returned for `id`, after every backend's upload: an error abandons the
+    /// commit (nothing is written; what was uploaded is an orphan for the sweep). The blob
+    /// backend refuses once the commit's first PUT, over all its stores, is older than half
+    /// the sweep's grace (DESIGN §7): past that, a sweep may have taken its first blobs.
+    fn before_commit(&self, _id: CheckpointId) -> Result<()> {
+        Ok(())
+    }
+
     /// Called after the checkpoint with `markers` was written: what they name is now
     /// committed; remove what nothing retained needs. Idempotent.
     async fn cleanup(&self, id: CheckpointId, markers: &StoreMarkers) -> Result<()>;

@@ -144,6 +144,7 @@ impl TaskCommitManager {
                 Some(c) => (c.seq, Some(c.checkpoint)),
                 None => (0, None),
             };
+            let next = next_seq(&task.task_name, seq)?;
             let last_id = last.as_ref().and_then(|c| c.as_v2()).map(|c| c.id);
             let mut ids = CheckpointIdGen::after(last_id);
             let claim = match last {
@@ -155,12 +156,12 @@ impl TaskCommitManager {
                 }),
             };
             match checkpoints
-                .write(&task.task_name, seq + 1, &writer, &claim)
+                .write(&task.task_name, next, &writer, &claim)
                 .await
             {
-                Ok(()) => break (seq, ids, claim),
+                Ok(()) => break (next, ids, claim),
                 Err(e) if e.kind() == ErrorKind::Conflict && attempt < CLAIM_ATTEMPTS => {
-                    tracing::info!(task = %task.task_name, seq = seq + 1, attempt, "another writer committed the number this process claimed; claiming the next one");
+                    tracing::info!(task = %task.task_name, seq = next, attempt, "another writer committed the number this process claimed; claiming the next one");
                 }
                 Err(e) => {
                     return Err(e.context(format!(
@@ -170,7 +171,7 @@ impl TaskCommitManager {
                 }
             }
         };
-        tracing::info!(task = %task.task_name, seq = seq + 1, writer, "claimed the task");
+        tracing::info!(task = %task.task_name, seq, writer, "claimed the task");
         let mgr = TaskCommitManager {
             task,
             stores: Vec::new(),
@@ -181,7 +182,7 @@ impl TaskCommitManager {
             retention: retention.max(1),
             state: Mutex::new(State {
                 ids,
-                seq: seq + 1,
+                seq,
                 last: Some(claim.clone()),
                 cleanup_pending: true,
             }),
@@ -303,6 +304,14 @@ impl TaskCommitManager {
         }
         let upload_ms = t.elapsed().as_millis() as u64;
         crate::crash::point("commit.before-checkpoint");
+        // The last word of every backend, right before the commit point: the age of the
+        // commit's first PUT bounds the whole commit (uploads of every store, index PUTs,
+        // other backends), not only each store's upload.
+        for b in &self.backends {
+            b.manager
+                .before_commit(id)
+                .map_err(|e| e.context(format!("commit of backend {} at {id}", b.name)))?;
+        }
 
         // 3. the commit point
         let t = Instant::now();
@@ -311,7 +320,7 @@ impl TaskCommitManager {
             input_offsets: offsets,
             state_checkpoint_markers: markers.clone(),
         };
-        let seq = st.seq + 1;
+        let seq = next_seq(&self.task.task_name, st.seq)?;
         self.checkpoints
             .write(
                 &self.task.task_name,
@@ -395,5 +404,25 @@ fn remove_older_checkpoint_dirs(spec: &StoreSpec, committed: CheckpointId) {
                 tracing::warn!(dir = %e.path().display(), error = %err, "could not delete an old checkpoint dir");
             }
         }
+    }
+}
+
+/// The sequence number after `seq`: a history whose latest number is `u64::MAX` is corrupt
+/// (no writer gets there by counting), never wrapped to 0.
+fn next_seq(task: &str, seq: u64) -> Result<u64> {
+    seq.checked_add(1).ok_or_else(|| {
+        Error::corrupt(format!(
+            "task {task:?}: checkpoint sequence number {seq} has no successor: the history is corrupt"
+        ))
+    })
+}
+
+#[cfg(test)]
+mod seq_tests {
+    #[test]
+    fn the_largest_sequence_number_is_corrupt_not_wrapped() {
+        assert_eq!(super::next_seq("t", 41).unwrap(), 42);
+        let e = super::next_seq("t", u64::MAX).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Corrupt, "{e}");
     }
 }

@@ -190,6 +190,26 @@ pub fn validate_name(name: &str) -> Result<()> {
     Err(Error::corrupt(format!("index entry name {name:?} {why}")))
 }
 
+/// The name of the marker a complete restore leaves at the root of a store dir.
+pub const RESTORED_MARKER: &str = "RESTORED";
+
+/// Names blobsnap itself uses inside a store dir, which no snapshot may list: the restore
+/// marker at the root, and `.<name>.blobsnap-part` (a download in progress) anywhere. An index
+/// listing one would have the restore overwrite or delete its own bookkeeping.
+pub fn reserved_name(name: &str, root: bool) -> Result<()> {
+    if root && name == RESTORED_MARKER {
+        return Err(Error::corrupt(format!(
+            "index entry name {name:?} is reserved (blobsnap's restore marker)"
+        )));
+    }
+    if name.starts_with('.') && name.ends_with(".blobsnap-part") {
+        return Err(Error::corrupt(format!(
+            "index entry name {name:?} is reserved (blobsnap's partial downloads)"
+        )));
+    }
+    Ok(())
+}
+
 impl DirIndex {
     fn validate(&self, path: &str, root: bool) -> Result<()> {
         if root {
@@ -210,6 +230,7 @@ impl DirIndex {
         let mut seen = HashSet::new();
         for f in &self.files_present {
             validate_name(&f.file_name).map_err(|e| e.context(format!("in {here:?}")))?;
+            reserved_name(&f.file_name, root).map_err(|e| e.context(format!("in {here:?}")))?;
             if !seen.insert(f.file_name.as_str()) {
                 return Err(Error::corrupt(format!(
                     "index lists {:?} twice in {here:?}",
@@ -365,7 +386,24 @@ impl SnapshotIndex {
                 return Err(Error::corrupt("index prev-snapshot-index-blob-id is blank"));
             }
         }
-        self.dir_index.validate("", true)
+        self.dir_index.validate("", true)?;
+        // Sizes: a file holds at most off_t's 2^63 - 1 bytes, and the snapshot's total must be
+        // a number (a hostile index must be reported as corrupt, not as a disk too small).
+        let mut total: u64 = 0;
+        for (path, f) in self.present_files() {
+            let size = f.file_metadata.size;
+            if size > i64::MAX as u64 {
+                return Err(Error::corrupt(format!(
+                    "index entry {path} claims {size} bytes, more than a file can hold"
+                )));
+            }
+            total = total.checked_add(size).ok_or_else(|| {
+                Error::corrupt(format!(
+                    "index file sizes add up past 2^64 bytes (at {path})"
+                ))
+            })?;
+        }
+        Ok(())
     }
 
     /// The canonical bytes: compact JSON, every field written, entries sorted by name. Write
@@ -437,6 +475,18 @@ impl FromStr for IndexMarker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn blobsnap_s_own_names_are_refused_in_an_index() {
+        assert!(reserved_name("RESTORED", true).is_err());
+        assert!(
+            reserved_name("RESTORED", false).is_ok(),
+            "only the root holds the marker"
+        );
+        assert!(reserved_name(".000012.sst.blobsnap-part", false).is_err());
+        assert!(reserved_name(".000012.sst.blobsnap-part", true).is_err());
+        assert!(reserved_name("000012.sst", true).is_ok());
+    }
 
     #[test]
     fn permissions_round_trip() {

@@ -43,9 +43,14 @@
 //! let key = scope.key(&StoreScope::blob_id("1700000000000-0".parse()?, sha))?;
 //! store.put(&key, PutBody::Bytes(bytes.into()), PutOptions::create_only(sha)).await?;
 //! assert_eq!(&get_bytes(&store, &key, 1 << 20).await?[..], b"hello");
-//! // Writing the same key again is refused: blobs are never overwritten.
-//! let again = store.put(&key, PutBody::Bytes(b"x".to_vec().into()), Default::default()).await;
-//! assert!(again.is_ok(), "an overwrite-mode put replaces; create-only would conflict");
+//! // Writing the same key again, create-only as blobs always are, is refused: a blob is
+//! // never overwritten, and the first bytes stay.
+//! let other = b"x".to_vec();
+//! let again = store
+//!     .put(&key, PutBody::Bytes(other.clone().into()), PutOptions::create_only(Sha256::of(&other)))
+//!     .await;
+//! assert_eq!(again.unwrap_err().kind(), blobsnap::ErrorKind::Conflict);
+//! assert_eq!(&get_bytes(&store, &key, 1 << 20).await?[..], b"hello");
 //! # Ok(()) }
 //! ```
 

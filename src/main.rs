@@ -114,12 +114,17 @@ enum Command {
         marker: Option<String>,
         #[command(flatten)]
         snap: SnapshotArgs,
-        /// The directory to restore into (created if missing).
+        /// The directory to restore into (created if missing). Its files are replaced by the
+        /// snapshot's (those with the right bytes are reused): a non-empty directory that
+        /// blobsnap did not restore (no `RESTORED` marker) is refused unless `--force`.
         #[arg(long)]
         to: PathBuf,
         /// Print the plan and stop.
         #[arg(long)]
         dry_run: bool,
+        /// Replace the contents of a non-empty `--to` that blobsnap did not restore.
+        #[arg(long)]
+        force: bool,
     },
     /// Ask the S3 server what it really enforces: concurrent create-only puts to a scratch key
     /// (the fence of a job's checkpoints), SHA-256 verification, multipart listing, tagging,
@@ -640,7 +645,12 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
                 store,
                 grace: std::time::Duration::from_secs(grace_secs),
             };
-            let plan = gc::plan_sweep(&blob_store, &settings).await?;
+            // A dry run writes nothing: not even the probe that reads the server's clock.
+            let plan = if dry_run {
+                gc::plan_sweep_read_only(&blob_store, &settings).await?
+            } else {
+                gc::plan_sweep(&blob_store, &settings).await?
+            };
             let deleted = if dry_run {
                 0
             } else {
@@ -937,7 +947,9 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
             snap,
             to,
             dry_run,
+            force,
         } => {
+            refuse_foreign_dir(&to, force)?;
             let blob_store = open_store(&cli.store).await?;
             let (marker, _) = snap.resolve_marker(&blob_store, marker).await?;
             let SnapshotArgs {
@@ -956,6 +968,8 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
                 name: store.clone(),
                 dir: to,
             };
+            // Nobody else may restore into the dir or have its database open meanwhile.
+            let _lock = blobsnap::local::lock::StoreDirLock::acquire(&spec.dir)?;
             let mgr = BlobRestoreManager::new(
                 blob_store,
                 ctx,
@@ -1024,6 +1038,43 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
     Ok(())
 }
 
+/// `restore --to DIR` replaces DIR's contents: a non-empty DIR that is not a store blobsnap
+/// restored (its `RESTORED` marker) is someone's data, refused unless `--force`. A symlink as
+/// DIR is refused too (a restore never follows one out of the place it was given).
+fn refuse_foreign_dir(dir: &std::path::Path, force: bool) -> blobsnap::Result<()> {
+    let md = match std::fs::symlink_metadata(dir) {
+        Ok(md) => md,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!("stat {}: {e}", dir.display()),
+            ))
+        }
+    };
+    if !md.is_dir() {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "--to {} is not a directory (a symlink or a file): nothing restored",
+                dir.display()
+            ),
+        ));
+    }
+    if force || dir.join(blobsnap::index::RESTORED_MARKER).is_file() {
+        return Ok(());
+    }
+    let mut entries = std::fs::read_dir(dir)
+        .map_err(|e| Error::new(ErrorKind::Io, format!("list {}: {e}", dir.display())))?;
+    if entries.next().is_some() {
+        return Err(Error::new(ErrorKind::InvalidInput, format!(
+            "--to {} is not empty and blobsnap did not restore it (no RESTORED marker): its files would be replaced; give --force to do that, or restore into an empty or new directory",
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
 /// `blobsnap backup`: manual backups are a job named `manual` whose id is the backup's name,
 /// with one task (`backup`) and one store (`db`), so the layout, restore and the sweep apply
 /// unchanged.
@@ -1033,7 +1084,7 @@ async fn backup_command(
     db_dir: &std::path::Path,
     name: &str,
 ) -> blobsnap::Result<()> {
-    use blobsnap::backend::{StoreEngine as _, TaskBackupManager as _};
+    use blobsnap::backend::TaskBackupManager as _;
     use blobsnap::checkpoint::{BlobCheckpointStore, CheckpointStore as _};
     let blob_store = open_store(args).await?;
     if !db_dir.join("CURRENT").is_file() {
@@ -1053,10 +1104,18 @@ async fn backup_command(
     let job = blobsnap::layout::JobScope::new("manual", name)?;
     let pins = BlobCheckpointStore::new(Arc::clone(&blob_store), job);
     let last = pins.latest("backup").await?;
-    let tmp = std::env::temp_dir().join(format!("blobsnap-backup-{:016x}", rand::random::<u64>()));
-    // A live DB dir has a LOCK file: open it (refused if a running job holds the lock) and
-    // checkpoint it; a checkpoint dir is uploaded as it is.
-    let live = db_dir.join("LOCK").exists();
+    // A database dir (it has a LOCK file) is backed up as it is, never opened: opening it with
+    // this RocksDB would replay its WAL, flush, and write a new MANIFEST and OPTIONS in a
+    // format the application's own (older) RocksDB may refuse. RocksDB's own lock is held for
+    // the whole upload (a running process holds it: Conflict), and only the live files are
+    // read (not LOCK, the info logs, obsolete MANIFESTs). A checkpoint dir (no LOCK) is
+    // uploaded as it is.
+    let closed = if db_dir.join("LOCK").exists() {
+        Some(blobsnap::local::rocks::ClosedDb::lock(db_dir)?)
+    } else {
+        None
+    };
+    let only = closed.as_ref().map(|c| c.live_files()).transpose()?;
     let mut clock_ids = blobsnap::checkpoint::CheckpointIdGen::after(
         last.as_ref()
             .and_then(|c| c.checkpoint.as_v2())
@@ -1065,19 +1124,7 @@ async fn backup_command(
     let id = clock_ids.next(blobsnap::backend::Clock::now_millis(
         &blobsnap::backend::SystemClock,
     ))?;
-    let dir = if live {
-        let engine = blobsnap::local::rocks::RocksStore::open("db", db_dir).map_err(|e| {
-            if e.kind() == ErrorKind::Conflict {
-                Error::new(ErrorKind::Conflict, format!("{} is locked by a running process (a job?): stop it, or back up one of its checkpoint dirs", db_dir.display()))
-            } else {
-                e
-            }
-        })?;
-        engine.checkpoint_to(&tmp)?;
-        tmp.clone()
-    } else {
-        db_dir.to_path_buf()
-    };
+    let dir = db_dir.to_path_buf();
     let spec = StoreSpec {
         name: "db".into(),
         dir: db_dir.to_path_buf(),
@@ -1092,6 +1139,7 @@ async fn backup_command(
             // dir (never next to the database): an incremental backup reads only new files.
             hash_cache: true,
             hash_cache_dir: Some(user_cache_dir().join("hashcache")),
+            only,
             ..Default::default()
         },
     )?;
@@ -1113,9 +1161,7 @@ async fn backup_command(
         )
         .await;
     drop(bar);
-    if live {
-        let _ = std::fs::remove_dir_all(&tmp);
-    }
+    drop(closed);
     let markers = result?;
     let checkpoint = Checkpoint::V2(CheckpointV2 {
         id,
@@ -1209,9 +1255,17 @@ async fn ls_command(args: &StoreArgs, json: bool) -> blobsnap::Result<()> {
                 match *kind {
                     "index" => {
                         s.snapshots += 1;
-                        let name = rest.join("/");
-                        if s.newest.as_ref().is_none_or(|n| *n < name) {
-                            s.newest = Some(format!("index/{name}"));
+                        // Newest by checkpoint id (never by the key's text: "…-10" sorts
+                        // before "…-9"); a key that is no marker is counted, not ranked.
+                        let marker = format!("index/{}", rest.join("/"));
+                        if let Ok(m) = marker.parse::<IndexMarker>() {
+                            let newer = s.newest.as_ref().is_none_or(|n| {
+                                n.parse::<IndexMarker>()
+                                    .map_or(true, |n| n.checkpoint_id < m.checkpoint_id)
+                            });
+                            if newer {
+                                s.newest = Some(marker);
+                            }
                         }
                     }
                     "blobs" => {

@@ -335,6 +335,31 @@ fn hostile_names_are_rejected_naming_the_entry() {
             "job-name",
             Box::new(|i| i.snapshot_metadata.job_name = "".into()),
         ),
+        (
+            "reserved (blobsnap's restore marker)",
+            Box::new(|i| i.dir_index.files_present[0].file_name = "RESTORED".into()),
+        ),
+        (
+            "reserved (blobsnap's partial downloads)",
+            Box::new(|i| {
+                i.dir_index.sub_dirs_present[0].files_present[0].file_name =
+                    ".000012.sst.blobsnap-part".into()
+            }),
+        ),
+        (
+            "more than a file can hold",
+            Box::new(|i| i.dir_index.files_present[0].file_metadata.size = 1 << 63),
+        ),
+        (
+            "add up past 2^64",
+            Box::new(|i| {
+                i.dir_index.files_present[0].file_metadata.size = i64::MAX as u64;
+                i.dir_index.files_present[1].file_metadata.size = i64::MAX as u64;
+                i.dir_index.sub_dirs_present[0].files_present[0]
+                    .file_metadata
+                    .size = 2;
+            }),
+        ),
     ];
     for (what, mutate) in cases {
         let mut index = sample_index();

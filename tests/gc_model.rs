@@ -60,6 +60,10 @@ struct Model {
     rng: Mutex<rand::rngs::StdRng>,
     max_step_ms: u64,
     deleted: Mutex<Vec<String>>,
+    /// A PUT whose key contains this hangs (once) between `slow_entered` and `slow_release`.
+    slow_put: Mutex<Option<String>>,
+    slow_entered: tokio::sync::Notify,
+    slow_release: tokio::sync::Notify,
 }
 
 impl std::fmt::Display for Model {
@@ -108,6 +112,20 @@ impl BlobStore for Model {
 
     async fn put(&self, key: &BlobKey, body: PutBody, opts: PutOptions) -> Result<PutResult> {
         self.step().await;
+        let slow = {
+            let mut slow = self.slow_put.lock().unwrap();
+            let hit = slow
+                .as_ref()
+                .is_some_and(|k| key.as_str().contains(k.as_str()));
+            if hit {
+                *slow = None;
+            }
+            hit
+        };
+        if slow {
+            self.slow_entered.notify_one();
+            self.slow_release.notified().await;
+        }
         let bytes =
             match body {
                 PutBody::Bytes(b) => b,
@@ -207,12 +225,13 @@ impl BlobStore for Model {
 
 /// A store engine over a plain directory of files (checkpoint = hard links).
 struct Files {
+    name: &'static str,
     dir: PathBuf,
 }
 
 impl StoreEngine for Files {
     fn name(&self) -> &str {
-        "counts"
+        self.name
     }
     fn dir(&self) -> &Path {
         &self.dir
@@ -243,42 +262,41 @@ async fn retained_intact(
 ) -> std::result::Result<usize, String> {
     let scope = JobScope::new(&ctx.job_name, &ctx.job_id).unwrap();
     let cps = BlobCheckpointStore::new(Arc::clone(store), scope.clone());
-    let sscope = scope.store(&ctx.task_name, "counts").unwrap();
     let mut n = 0;
     for c in cps
         .history(&ctx.task_name, usize::MAX)
         .await
         .map_err(|e| e.to_string())?
     {
-        let Some(marker) = c
+        let markers = c
             .checkpoint
             .as_v2()
-            .and_then(|v| v.marker(FACTORY_NAME, "counts"))
-        else {
-            continue;
-        };
-        let m: IndexMarker = marker.parse().map_err(|e: Error| e.to_string())?;
-        let idx = read_index(
-            store.as_ref(),
-            &sscope,
-            &m,
-            &Expected {
-                job_name: &ctx.job_name,
-                job_id: &ctx.job_id,
-                task_name: &ctx.task_name,
-                store_name: "counts",
-            },
-        )
-        .await
-        .map_err(|e| format!("checkpoint #{}: {e}", c.seq))?;
-        for (name, f) in idx.present_files() {
-            for b in &f.blobs {
-                let key = sscope.key(&b.blob_id).unwrap();
-                store
-                    .head(&key)
-                    .await
-                    .map_err(|e| format!("checkpoint #{} file {name}: {e}", c.seq))?;
-                n += 1;
+            .and_then(|v| v.state_checkpoint_markers.get(FACTORY_NAME).cloned())
+            .unwrap_or_default();
+        for (store_name, marker) in &markers {
+            let sscope = scope.store(&ctx.task_name, store_name).unwrap();
+            let m: IndexMarker = marker.parse().map_err(|e: Error| e.to_string())?;
+            let idx = read_index(
+                store.as_ref(),
+                &sscope,
+                &m,
+                &Expected {
+                    job_name: &ctx.job_name,
+                    job_id: &ctx.job_id,
+                    task_name: &ctx.task_name,
+                    store_name,
+                },
+            )
+            .await
+            .map_err(|e| format!("checkpoint #{} store {store_name}: {e}", c.seq))?;
+            for (name, f) in idx.present_files() {
+                for b in &f.blobs {
+                    let key = sscope.key(&b.blob_id).unwrap();
+                    store.head(&key).await.map_err(|e| {
+                        format!("checkpoint #{} store {store_name} file {name}: {e}", c.seq)
+                    })?;
+                    n += 1;
+                }
             }
         }
     }
@@ -297,6 +315,9 @@ async fn interleaving(seed: u64) -> (u64, u64, u64, u64) {
         // grace/2 and are abandoned, sweeps regularly find objects older than the grace.
         max_step_ms: rng.random_range(200..=GRACE_MS / 8),
         deleted: Mutex::default(),
+        slow_put: Mutex::default(),
+        slow_entered: tokio::sync::Notify::new(),
+        slow_release: tokio::sync::Notify::new(),
     });
     let store: Arc<dyn BlobStore> = model.clone();
     let tmp = tempfile::tempdir().unwrap();
@@ -337,7 +358,10 @@ async fn interleaving(seed: u64) -> (u64, u64, u64, u64) {
     );
     backup.init(last.as_ref()).await.unwrap();
     let mgr = mgr
-        .with_stores(vec![Arc::new(Files { dir: dir.clone() })])
+        .with_stores(vec![Arc::new(Files {
+            name: "counts",
+            dir: dir.clone(),
+        })])
         .with_backends(vec![Backend {
             name: FACTORY_NAME.into(),
             manager: backup,
@@ -451,4 +475,125 @@ fn no_referenced_blob_is_ever_swept_under_any_interleaving() {
         swept > 0,
         "sweeps deleted orphans ({swept}): the model exercised deletion"
     );
+}
+
+/// DESIGN §7: the age of a commit's *first* PUT bounds the whole commit, not each store's
+/// upload. Two stores; the second one's index PUT hangs while 1.2 × the grace passes and a
+/// sweep runs inside it. That sweep takes the first store's blobs and index (orphans older
+/// than the grace): a commit that went on to write its checkpoint would name them. It must be
+/// abandoned, and the next commit must commit intact.
+#[test]
+fn a_slow_index_put_past_the_grace_abandons_the_whole_commit() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let clock = Arc::new(VClock(AtomicU64::new(1_800_000_000_000)));
+        let model = Arc::new(Model {
+            objects: Mutex::default(),
+            clock: Arc::clone(&clock),
+            rng: Mutex::new(rand::rngs::StdRng::seed_from_u64(7)),
+            max_step_ms: 0,
+            deleted: Mutex::default(),
+            slow_put: Mutex::new(Some("/lengths/index/".into())),
+            slow_entered: tokio::sync::Notify::new(),
+            slow_release: tokio::sync::Notify::new(),
+        });
+        let store: Arc<dyn BlobStore> = model.clone();
+        let tmp = tempfile::tempdir().unwrap();
+        let ctx = TaskContext {
+            job_name: "model".into(),
+            job_id: "1".into(),
+            task_name: "Partition 0".into(),
+        };
+        let mut specs = Vec::new();
+        let mut engines: Vec<Arc<dyn StoreEngine>> = Vec::new();
+        for name in ["counts", "lengths"] {
+            let dir = tmp.path().join(name);
+            std::fs::create_dir_all(&dir).unwrap();
+            for i in 0..3 {
+                std::fs::write(dir.join(format!("{i:06}.sst")), format!("{name} {i}")).unwrap();
+            }
+            specs.push(StoreSpec {
+                name: name.into(),
+                dir: dir.clone(),
+            });
+            engines.push(Arc::new(Files { name, dir }));
+        }
+        let checkpoints: Arc<dyn CheckpointStore> = Arc::new(BlobCheckpointStore::new(
+            Arc::clone(&store),
+            JobScope::new("model", "1").unwrap(),
+        ));
+        let vclock: Arc<dyn Clock> = clock.clone();
+        let (mgr, last) =
+            TaskCommitManager::start(ctx.clone(), checkpoints, Arc::clone(&vclock), 2, false)
+                .await
+                .unwrap();
+        let backup = Arc::new(
+            BlobBackupManager::new(
+                Arc::clone(&store),
+                ctx.clone(),
+                &specs,
+                Arc::clone(&vclock),
+                BackupSettings {
+                    gc_grace: Duration::from_millis(GRACE_MS),
+                    hash_cache: false,
+                    ..Default::default()
+                },
+            )
+            .unwrap(),
+        );
+        backup.init(last.as_ref()).await.unwrap();
+        let mgr = mgr.with_stores(engines).with_backends(vec![Backend {
+            name: FACTORY_NAME.into(),
+            manager: backup,
+        }]);
+        let sweep = || async {
+            let s = SweepSettings {
+                job_name: "model".into(),
+                job_id: "1".into(),
+                task: None,
+                store: None,
+                grace: Duration::from_millis(GRACE_MS),
+            };
+            let plan = plan_sweep(&store, &s).await.unwrap();
+            execute_sweep(store.as_ref(), &plan).await.unwrap()
+        };
+        let offsets = |i: u64| BTreeMap::from([(Ssp::new("s", "in", 0), i.to_string())]);
+        let chaos = async {
+            model.slow_entered.notified().await;
+            // The first store is done (its index written) before time jumps: only a check
+            // after the last index PUT can catch this.
+            while !model
+                .objects
+                .lock()
+                .unwrap()
+                .keys()
+                .any(|k| k.contains("/counts/index/"))
+            {
+                tokio::task::yield_now().await;
+            }
+            clock.0.fetch_add(GRACE_MS * 6 / 5, Relaxed);
+            let swept = sweep().await;
+            model.slow_release.notify_one();
+            swept
+        };
+        let (first, swept) = tokio::join!(mgr.commit(offsets(1)), chaos);
+        assert!(
+            swept > 0,
+            "the sweep inside the slow index PUT took the first store's orphans"
+        );
+        let e = first.expect_err("a commit whose first PUT is 1.2 x grace old is abandoned");
+        assert!(e.to_string().contains("abandoned"), "{e}");
+        assert_eq!(
+            retained_intact(&store, &ctx).await,
+            Ok(0),
+            "nothing was committed"
+        );
+        // The next commit starts afresh and commits both stores intact.
+        mgr.commit(offsets(2)).await.unwrap();
+        let n = retained_intact(&store, &ctx).await.unwrap();
+        assert_eq!(n, 6, "both stores' blobs are referenced and present");
+    });
 }

@@ -1004,6 +1004,29 @@ async fn sweep_respects_the_grace_period() {
     let planned: BTreeSet<String> = plan.delete.iter().map(|d| d.key.clone()).collect();
     let aged: BTreeSet<String> = orphans.iter().map(|m| m.key.as_str().to_string()).collect();
     assert_eq!(planned, aged, "exactly the aged orphans");
+    // `gc --dry-run`'s plan writes nothing, not even the clock probe, and plans the same.
+    let counting = blobsnap::blobstore::counting::CountingStore::new(
+        blobsnap::blobstore::local::LocalStore::new(&root).unwrap(),
+    );
+    let counters = counting.counters();
+    let counting: Arc<dyn blobsnap::blobstore::BlobStore> = Arc::new(counting);
+    let dry = blobsnap::blob::gc::plan_sweep_read_only(&counting, &settings)
+        .await
+        .unwrap();
+    let dry_planned: BTreeSet<String> = dry.delete.iter().map(|d| d.key.clone()).collect();
+    assert_eq!(dry_planned, aged, "the dry run plans the same");
+    let c = counters.snapshot();
+    assert_eq!(
+        (c.put.calls, c.delete.calls),
+        (0, 0),
+        "a dry run writes nothing: {c:?}"
+    );
+    plan_sweep(&counting, &settings).await.unwrap();
+    assert_eq!(
+        counters.snapshot().put.calls,
+        1,
+        "a real plan probes the server's clock"
+    );
     assert_eq!(
         execute_sweep(h.store.as_ref(), &plan).await.unwrap(),
         aged.len() as u64
@@ -1083,6 +1106,72 @@ async fn two_processes_one_job_the_zombie_stops_with_conflict() {
         Arc::new(blobsnap::blobstore::local::LocalStore::new(&store_dir).unwrap());
     let store_args = vec!["--local".into(), store_dir.into_os_string()];
     two_process_zombie_case(store, store_args, vec![], 40_000).await;
+}
+
+/// Two processes of one job on the same host and the same `--dir`: the second must not restore
+/// under the first one's open databases (it would swap the store dirs under them). It is
+/// refused with exit code 6 naming the store-dir lock, before it claims anything, and the
+/// first one runs to the end with the right counts; a restart on that dir then resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_on_one_dir_the_second_is_refused() {
+    let bin = env!("CARGO_BIN_EXE_blobsnap");
+    let tmp = tempfile::tempdir().unwrap();
+    let store_dir = tmp.path().join("store");
+    let store: Arc<dyn BlobStore> =
+        Arc::new(blobsnap::blobstore::local::LocalStore::new(&store_dir).unwrap());
+    let demo = || {
+        let mut cmd = tokio::process::Command::new(bin);
+        cmd.arg("--json")
+            .arg("--local")
+            .arg(&store_dir)
+            .args(["demo", "--dir"])
+            .arg(tmp.path().join("a"))
+            .args([
+                "--partitions",
+                "2",
+                "--lines",
+                "40000",
+                "--commit-every",
+                "200",
+            ]);
+        cmd
+    };
+    let cps =
+        BlobCheckpointStore::new(Arc::clone(&store), JobScope::new("wordcount", "1").unwrap());
+    let mut first = demo()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while cps.history("Partition 0", 1).await.unwrap().is_empty() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "the first process never committed"
+        );
+        assert!(
+            first.try_wait().unwrap().is_none(),
+            "the first process ended before its first commit was seen"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let history_before = cps.history("Partition 0", usize::MAX).await.unwrap().len();
+    let second = demo().output().await.unwrap();
+    let a_running = first.try_wait().unwrap().is_none();
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(6), "{err}");
+    assert!(err.contains("in use by another task or process"), "{err}");
+    let a = first.wait_with_output().await.unwrap();
+    demo_counts_ok(&a);
+    assert!(
+        a_running,
+        "the first process was still running when the second was refused"
+    );
+    assert!(
+        cps.history("Partition 0", usize::MAX).await.unwrap().len() >= history_before,
+        "the refused process took nothing"
+    );
+    demo_counts_ok(&demo().output().await.unwrap());
 }
 
 /// The body of the two-process zombie case, on any store that enforces create-only writes:

@@ -54,14 +54,21 @@ fn llvm_libclang_so_1_is_found() {
         out,
         format!(
             "found {}",
-            root.path().join("usr/lib/llvm-14/lib/libclang.so.1").display()
+            root.path()
+                .join("usr/lib/llvm-14/lib/libclang.so.1")
+                .display()
         )
     );
 }
 
 #[test]
 fn versioned_names_in_the_system_dir_are_found() {
-    for name in ["libclang.so", "libclang-14.so", "libclang-14.0.6.so", "libclang-14.so.1"] {
+    for name in [
+        "libclang.so",
+        "libclang-14.so",
+        "libclang-14.0.6.so",
+        "libclang-14.so.1",
+    ] {
         let root = tempfile::tempdir().unwrap();
         touch(root.path(), &format!("usr/lib/x86_64-linux-gnu/{name}"));
         let (ok, out) = check(root.path(), None);
@@ -76,9 +83,15 @@ fn libclang_path_is_searched_first() {
     touch(dir.path(), "libclang.so");
     let (ok, out) = check(root.path(), Some(dir.path()));
     assert!(ok, "{out}");
-    assert!(out.starts_with("found ") && out.ends_with("/libclang.so"), "{out}");
+    assert!(
+        out.starts_with("found ") && out.ends_with("/libclang.so"),
+        "{out}"
+    );
     // A LIBCLANG_PATH holding only libclang-cpp does not count either.
     let cpp = tempfile::tempdir().unwrap();
     touch(cpp.path(), "libclang-cpp.so.14");
-    assert_eq!(check(root.path(), Some(cpp.path())), (false, "missing".to_string()));
+    assert_eq!(
+        check(root.path(), Some(cpp.path())),
+        (false, "missing".to_string())
+    );
 }

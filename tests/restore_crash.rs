@@ -209,6 +209,18 @@ async fn run_matrix(
             );
             if *point == "restore.after-exchange" {
                 assert_eq!(after, new, "{point}: the exchange happened");
+                symlinks_left_in_staging_are_never_followed(
+                    bin,
+                    &child_args,
+                    &child_env,
+                    &task,
+                    &marker(&checkpoints[0]),
+                    &dst.dir,
+                    &old,
+                    &new,
+                    &tmp.path().join(format!("outside-{round}")),
+                )
+                .await;
             }
             if [
                 "restore.after-plan",
@@ -264,6 +276,69 @@ async fn run_matrix(
             );
         }
     }
+}
+
+/// A restore killed after the exchange leaves the old tree in staging, which may hold
+/// anything: symlinks planted there (a directory link `sub -> outside` and a link named like
+/// a file the next restore reuses) must be removed, never followed, by the next restore.
+#[allow(clippy::too_many_arguments)]
+async fn symlinks_left_in_staging_are_never_followed(
+    bin: &str,
+    child_args: &[String],
+    child_env: &[(String, String)],
+    task: &TaskContext,
+    old_marker: &str,
+    dst: &Path,
+    old: &BTreeMap<String, Sha256>,
+    new: &BTreeMap<String, Sha256>,
+    outside: &Path,
+) {
+    let staging = staging_dir(dst).unwrap();
+    assert!(staging.is_dir(), "the old tree is left in staging");
+    std::fs::create_dir_all(outside.join("subdir")).unwrap();
+    std::fs::write(outside.join("victim"), b"not yours").unwrap();
+    std::fs::write(outside.join("subdir/file"), b"not yours either").unwrap();
+    let before = tree(outside);
+    // A file of both snapshots: the next restore reuses it from the store dir into staging.
+    let shared = old
+        .keys()
+        .find(|n| n.ends_with(".sst") && new.get(*n) == old.get(*n))
+        .expect("an SST in both snapshots")
+        .clone();
+    let _ = std::fs::remove_file(staging.join(&shared));
+    std::os::unix::fs::symlink(outside.join("victim"), staging.join(&shared)).unwrap();
+    std::os::unix::fs::symlink(outside, staging.join("sub")).unwrap();
+    std::os::unix::fs::symlink(outside.join("subdir"), staging.join("subdir")).unwrap();
+    let out = tokio::process::Command::new(bin)
+        .args(child_args)
+        .args([
+            "--json",
+            "restore",
+            old_marker,
+            "--job",
+            &task.job_name,
+            "--task",
+            &task.task_name,
+            "--store",
+            "counts",
+            "--to",
+        ])
+        .arg(dst)
+        .envs(child_env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "restore over a staging dir with symlinks: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        tree(outside),
+        before,
+        "the restore wrote outside its directory"
+    );
+    assert_eq!(&tree(dst), old, "the restore of the old snapshot");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -45,7 +45,7 @@ use crate::index::{
 };
 use crate::layout::{JobScope, StoreScope};
 use crate::local::hashcache::HashCache;
-use crate::local::scan::{scan_dir, LocalFile, Owners, ScanStats};
+use crate::local::scan::{scan_dir_only, LocalFile, Owners, ScanStats};
 
 /// Settings of the backup side.
 #[derive(Clone, Debug)]
@@ -63,6 +63,9 @@ pub struct BackupSettings {
     /// The sweep's grace period: an upload still running half of it after its first PUT is
     /// abandoned (its early blobs could otherwise be swept before it commits).
     pub gc_grace: std::time::Duration,
+    /// Back up only these top-level names of each store dir (`None`: everything). `blobsnap
+    /// backup --db` of a closed database passes its live files ([`crate::local::rocks::live_files`]).
+    pub only: Option<std::collections::BTreeSet<String>>,
 }
 
 impl Default for BackupSettings {
@@ -73,6 +76,7 @@ impl Default for BackupSettings {
             hash_cache_dir: None,
             retention: 2,
             gc_grace: std::time::Duration::from_secs(24 * 3600),
+            only: None,
         }
     }
 }
@@ -199,6 +203,9 @@ pub struct BlobBackupManager {
     state: Mutex<HashMap<String, StoreState>>,
     stats: Mutex<BTreeMap<String, UploadStats>>,
     cleanup_stats: Mutex<CleanupStats>,
+    /// When each uncommitted upload made its first PUT (over all stores): monotonic and on
+    /// the task's clock. The abandon rule measures from here.
+    first_put: Mutex<BTreeMap<CheckpointId, (Instant, u64)>>,
 }
 
 impl std::fmt::Debug for BlobBackupManager {
@@ -263,6 +270,7 @@ impl BlobBackupManager {
             state: Mutex::new(HashMap::new()),
             stats: Mutex::new(BTreeMap::new()),
             cleanup_stats: Mutex::new(CleanupStats::default()),
+            first_put: Mutex::default(),
         })
     }
 
@@ -331,14 +339,15 @@ impl BlobBackupManager {
         // 1. scan
         let scan_stats = Arc::new(ScanStats::default());
         let local = {
-            let (dir, owners, stats, cache) = (
+            let (dir, owners, stats, cache, only) = (
                 dir.clone(),
                 Arc::clone(&self.owners),
                 Arc::clone(&scan_stats),
                 cache.clone(),
+                self.settings.only.clone(),
             );
             tokio::task::spawn_blocking(move || {
-                let tree = scan_dir(&dir, cache.as_deref(), &owners, &stats)?;
+                let tree = scan_dir_only(&dir, only.as_ref(), cache.as_deref(), &owners, &stats)?;
                 if let Some(c) = &cache {
                     if let Err(e) = c.save() {
                         tracing::warn!(error = %e, "could not save the hash cache");
@@ -397,7 +406,7 @@ impl BlobBackupManager {
             Ordering::Relaxed,
         );
         let upload_started = Instant::now();
-        let upload_started_ms = self.clock.now_millis();
+        self.note_first_put(id)?;
         let jobs: Vec<(String, PathBuf, u64, FileDigest)> = to_put
             .iter()
             .map(|f| {
@@ -425,21 +434,10 @@ impl BlobBackupManager {
             .try_fold(0u64, |acc, r| async move { Ok(acc + r) })
             .await?;
 
-        // 4. the index — unless the upload took so long that the sweep could have taken
-        //    its first blobs (DESIGN §7 step 2).
-        //    Measured on the monotonic clock and on the task's clock (the one the tests inject),
-        //    whichever says longer.
-        let ran = upload_started
-            .elapsed()
-            .max(std::time::Duration::from_millis(
-                self.clock.now_millis().saturating_sub(upload_started_ms),
-            ));
-        if ran > self.settings.gc_grace / 2 {
-            return Err(Error::transient(format!(
-                "upload of store {} at {id} ran for {ran:?}, over half the sweep's grace ({:?}): abandoned; the next commit starts afresh",
-                spec.name, self.settings.gc_grace
-            )));
-        }
+        // 4. the index — unless the commit's uploads took so long that the sweep could have
+        //    taken their first blobs (DESIGN §7 step 2; checked again before the checkpoint
+        //    write, `before_commit`).
+        self.check_age(id, &format!("upload of store {}", spec.name))?;
         let index = SnapshotIndex {
             format_version: FORMAT_VERSION,
             creation_time_millis: self.clock.now_millis(),
@@ -726,6 +724,8 @@ impl TaskBackupManager for BlobBackupManager {
     /// The checkpoint naming `markers` is committed: each store's index named there becomes
     /// the baseline of the next upload. Idempotent.
     async fn cleanup(&self, id: CheckpointId, markers: &StoreMarkers) -> Result<()> {
+        // Uploads up to this one will never commit now: their clocks are done.
+        lock(&self.first_put)?.retain(|k, _| *k > id);
         for (spec, scope, _) in &self.stores {
             let Some(marker_str) = markers.get(&spec.name) else {
                 continue;
@@ -761,12 +761,44 @@ impl TaskBackupManager for BlobBackupManager {
         Ok(())
     }
 
+    fn before_commit(&self, id: CheckpointId) -> Result<()> {
+        self.check_age(id, "commit")
+    }
+
     async fn close(&self) -> Result<()> {
         Ok(())
     }
 }
 
 impl BlobBackupManager {
+    /// The time of upload `id`'s first PUT: now, unless a store of the same upload put first.
+    fn note_first_put(&self, id: CheckpointId) -> Result<(Instant, u64)> {
+        let mut first = lock(&self.first_put)?;
+        Ok(*first
+            .entry(id)
+            .or_insert_with(|| (Instant::now(), self.clock.now_millis())))
+    }
+
+    /// Abandon upload `id` if its first PUT is older than half the sweep's grace. Measured on
+    /// the monotonic clock and on the task's clock (the one the tests inject), whichever says
+    /// longer. An upload that never PUT anything is not bounded.
+    fn check_age(&self, id: CheckpointId, what: &str) -> Result<()> {
+        let Some((t0, t0_ms)) = lock(&self.first_put)?.get(&id).copied() else {
+            return Ok(());
+        };
+        let ran = t0.elapsed().max(std::time::Duration::from_millis(
+            self.clock.now_millis().saturating_sub(t0_ms),
+        ));
+        if ran > self.settings.gc_grace / 2 {
+            lock(&self.first_put)?.remove(&id);
+            return Err(Error::transient(format!(
+                "{what} at {id}: its first PUT was {ran:?} ago, over half the sweep's grace ({:?}): abandoned; the next commit starts afresh",
+                self.settings.gc_grace
+            )));
+        }
+        Ok(())
+    }
+
     /// Delete the snapshots that left retention: exactly
     /// `blobs(leaving) − blobs(retained ∪ uploaded-but-uncommitted)`, computed by key from the
     /// indexes in hand (no listing), then the leaving index. Idempotent: a snapshot leaves the

@@ -136,14 +136,34 @@ async fn server_now(store: &dyn BlobStore, job: &JobScope) -> Result<SystemTime>
     })
 }
 
-/// Plan a sweep (deletes nothing).
+/// Plan a sweep (deletes nothing). Its clock is the server's: a probe object is written,
+/// read back for its last-modified time and deleted.
 pub async fn plan_sweep(
     shared: &std::sync::Arc<dyn BlobStore>,
     settings: &SweepSettings,
 ) -> Result<SweepPlan> {
+    let job = JobScope::new(&settings.job_name, &settings.job_id)?;
+    let started = server_now(shared.as_ref(), &job).await?;
+    plan_sweep_at(shared, settings, started).await
+}
+
+/// Plan a sweep that writes nothing at all (`blobsnap gc --dry-run`): the cutoff is taken from
+/// this machine's clock instead of the server's (no probe object), so near the cutoff it may
+/// differ from what a real sweep would delete by the clocks' skew.
+pub async fn plan_sweep_read_only(
+    shared: &std::sync::Arc<dyn BlobStore>,
+    settings: &SweepSettings,
+) -> Result<SweepPlan> {
+    plan_sweep_at(shared, settings, SystemTime::now()).await
+}
+
+async fn plan_sweep_at(
+    shared: &std::sync::Arc<dyn BlobStore>,
+    settings: &SweepSettings,
+    started: SystemTime,
+) -> Result<SweepPlan> {
     let store = shared.as_ref();
     let job = JobScope::new(&settings.job_name, &settings.job_id)?;
-    let started = server_now(store, &job).await?;
     let cutoff = started
         .checked_sub(settings.grace)
         .unwrap_or(SystemTime::UNIX_EPOCH);

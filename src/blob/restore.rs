@@ -45,7 +45,7 @@ use crate::layout::{JobScope, StoreScope};
 use crate::local::scan::is_immutable;
 
 /// Name of the marker file written into a restored store.
-pub const RESTORED_MARKER: &str = "RESTORED";
+pub use crate::index::RESTORED_MARKER;
 
 /// Settings of the restore side.
 #[derive(Clone, Debug)]
@@ -800,6 +800,16 @@ impl BlobRestoreManager {
 /// local files (linked or copied); downloads are added afterwards.
 fn prepare_staging(staging: &Path, plan: &RestorePlan) -> Result<()> {
     use std::os::unix::fs::PermissionsExt as _;
+    // The staging dir itself must be a directory of ours: a symlink there (or anything else)
+    // is removed, never followed.
+    match std::fs::symlink_metadata(staging) {
+        Ok(md) if md.is_dir() => {}
+        Ok(_) => {
+            std::fs::remove_file(staging).map_err(io(format!("remove {}", staging.display())))?
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io(format!("stat {}", staging.display()), e)),
+    }
     std::fs::create_dir_all(staging).map_err(io(format!("create {}", staging.display())))?;
     let keep: HashSet<&str> = plan
         .files
@@ -807,33 +817,38 @@ fn prepare_staging(staging: &Path, plan: &RestorePlan) -> Result<()> {
         .filter(|f| f.source == Source::Staged)
         .map(|f| f.path.as_str())
         .collect();
-    for (rel, (path, _)) in list_files(staging)? {
-        if !keep.contains(rel.as_str()) {
-            std::fs::remove_file(&path).map_err(io(format!("remove {}", path.display())))?;
-        }
-    }
-    // Directories in staging that the snapshot does not have.
     let wanted_dirs: HashSet<&str> = plan.dirs.iter().map(String::as_str).collect();
-    fn prune(dir: &Path, rel: &str, wanted: &HashSet<&str>) -> Result<()> {
-        for e in std::fs::read_dir(dir)
-            .map_err(io(format!("list {}", dir.display())))?
-            .flatten()
-        {
-            let Ok(name) = e.file_name().into_string() else {
-                continue;
-            };
-            let r = format!("{rel}{name}");
-            if e.path().is_dir() {
-                if wanted.contains(r.as_str()) {
-                    prune(&e.path(), &format!("{r}/"), wanted)?;
-                } else {
-                    remove_tree(&e.path())?;
+    // One walk that never follows a link (file types from the directory entry, not from the
+    // path): staged files of the plan stay, wanted directories are walked, every other entry
+    // — a file the plan does not stage, a directory it does not have, a symlink, a FIFO — is
+    // removed itself. (A staging dir left by an interrupted restore holds the old tree, which
+    // may hold anything.)
+    fn prune(dir: &Path, rel: &str, keep: &HashSet<&str>, wanted: &HashSet<&str>) -> Result<()> {
+        for e in std::fs::read_dir(dir).map_err(io(format!("list {}", dir.display())))? {
+            let e = e.map_err(io(format!("list {}", dir.display())))?;
+            let path = e.path();
+            let ft = e
+                .file_type()
+                .map_err(io(format!("stat {}", path.display())))?;
+            let r = e
+                .file_name()
+                .into_string()
+                .ok()
+                .map(|name| format!("{rel}{name}"));
+            if ft.is_dir() {
+                match &r {
+                    Some(r) if wanted.contains(r.as_str()) => {
+                        prune(&path, &format!("{r}/"), keep, wanted)?
+                    }
+                    _ => remove_tree(&path)?,
                 }
+            } else if !(ft.is_file() && r.as_deref().is_some_and(|r| keep.contains(r))) {
+                std::fs::remove_file(&path).map_err(io(format!("remove {}", path.display())))?;
             }
         }
         Ok(())
     }
-    prune(staging, "", &wanted_dirs)?;
+    prune(staging, "", &keep, &wanted_dirs)?;
     for d in &plan.dirs {
         let p = staging.join(d);
         std::fs::create_dir_all(&p).map_err(io(format!("create {}", p.display())))?;

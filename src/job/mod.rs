@@ -160,9 +160,38 @@ pub fn task_name(p: u32) -> String {
     format!("Partition {p}")
 }
 
-/// The store dir of `store` for `task`.
-pub fn store_dir(state_dir: &Path, store: &str, task: &str) -> PathBuf {
-    state_dir.join(store).join(task.replace(' ', "_"))
+/// The store dir of `store` for `task`: `<state dir>/<store>/<task>`, each name made a
+/// single path segment by [`local_segment`] (injective, never `.`, `..` or a `/`).
+pub fn store_dir(state_dir: &Path, store: &str, task: &str) -> Result<PathBuf> {
+    Ok(state_dir
+        .join(local_segment(store)?)
+        .join(local_segment(task)?))
+}
+
+/// A store or task name as one local path segment, one-to-one: a space becomes `_` (so
+/// `Partition 0` → `Partition_0`), and `_`, `%`, `/`, a leading `.` and every control byte
+/// become `%XX`, so two names never share a dir and no name leaves the state dir. An empty
+/// name is refused.
+pub fn local_segment(name: &str) -> Result<String> {
+    if name.is_empty() {
+        return Err(Error::invalid("a store or task name is empty"));
+    }
+    let mut out = String::with_capacity(name.len());
+    for (i, c) in name.chars().enumerate() {
+        match c {
+            ' ' => out.push('_'),
+            '_' | '%' | '/' | '\\' => out.push_str(&format!("%{:02X}", c as u32)),
+            '.' if i == 0 => out.push_str("%2E"),
+            c if c.is_control() => {
+                let mut buf = [0u8; 4];
+                for b in c.encode_utf8(&mut buf).bytes() {
+                    out.push_str(&format!("%{b:02X}"));
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    Ok(out)
 }
 
 /// Run task `partition` to the end of its input: claim, restore, process, commit.
@@ -187,11 +216,20 @@ pub async fn run_task(
     let specs: Vec<StoreSpec> = settings
         .stores
         .iter()
-        .map(|name| StoreSpec {
-            name: name.clone(),
-            dir: store_dir(&settings.state_dir, name, &task),
+        .map(|name| {
+            Ok(StoreSpec {
+                name: name.clone(),
+                dir: store_dir(&settings.state_dir, name, &task)?,
+            })
         })
-        .collect();
+        .collect::<Result<_>>()?;
+    // Every store dir is ours from before the claim and the restore until its database is
+    // closed (the end of this function): a second process or task of the same task on this
+    // host gets Conflict here, before it claims or touches anything.
+    let _store_locks = specs
+        .iter()
+        .map(|s| crate::local::lock::StoreDirLock::acquire(&s.dir))
+        .collect::<Result<Vec<_>>>()?;
     let checkpoints: Arc<dyn CheckpointStore> = Arc::new(BlobCheckpointStore::new(
         Arc::clone(&blob_store),
         JobScope::new(&settings.job_name, &settings.job_id)?,
@@ -478,5 +516,33 @@ async fn finished(
             tracing::warn!(task, error = %e, "commit failed; the next commit retries from the last committed state");
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_segments_stay_in_the_state_dir_and_never_collide() {
+        assert_eq!(local_segment("Partition 0").unwrap(), "Partition_0");
+        assert_eq!(local_segment("Partition_0").unwrap(), "Partition%5F0");
+        for hostile in ["..", ".", "../x", "a/b", "/etc", ".hidden", "a\nb", "a\\b"] {
+            let seg = local_segment(hostile).unwrap();
+            assert!(
+                !seg.contains('/') && seg != "." && seg != ".." && !seg.starts_with('.'),
+                "{hostile:?} -> {seg:?}"
+            );
+            let dir = store_dir(Path::new("/state"), hostile, "t").unwrap();
+            assert!(
+                dir.starts_with("/state") && dir.components().count() == 4,
+                "{dir:?}"
+            );
+        }
+        assert!(local_segment("").is_err());
+        let names = ["a b", "a_b", "a%5Fb", "a%b", "a/b", ".a", "%2Ea"];
+        let segs: std::collections::HashSet<_> =
+            names.iter().map(|n| local_segment(n).unwrap()).collect();
+        assert_eq!(segs.len(), names.len(), "injective: {segs:?}");
     }
 }

@@ -179,7 +179,7 @@ pub fn count_input(dir: &Path, partitions: u32) -> Result<BTreeMap<String, u64>>
 pub fn count_stores(state_dir: &Path, partitions: u32) -> Result<BTreeMap<String, u64>> {
     let mut counts = BTreeMap::new();
     for p in 0..partitions {
-        let dir = store_dir(state_dir, "counts", &task_name(p));
+        let dir = store_dir(state_dir, "counts", &task_name(p))?;
         let db = RocksStore::open("counts", &dir)?;
         for item in db.db().iterator(rocksdb::IteratorMode::Start) {
             let (k, v) =

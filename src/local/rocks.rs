@@ -24,14 +24,129 @@ impl std::fmt::Debug for RocksStore {
 
 fn rocks_err(what: String, e: rocksdb::Error) -> Error {
     let msg = e.to_string();
-    let kind = if msg.contains("lock") || msg.contains("LOCK") {
-        ErrorKind::Conflict
-    } else if msg.contains("Corruption") {
+    Error::new(classify(&msg), format!("{what}: {msg}"))
+}
+
+/// The kind of a RocksDB error message. Corruption first: its messages may contain "lock"
+/// ("block checksum mismatch"); a held lock is RocksDB's "While lock file: <dir>/LOCK: ...".
+fn classify(msg: &str) -> ErrorKind {
+    if msg.contains("Corruption") {
         ErrorKind::Corrupt
+    } else if msg.contains("While lock file") || msg.contains("/LOCK:") {
+        ErrorKind::Conflict
     } else {
         ErrorKind::Io
-    };
-    Error::new(kind, format!("{what}: {msg}"))
+    }
+}
+
+/// RocksDB's own lock on a closed database, held by this process: while it lives, no RocksDB
+/// (of any version, in any process) can open the database. RocksDB locks its `LOCK` file with
+/// a POSIX record lock (`fcntl(F_SETLK)`, whole file, write): this takes the same lock, so
+/// either side sees the other. Taking it writes nothing (the `LOCK` file must exist).
+#[derive(Debug)]
+pub struct ClosedDb {
+    dir: PathBuf,
+    _lock: std::fs::File,
+}
+
+impl ClosedDb {
+    /// Lock the closed database at `dir`. A database open in a running process → `Conflict`;
+    /// no `LOCK` file → `InvalidInput` (not a live database dir: a checkpoint has none).
+    pub fn lock(dir: &Path) -> Result<ClosedDb> {
+        let path = dir.join("LOCK");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Error::invalid(format!(
+                    "{}: no LOCK file: not a RocksDB database dir",
+                    dir.display()
+                )),
+                _ => Error::io(format!("open {}", path.display()), e),
+            })?;
+        rustix::fs::fcntl_lock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+            .map_err(|e| {
+                if e == rustix::io::Errno::AGAIN || e == rustix::io::Errno::ACCESS {
+                    Error::new(
+                        ErrorKind::Conflict,
+                        format!(
+                            "{} is locked by a running process (its RocksDB holds {}): stop it, or back up one of its checkpoint dirs",
+                            dir.display(),
+                            path.display()
+                        ),
+                    )
+                } else {
+                    Error::io(format!("lock {}", path.display()), e.into())
+                }
+            })?;
+        Ok(ClosedDb {
+            dir: dir.to_path_buf(),
+            _lock: file,
+        })
+    }
+
+    /// The database's live files, as RocksDB would open them: `CURRENT`, the MANIFEST it
+    /// names, `IDENTITY`, the `OPTIONS-*` files, and every table (`*.sst`), blob (`*.blob`)
+    /// and write-ahead log (`*.log`: it replays on open). Not `LOCK`, not the info logs
+    /// (`LOG`, `LOG.old.*`), not an obsolete MANIFEST, nothing else, no sub-directory.
+    pub fn live_files(&self) -> Result<std::collections::BTreeSet<String>> {
+        let current = self.dir.join("CURRENT");
+        let text = std::fs::read_to_string(&current)
+            .map_err(|e| Error::io(format!("read {}", current.display()), e))?;
+        let manifest = text
+            .strip_suffix('\n')
+            .filter(|m| {
+                m.strip_prefix("MANIFEST-")
+                    .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            })
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Corrupt,
+                    format!("{}: {text:?} does not name a MANIFEST", current.display()),
+                )
+            })?;
+        let mut out = std::collections::BTreeSet::new();
+        let entries = std::fs::read_dir(&self.dir)
+            .map_err(|e| Error::io(format!("list {}", self.dir.display()), e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io(format!("list {}", self.dir.display()), e))?;
+            let is_file = entry
+                .file_type()
+                .map_err(|e| Error::io(format!("stat {}", entry.path().display()), e))?
+                .is_file();
+            let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+                continue;
+            };
+            if !is_file {
+                continue;
+            }
+            let numbered = |suffix: &str| {
+                name.strip_suffix(suffix)
+                    .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            };
+            let live = name == "CURRENT"
+                || name == "IDENTITY"
+                || name == manifest
+                || name.starts_with("OPTIONS-")
+                || numbered(".sst")
+                || numbered(".blob")
+                || numbered(".log");
+            if live {
+                out.insert(name);
+            }
+        }
+        if !out.contains(manifest) {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!(
+                    "{}: CURRENT names {manifest}, which is missing",
+                    self.dir.display()
+                ),
+            ));
+        }
+        Ok(out)
+    }
 }
 
 impl RocksStore {
@@ -87,5 +202,58 @@ impl StoreEngine for RocksStore {
                 e,
             )
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn corruption_is_not_a_lock() {
+        // "block" contains "lock": corruption used to be reported as a held lock (exit 6).
+        assert_eq!(
+            classify("Corruption: block checksum mismatch: stored = 1, computed = 2"),
+            ErrorKind::Corrupt
+        );
+        assert_eq!(
+            classify("IO error: While lock file: /db/LOCK: Resource temporarily unavailable"),
+            ErrorKind::Conflict
+        );
+        assert_eq!(classify("IO error: No space left on device"), ErrorKind::Io);
+    }
+
+    #[test]
+    fn a_corrupt_database_opens_as_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(RocksStore::open("s", dir.path()).unwrap());
+        std::fs::write(dir.path().join("CURRENT"), b"MANIFEST-000099").unwrap();
+        let e = RocksStore::open("s", dir.path()).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+    }
+
+    #[test]
+    fn a_closed_db_is_locked_against_rocksdb_and_lists_its_live_files() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let db = RocksStore::open("s", dir.path()).unwrap();
+            db.db().put(b"k", b"v").unwrap();
+        }
+        std::fs::write(dir.path().join("notes.txt"), b"not RocksDB's").unwrap();
+        let closed = ClosedDb::lock(dir.path()).unwrap();
+        let live = closed.live_files().unwrap();
+        assert!(
+            live.contains("CURRENT") && live.contains("IDENTITY"),
+            "{live:?}"
+        );
+        assert!(live.iter().any(|n| n.starts_with("MANIFEST-")), "{live:?}");
+        assert!(live.iter().any(|n| n.ends_with(".log")), "{live:?}");
+        for n in ["LOCK", "LOG", "notes.txt"] {
+            assert!(!live.contains(n), "{n} in {live:?}");
+        }
+        // The record-lock conflict with a RocksDB of another process is checked through the
+        // CLI (tests/cli.rs) and against RocksDB 7.8's ldb (tests/interop.rs).
+        drop(closed);
+        assert!(ClosedDb::lock(dir.path()).is_ok());
     }
 }

@@ -131,8 +131,28 @@ pub fn scan_dir(
     owners: &Owners,
     stats: &ScanStats,
 ) -> Result<LocalDir> {
+    scan_dir_only(root, None, cache, owners, stats)
+}
+
+/// [`scan_dir`] of only the top-level entries named in `only` (when given): everything else in
+/// `root` is neither read nor listed (a closed database's LOG, LOCK and obsolete files).
+pub fn scan_dir_only(
+    root: &Path,
+    only: Option<&std::collections::BTreeSet<String>>,
+    cache: Option<&HashCache>,
+    owners: &Owners,
+    stats: &ScanStats,
+) -> Result<LocalDir> {
     let mut pending = Vec::new();
-    let mut tree = scan(root, String::new(), cache, owners, stats, &mut pending)?;
+    let mut tree = scan(
+        root,
+        String::new(),
+        only,
+        cache,
+        owners,
+        stats,
+        &mut pending,
+    )?;
     if pending.is_empty() {
         return Ok(tree);
     }
@@ -179,6 +199,7 @@ fn fill_digests(dir: &mut LocalDir, digests: &HashMap<PathBuf, FileDigest>) {
 fn scan(
     dir: &Path,
     name: String,
+    only: Option<&std::collections::BTreeSet<String>>,
     cache: Option<&HashCache>,
     owners: &Owners,
     stats: &ScanStats,
@@ -196,6 +217,13 @@ fn scan(
         let name = entry.file_name().into_string().map_err(|n| {
             Error::invalid(format!("{}: file name {n:?} is not UTF-8", dir.display()))
         })?;
+        if only.is_some_and(|only| !only.contains(&name)) {
+            continue;
+        }
+        // blobsnap's own files (a restore's marker, a partial download) are never backed up.
+        if crate::index::reserved_name(&name, out.name.is_empty()).is_err() {
+            continue;
+        }
         validate_name(&name)
             .map_err(|e| Error::invalid(format!("{}: {}", path.display(), e.message())))?;
         let md = std::fs::symlink_metadata(&path)
@@ -203,7 +231,7 @@ fn scan(
         let ft = md.file_type();
         if ft.is_dir() {
             out.dirs
-                .push(scan(&path, name, cache, owners, stats, pending)?);
+                .push(scan(&path, name, None, cache, owners, stats, pending)?);
         } else if ft.is_file() {
             stats.files.fetch_add(1, Ordering::Relaxed);
             let key = CacheKey {

@@ -1,0 +1,111 @@
+//! The store-dir lock: `<store dir>.blobsnap.lock`, beside the store dir, held exclusively
+//! (`flock`, which belongs to the open file description: two tasks of one process exclude
+//! each other as two processes do) from before a restore into the dir for as long as the
+//! database in it is open. A restore under a database that another process (or task) still
+//! has open would exchange the tree under it; that process would keep writing tables by name
+//! into the new tree and its compactions would unlink restored files.
+//!
+//! Taking the lock also checks RocksDB's own lock on `<store dir>/LOCK`, so a database held
+//! open by a process that does not take ours (an older blobsnap, another program) is found
+//! too. That check is safe only under our lock: a POSIX record lock belongs to the process,
+//! and closing any descriptor of `LOCK` in the process that holds it open would drop it —
+//! holding ours first proves no task of this process has the database open.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// An exclusive hold on a store dir; released on drop.
+#[derive(Debug)]
+pub struct StoreDirLock {
+    path: PathBuf,
+    _file: std::fs::File,
+}
+
+/// `<store dir>.blobsnap.lock`
+pub fn lock_path(store_dir: &Path) -> Result<PathBuf> {
+    let name = store_dir
+        .file_name()
+        .ok_or_else(|| Error::invalid(format!("store dir {} has no name", store_dir.display())))?;
+    let mut n = name.to_os_string();
+    n.push(".blobsnap.lock");
+    Ok(store_dir.with_file_name(n))
+}
+
+impl StoreDirLock {
+    /// Take the lock of `store_dir` (creating the lock file and the dir's parent). Held by
+    /// another task or process, or the database in the dir open in another process →
+    /// `Conflict`, nothing touched.
+    pub fn acquire(store_dir: &Path) -> Result<StoreDirLock> {
+        let path = lock_path(store_dir)?;
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| Error::io(format!("create {}", parent.display()), e))?;
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).map_err(
+            |e| {
+                if e == rustix::io::Errno::WOULDBLOCK {
+                    Error::new(
+                        ErrorKind::Conflict,
+                        format!(
+                            "store dir {} is in use by another task or process (it holds {})",
+                            store_dir.display(),
+                            path.display()
+                        ),
+                    )
+                } else {
+                    Error::io(format!("lock {}", path.display()), e.into())
+                }
+            },
+        )?;
+        if store_dir.join("LOCK").exists() {
+            // Locked by a RocksDB of another process → Conflict; we drop it at once.
+            drop(super::rocks::ClosedDb::lock(store_dir).map_err(|e| {
+                if e.kind() == ErrorKind::Conflict {
+                    Error::new(
+                        ErrorKind::Conflict,
+                        format!(
+                            "the database in {} is open in another process: nothing restored",
+                            store_dir.display()
+                        ),
+                    )
+                } else {
+                    e
+                }
+            })?);
+        }
+        Ok(StoreDirLock { path, _file: file })
+    }
+
+    /// The lock file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_holder_at_a_time_even_in_one_process() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("counts").join("Partition_0");
+        let a = StoreDirLock::acquire(&dir).unwrap();
+        assert_eq!(
+            a.path(),
+            tmp.path().join("counts/Partition_0.blobsnap.lock")
+        );
+        let e = StoreDirLock::acquire(&dir).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Conflict, "{e}");
+        drop(a);
+        StoreDirLock::acquire(&dir).unwrap();
+    }
+}
