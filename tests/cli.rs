@@ -320,37 +320,13 @@ async fn backup_restore_ls_s3s() {
         .await;
 }
 
-/// Every file of a directory but RocksDB's info logs, with its bytes: a backup must leave
-/// this unchanged.
-fn files_but_logs(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap())
-        .filter(|e| {
-            let n = e.file_name().to_string_lossy().to_string();
-            n != "LOG" && !n.starts_with("LOG.old")
-        })
-        .map(|e| {
-            let name = e.file_name().to_string_lossy().to_string();
-            // LOCK is never opened: closing any descriptor of it in a process that holds
-            // RocksDB's record lock on it would drop that lock.
-            let bytes = if name == "LOCK" {
-                Vec::new()
-            } else {
-                std::fs::read(e.path()).unwrap()
-            };
-            (name, bytes)
-        })
-        .collect()
-}
-
 async fn backup_a_closed_db_dedup_restore_ls_and_a_locked_db_is_refused(t: &Target, root: &Path) {
     let dbdir = root.join("mydb");
     {
         let db = RocksStore::open("x", &dbdir).unwrap();
         write_keys(&db, 0, 3000);
     }
-    let before = files_but_logs(&dbdir);
+    let before = support::files_but_logs(&dbdir);
     assert!(
         before.keys().any(|n| n.ends_with(".log")),
         "the closed DB has a WAL to carry: {:?}",
@@ -369,7 +345,7 @@ async fn backup_a_closed_db_dedup_restore_ls_and_a_locked_db_is_refused(t: &Targ
     .await;
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(
-        files_but_logs(&dbdir),
+        support::files_but_logs(&dbdir),
         before,
         "a backup never changes the database it backs up"
     );
@@ -377,7 +353,7 @@ async fn backup_a_closed_db_dedup_restore_ls_and_a_locked_db_is_refused(t: &Targ
         let db = RocksStore::open("x", &dbdir).unwrap();
         write_keys(&db, 3000, 1000);
     }
-    let before = files_but_logs(&dbdir);
+    let before = support::files_but_logs(&dbdir);
     let (code, v2, err) = run(
         t,
         &[
@@ -390,42 +366,16 @@ async fn backup_a_closed_db_dedup_restore_ls_and_a_locked_db_is_refused(t: &Targ
     )
     .await;
     assert_eq!(code, Some(0), "{err}");
-    assert_eq!(files_but_logs(&dbdir), before);
+    assert_eq!(support::files_but_logs(&dbdir), before);
     assert!(
         v2["uploaded-bytes"].as_u64().unwrap() < v2["bytes"].as_u64().unwrap(),
         "the second backup reuses: {v2}"
     );
-    // Restore the second backup and read it.
-    let to = root.join("back");
-    let marker = v2["marker"].as_str().unwrap();
-    let (code, _, err) = run(
-        t,
-        &[
-            "restore",
-            marker,
-            "--job",
-            "manual",
-            "--job-id",
-            "nightly 1",
-            "--task",
-            "backup",
-            "--store",
-            "db",
-            "--to",
-            to.to_str().unwrap(),
-        ],
-    )
-    .await;
-    assert_eq!(code, Some(0), "{err}");
-    // A non-empty directory blobsnap did not restore is somebody's data: refused (exit 5),
-    // untouched; --force replaces it.
-    let foreign = root.join("foreign");
-    std::fs::create_dir_all(&foreign).unwrap();
-    std::fs::write(foreign.join("precious.txt"), b"mine").unwrap();
-    let restore_into = |dir: &Path, force: bool| {
+    // `restore MARKER ... --to DIR [--force]` of this backup name, run; (exit code, stderr).
+    let restore = |marker: String, dir: &Path, force: bool| {
         let mut args = vec![
             "restore".to_string(),
-            marker.to_string(),
+            marker,
             "--job".into(),
             "manual".into(),
             "--job-id".into(),
@@ -440,24 +390,34 @@ async fn backup_a_closed_db_dedup_restore_ls_and_a_locked_db_is_refused(t: &Targ
         if force {
             args.push("--force".into());
         }
-        args
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let (code, _, err) = run(t, &args).await;
+            (code, err)
+        }
     };
-    let args = restore_into(&foreign, false);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (code, _, err) = run(t, &args).await;
+    let marker = v2["marker"].as_str().unwrap().to_string();
+    // Restore the second backup and read it.
+    let to = root.join("back");
+    let (code, err) = restore(marker.clone(), &to, false).await;
+    assert_eq!(code, Some(0), "{err}");
+    // A non-empty directory blobsnap did not restore is somebody's data: refused (exit 5),
+    // untouched; --force replaces it.
+    let foreign = root.join("foreign");
+    std::fs::create_dir_all(&foreign).unwrap();
+    std::fs::write(foreign.join("precious.txt"), b"mine").unwrap();
+    let (code, err) = restore(marker.clone(), &foreign, false).await;
     assert_eq!(code, Some(5), "{err}");
     assert!(err.contains("--force"), "{err}");
     assert_eq!(
         std::fs::read(foreign.join("precious.txt")).unwrap(),
         b"mine"
     );
-    let args = restore_into(&foreign, true);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (code, _, err) = run(t, &args).await;
+    let (code, err) = restore(marker.clone(), &foreign, true).await;
     assert_eq!(code, Some(0), "{err}");
     assert!(!foreign.join("precious.txt").exists());
     // The restore holds the bytes the database had (its live files; no LOCK, no LOG).
-    let restored = files_but_logs(&to);
+    let restored = support::files_but_logs(&to);
     let mut expected = before.clone();
     let current = String::from_utf8(before["CURRENT"].clone()).unwrap();
     expected.retain(|n, _| n != "LOCK" && (!n.starts_with("MANIFEST-") || *n == current.trim()));
@@ -470,29 +430,12 @@ async fn backup_a_closed_db_dedup_restore_ls_and_a_locked_db_is_refused(t: &Targ
     assert_eq!(db.db().iterator(rocksdb::IteratorMode::Start).count(), 4000);
     // A restore into a dir whose database is open (here, in this process) is refused with
     // exit code 6 and touches nothing.
-    let held = files_but_logs(&to);
-    let (code, _, err) = run(
-        t,
-        &[
-            "restore",
-            v1["marker"].as_str().unwrap(),
-            "--job",
-            "manual",
-            "--job-id",
-            "nightly 1",
-            "--task",
-            "backup",
-            "--store",
-            "db",
-            "--to",
-            to.to_str().unwrap(),
-        ],
-    )
-    .await;
+    let held = support::files_but_logs(&to);
+    let (code, err) = restore(v1["marker"].as_str().unwrap().to_string(), &to, false).await;
     assert_eq!(code, Some(6), "{err}");
     assert!(err.contains("open in another process"), "{err}");
     assert_eq!(
-        files_but_logs(&to),
+        support::files_but_logs(&to),
         held,
         "the refused restore touched the dir"
     );

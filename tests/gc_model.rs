@@ -73,6 +73,21 @@ impl std::fmt::Display for Model {
 }
 
 impl Model {
+    /// A model store on `clock`: operations yield and advance time by up to `max_step_ms`
+    /// (seeded), and a PUT of a key containing `slow_put` hangs once until released.
+    fn new(clock: &Arc<VClock>, seed: u64, max_step_ms: u64, slow_put: Option<&str>) -> Arc<Model> {
+        Arc::new(Model {
+            objects: Mutex::default(),
+            clock: Arc::clone(clock),
+            rng: Mutex::new(rand::rngs::StdRng::seed_from_u64(seed)),
+            max_step_ms,
+            deleted: Mutex::default(),
+            slow_put: Mutex::new(slow_put.map(str::to_string)),
+            slow_entered: tokio::sync::Notify::new(),
+            slow_release: tokio::sync::Notify::new(),
+        })
+    }
+
     /// Let the other task run a random number of times, and let time pass.
     async fn step(&self) {
         let (yields, advance) = {
@@ -306,19 +321,15 @@ async fn retained_intact(
 async fn interleaving(seed: u64) -> (u64, u64, u64, u64) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let clock = Arc::new(VClock(AtomicU64::new(1_800_000_000_000)));
-    let model = Arc::new(Model {
-        objects: Mutex::default(),
-        clock: Arc::clone(&clock),
-        rng: Mutex::new(rand::rngs::StdRng::seed_from_u64(seed ^ 0x5eed)),
-        // Up to an eighth of the grace period per operation (the design's assumption: one
-        // request is short next to the grace): uploads of several files regularly outlive
-        // grace/2 and are abandoned, sweeps regularly find objects older than the grace.
-        max_step_ms: rng.random_range(200..=GRACE_MS / 8),
-        deleted: Mutex::default(),
-        slow_put: Mutex::default(),
-        slow_entered: tokio::sync::Notify::new(),
-        slow_release: tokio::sync::Notify::new(),
-    });
+    // Up to an eighth of the grace period per operation (the design's assumption: one request
+    // is short next to the grace): uploads of several files regularly outlive grace/2 and are
+    // abandoned, sweeps regularly find objects older than the grace.
+    let model = Model::new(
+        &clock,
+        seed ^ 0x5eed,
+        rng.random_range(200..=GRACE_MS / 8),
+        None,
+    );
     let store: Arc<dyn BlobStore> = model.clone();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("counts");
@@ -490,16 +501,7 @@ fn a_slow_index_put_past_the_grace_abandons_the_whole_commit() {
         .unwrap();
     rt.block_on(async {
         let clock = Arc::new(VClock(AtomicU64::new(1_800_000_000_000)));
-        let model = Arc::new(Model {
-            objects: Mutex::default(),
-            clock: Arc::clone(&clock),
-            rng: Mutex::new(rand::rngs::StdRng::seed_from_u64(7)),
-            max_step_ms: 0,
-            deleted: Mutex::default(),
-            slow_put: Mutex::new(Some("/lengths/index/".into())),
-            slow_entered: tokio::sync::Notify::new(),
-            slow_release: tokio::sync::Notify::new(),
-        });
+        let model = Model::new(&clock, 7, 0, Some("/lengths/index/"));
         let store: Arc<dyn BlobStore> = model.clone();
         let tmp = tempfile::tempdir().unwrap();
         let ctx = TaskContext {

@@ -9,6 +9,8 @@
 //! `#[ignore]`d (needs `ldb`): scripts/test.sh installs rocksdb-tools and runs it. Without
 //! `ldb` the test fails, naming the package.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
@@ -46,29 +48,6 @@ fn blobsnap(store: &Path, args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-/// Every file but RocksDB's info logs, with its bytes.
-fn files_but_logs(dir: &Path) -> BTreeMap<String, Vec<u8>> {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap())
-        .filter(|e| {
-            let n = e.file_name().to_string_lossy().to_string();
-            n != "LOG" && !n.starts_with("LOG.old")
-        })
-        .map(|e| {
-            let n = e.file_name().to_string_lossy().to_string();
-            // LOCK is empty and never opened (closing a descriptor of it drops a record lock
-            // this process would hold).
-            let bytes = if n == "LOCK" {
-                Vec::new()
-            } else {
-                std::fs::read(e.path()).unwrap()
-            };
-            (n, bytes)
-        })
-        .collect()
-}
-
 #[test]
 #[ignore = "needs ldb (Debian rocksdb-tools); run by scripts/test.sh"]
 fn a_rocksdb_7_database_is_unchanged_by_a_backup_and_restores_under_rocksdb_7() {
@@ -99,7 +78,7 @@ fn a_rocksdb_7_database_is_unchanged_by_a_backup_and_restores_under_rocksdb_7() 
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         ldb(&db, &args);
     }
-    let before = files_but_logs(&db);
+    let before = support::files_but_logs(&db);
     assert!(
         before.keys().any(|n| n.starts_with("MANIFEST-")),
         "{:?}",
@@ -112,7 +91,7 @@ fn a_rocksdb_7_database_is_unchanged_by_a_backup_and_restores_under_rocksdb_7() 
     );
     let marker = v["marker"].as_str().unwrap().to_string();
     assert_eq!(
-        files_but_logs(&db),
+        support::files_but_logs(&db),
         before,
         "the backup changed the database it backed up"
     );

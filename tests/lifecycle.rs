@@ -1143,18 +1143,7 @@ async fn two_processes_on_one_dir_the_second_is_refused() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let started = std::time::Instant::now();
-    while cps.history("Partition 0", 1).await.unwrap().is_empty() {
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(60),
-            "the first process never committed"
-        );
-        assert!(
-            first.try_wait().unwrap().is_none(),
-            "the first process ended before its first commit was seen"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    support::wait_first_commit(&cps, "Partition 0", &mut first).await;
     let history_before = cps.history("Partition 0", usize::MAX).await.unwrap().len();
     let second = demo().output().await.unwrap();
     let a_running = first.try_wait().unwrap().is_none();
@@ -1215,18 +1204,7 @@ async fn two_process_zombie_case(
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let started = std::time::Instant::now();
-    while cps.history("Partition 0", 1).await.unwrap().is_empty() {
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(60),
-            "the first process never committed"
-        );
-        assert!(
-            first.try_wait().unwrap().is_none(),
-            "the first process ended before its first commit was seen"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    support::wait_first_commit(&cps, "Partition 0", &mut first).await;
     let second = demo("b").output();
     let (a, b) = tokio::join!(first.wait_with_output(), second);
     let (a, b) = (a.unwrap(), b.unwrap());

@@ -64,7 +64,7 @@ pub struct BackupSettings {
     /// abandoned (its early blobs could otherwise be swept before it commits).
     pub gc_grace: std::time::Duration,
     /// Back up only these top-level names of each store dir (`None`: everything). `blobsnap
-    /// backup --db` of a closed database passes its live files ([`crate::local::rocks::live_files`]).
+    /// backup --db` of a closed database passes its live files ([`crate::local::rocks::ClosedDb::live_files`]).
     pub only: Option<std::collections::BTreeSet<String>>,
 }
 

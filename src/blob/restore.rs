@@ -416,12 +416,18 @@ fn remove_tree(dir: &Path) -> Result<()> {
 /// file exists, the staging dir is complete; move it into place.
 fn roll_forward(store_dir: &Path) -> Result<()> {
     let intent = intent_file(store_dir)?;
+    let old = sibling(store_dir, ".blobsnap-old")?;
     if !intent.exists() {
-        return Ok(());
+        // No swap in progress: an old tree left beside the store dir (a swap whose last step,
+        // its removal, did not happen) holds nothing anybody needs.
+        return remove_tree(&old);
     }
     let staging = staging_dir(store_dir)?;
-    let old = sibling(store_dir, ".blobsnap-old")?;
     if staging.join(RESTORED_MARKER).exists() {
+        // The new tree is complete: whatever `old` holds (a leftover of an earlier swap, or
+        // this swap's previous tree after a crash between the two renames) is not needed, and
+        // it must go before the store dir can be moved aside.
+        remove_tree(&old)?;
         if store_dir.exists() {
             std::fs::rename(store_dir, &old)
                 .map_err(io(format!("move {} aside", store_dir.display())))?;

@@ -369,3 +369,48 @@ macro_rules! store_suites {
         }
     };
 }
+
+/// Every file of a database dir but RocksDB's info logs (`LOG`, `LOG.old.*`), with its bytes:
+/// what a backup must leave unchanged and a restore must give back. `LOCK` is listed but never
+/// opened: closing any descriptor of it in a process that holds RocksDB's record lock on it
+/// would drop that lock.
+pub fn files_but_logs(dir: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().to_string();
+            n != "LOG" && !n.starts_with("LOG.old")
+        })
+        .map(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            let bytes = if name == "LOCK" {
+                Vec::new()
+            } else {
+                std::fs::read(e.path()).unwrap()
+            };
+            (name, bytes)
+        })
+        .collect()
+}
+
+/// Wait until `task` of the job behind `cps` has a committed checkpoint, while `child` (the
+/// process expected to commit it) still runs; panics after 60 s or if it ends first.
+pub async fn wait_first_commit(
+    cps: &BlobCheckpointStore,
+    task: &str,
+    child: &mut tokio::process::Child,
+) {
+    let started = std::time::Instant::now();
+    while cps.history(task, 1).await.unwrap().is_empty() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "the first process never committed"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the first process ended before its first commit was seen"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
