@@ -11,7 +11,7 @@
 #    against the local store and an in-process s3s-fs server;
 # 4. runs every external-endpoint suite (conformance, backup, restore, restore crash,
 #    lifecycle, admin) against LocalStack;
-# 5. builds Garage once (cargo install, ~8 min, cached in ~/.cache/blobsnap/garage), runs the
+# 5. builds Garage once (cargo install, 12.5 min measured, cached in ~/.cache/blobsnap/garage), runs the
 #    same external suites against a single Garage node, then the node-loss test on a 3-node
 #    Garage cluster (tests/garage_cluster.rs);
 # 6. stops LocalStack and Garage (by their PIDs) and exits non-zero if anything failed.
