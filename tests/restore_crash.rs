@@ -68,6 +68,34 @@ fn index_tree(idx: &SnapshotIndex) -> BTreeMap<String, Sha256> {
         .collect()
 }
 
+/// `blobsnap <store args> --json restore MARKER --job J --task T --store counts --to DST`.
+fn restore_cmd(
+    bin: &str,
+    child_args: &[String],
+    child_env: &[(String, String)],
+    task: &TaskContext,
+    marker: &str,
+    dst: &Path,
+) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(bin);
+    cmd.args(child_args)
+        .args([
+            "--json",
+            "restore",
+            marker,
+            "--job",
+            &task.job_name,
+            "--task",
+            &task.task_name,
+            "--store",
+            "counts",
+            "--to",
+        ])
+        .arg(dst)
+        .envs(child_env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    cmd
+}
+
 async fn run_matrix(
     h: support::Harness,
     child_args: Vec<String>,
@@ -178,23 +206,15 @@ async fn run_matrix(
             r.restore().await.unwrap();
             assert_eq!(tree(&dst.dir), old);
 
-            let mut cmd = tokio::process::Command::new(bin);
-            cmd.args(&child_args)
-                .args([
-                    "--json",
-                    "restore",
-                    &marker(&checkpoints[1]),
-                    "--job",
-                    &task.job_name,
-                    "--task",
-                    &task.task_name,
-                    "--store",
-                    "counts",
-                    "--to",
-                ])
-                .arg(&dst.dir)
-                .env("BLOBSNAP_CRASH_AT", point)
-                .envs(child_env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+            let mut cmd = restore_cmd(
+                bin,
+                &child_args,
+                &child_env,
+                &task,
+                &marker(&checkpoints[1]),
+                &dst.dir,
+            );
+            cmd.env("BLOBSNAP_CRASH_AT", point);
             let out = cmd.output().await.unwrap();
             assert_eq!(
                 out.status.signal(),
@@ -247,25 +267,17 @@ async fn run_matrix(
                 std::fs::write(old_dir.join("sub/000001.sst"), b"an old tree").unwrap();
             }
             // The rerun completes and fetches at most what was still missing.
-            let out = tokio::process::Command::new(bin)
-                .args(&child_args)
-                .args([
-                    "--json",
-                    "restore",
-                    &marker(&checkpoints[1]),
-                    "--job",
-                    &task.job_name,
-                    "--task",
-                    &task.task_name,
-                    "--store",
-                    "counts",
-                    "--to",
-                ])
-                .arg(&dst.dir)
-                .envs(child_env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-                .output()
-                .await
-                .unwrap();
+            let out = restore_cmd(
+                bin,
+                &child_args,
+                &child_env,
+                &task,
+                &marker(&checkpoints[1]),
+                &dst.dir,
+            )
+            .output()
+            .await
+            .unwrap();
             assert!(
                 out.status.success(),
                 "{point}: rerun failed: {}",
@@ -330,22 +342,7 @@ async fn symlinks_left_in_staging_are_never_followed(
     std::os::unix::fs::symlink(outside.join("victim"), staging.join(&shared)).unwrap();
     std::os::unix::fs::symlink(outside, staging.join("sub")).unwrap();
     std::os::unix::fs::symlink(outside.join("subdir"), staging.join("subdir")).unwrap();
-    let out = tokio::process::Command::new(bin)
-        .args(child_args)
-        .args([
-            "--json",
-            "restore",
-            old_marker,
-            "--job",
-            &task.job_name,
-            "--task",
-            &task.task_name,
-            "--store",
-            "counts",
-            "--to",
-        ])
-        .arg(dst)
-        .envs(child_env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+    let out = restore_cmd(bin, child_args, child_env, task, old_marker, dst)
         .output()
         .await
         .unwrap();
