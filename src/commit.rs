@@ -16,7 +16,8 @@
 //!
 //! At startup [`TaskCommitManager::start`] reads the last checkpoint, claims the task's epoch
 //! by writing it again under the next sequence number (a zombie's next commit then collides),
-//! and re-runs cleanup for it.
+//! and — once the stores are restored — re-runs cleanup for the checkpoint they were restored
+//! from ([`TaskCommitManager::with_backends`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -146,7 +147,9 @@ impl TaskCommitManager {
             };
             let next = next_seq(&task.task_name, seq)?;
             let last_id = last.as_ref().and_then(|c| c.as_v2()).map(|c| c.id);
-            let mut ids = CheckpointIdGen::after(last_id);
+            // The claim's number is this process's epoch: every id it makes carries it, so no
+            // id of an earlier process (committed or not) is ever made again.
+            let mut ids = CheckpointIdGen::for_epoch(last_id, next);
             let claim = match last {
                 Some(c) => c,
                 None => Checkpoint::V2(CheckpointV2 {
@@ -196,9 +199,14 @@ impl TaskCommitManager {
         self
     }
 
-    /// Attach the backends (already `init`-ed with the restored checkpoint).
-    pub fn with_backends(mut self, backends: Vec<Backend>) -> Self {
+    /// Attach the backends, already `init`-ed with `restored`: the checkpoint the task's
+    /// stores were restored from. It is the base of the next commit — its startup cleanup
+    /// runs for it — which after a restore fallback is an older checkpoint than the claim:
+    /// the newer, unrestorable one is never adopted as a diff or dedup base (its blobs may be
+    /// the broken ones).
+    pub fn with_backends(mut self, backends: Vec<Backend>, restored: Option<Checkpoint>) -> Self {
         self.backends = backends;
+        self.state.get_mut().last = restored;
         self
     }
 
@@ -222,6 +230,18 @@ impl TaskCommitManager {
                 .map_err(|e| e.context(format!("cleanup of backend {} at {id}", b.name)))?;
         }
         Ok(())
+    }
+
+    /// The checkpoint at number `seq`, if it is the latest and this writer wrote it.
+    async fn own_landed(&self, seq: u64) -> Result<Option<Checkpoint>> {
+        let latest = self
+            .checkpoints
+            .latest(&self.task.task_name)
+            .await
+            .map_err(|e| e.context(format!("read back checkpoint {seq}")))?;
+        Ok(latest
+            .filter(|c| c.seq == seq && c.writer == self.writer)
+            .map(|c| c.checkpoint))
     }
 
     /// Commit: [`sync_stage`](Self::sync_stage) then [`async_stage`](Self::async_stage). A
@@ -320,15 +340,36 @@ impl TaskCommitManager {
             input_offsets: offsets,
             state_checkpoint_markers: markers.clone(),
         };
-        let seq = next_seq(&self.task.task_name, st.seq)?;
-        self.checkpoints
-            .write(
-                &self.task.task_name,
-                seq,
-                &self.writer,
-                &Checkpoint::V2(checkpoint.clone()),
-            )
-            .await?;
+        let mut seq = next_seq(&self.task.task_name, st.seq)?;
+        let doc = Checkpoint::V2(checkpoint.clone());
+        if let Err(e) = self
+            .checkpoints
+            .write(&self.task.task_name, seq, &self.writer, &doc)
+            .await
+        {
+            if e.kind() != ErrorKind::Conflict {
+                return Err(e);
+            }
+            // Number `seq` is taken. If this writer took it — an earlier commit whose write
+            // landed although its call failed (the retry budget ran out on a lost response) —
+            // that commit is committed: adopt it, clean up for it, and commit this one next.
+            // Anyone else's document there means this writer is fenced off.
+            let Some(landed) = self.own_landed(seq).await? else {
+                return Err(e);
+            };
+            tracing::info!(task = %self.task.task_name, seq, "an earlier checkpoint write of this writer had landed; adopted it as committed");
+            st.seq = seq;
+            if let Some(v2) = landed.as_v2() {
+                if let Err(ce) = self.run_cleanup(v2.id, &v2.state_checkpoint_markers).await {
+                    tracing::warn!(error = %ce, "cleanup for the adopted checkpoint failed; the next cleanup covers it");
+                }
+            }
+            st.last = Some(landed);
+            seq = next_seq(&self.task.task_name, seq)?;
+            self.checkpoints
+                .write(&self.task.task_name, seq, &self.writer, &doc)
+                .await?;
+        }
         st.seq = seq;
         st.last = Some(Checkpoint::V2(checkpoint.clone()));
         let write_ms = t.elapsed().as_millis() as u64;

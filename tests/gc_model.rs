@@ -373,10 +373,13 @@ async fn interleaving(seed: u64) -> (u64, u64, u64, u64) {
             name: "counts",
             dir: dir.clone(),
         })])
-        .with_backends(vec![Backend {
-            name: FACTORY_NAME.into(),
-            manager: backup,
-        }]);
+        .with_backends(
+            vec![Backend {
+                name: FACTORY_NAME.into(),
+                manager: backup,
+            }],
+            last,
+        );
     let commits = rng.random_range(3..8u64);
     let sweeps = rng.random_range(5..20u64);
     let writer_rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0xc0ffee);
@@ -547,10 +550,13 @@ fn a_slow_index_put_past_the_grace_abandons_the_whole_commit() {
             .unwrap(),
         );
         backup.init(last.as_ref()).await.unwrap();
-        let mgr = mgr.with_stores(engines).with_backends(vec![Backend {
-            name: FACTORY_NAME.into(),
-            manager: backup,
-        }]);
+        let mgr = mgr.with_stores(engines).with_backends(
+            vec![Backend {
+                name: FACTORY_NAME.into(),
+                manager: backup,
+            }],
+            last,
+        );
         let sweep = || async {
             let s = SweepSettings {
                 job_name: "model".into(),

@@ -83,10 +83,13 @@ async fn retention_case(h: &support::Harness, retention: usize) {
     backup.init(last.as_ref()).await.unwrap();
     let mut mgr = mgr
         .with_stores(vec![Arc::clone(&db) as Arc<dyn StoreEngine>])
-        .with_backends(vec![Backend {
-            name: FACTORY_NAME.into(),
-            manager: Arc::clone(&backup) as _,
-        }]);
+        .with_backends(
+            vec![Backend {
+                name: FACTORY_NAME.into(),
+                manager: Arc::clone(&backup) as _,
+            }],
+            last,
+        );
     let scope = JobScope::new(&ctx.job_name, "1")
         .unwrap()
         .store(&ctx.task_name, "counts")
@@ -99,7 +102,7 @@ async fn retention_case(h: &support::Harness, retention: usize) {
             drop(mgr);
             drop(db);
             db = Arc::new(RocksStore::open("counts", &spec.dir).unwrap());
-            let (m, _) = TaskCommitManager::start(
+            let (m, claim) = TaskCommitManager::start(
                 ctx.clone(),
                 Arc::clone(&checkpoints),
                 Arc::new(SystemClock),
@@ -110,10 +113,13 @@ async fn retention_case(h: &support::Harness, retention: usize) {
             .unwrap();
             mgr = m
                 .with_stores(vec![Arc::clone(&db) as Arc<dyn StoreEngine>])
-                .with_backends(vec![Backend {
-                    name: FACTORY_NAME.into(),
-                    manager: Arc::clone(&backup) as _,
-                }]);
+                .with_backends(
+                    vec![Backend {
+                        name: FACTORY_NAME.into(),
+                        manager: Arc::clone(&backup) as _,
+                    }],
+                    claim,
+                );
         }
         let report = mgr
             .commit(BTreeMap::from([(

@@ -539,7 +539,6 @@ impl BlobBackupManager {
         len: u64,
         digest: FileDigest,
     ) -> Result<u64> {
-        let sha256 = digest.sha256;
         let _permit = self
             .settings
             .limiter
@@ -561,18 +560,14 @@ impl BlobBackupManager {
             .await
         {
             Ok(r) => Ok(u64::from(r.requests)),
-            // Written by an earlier attempt of this same checkpoint: keys are never
-            // overwritten, so check that what is there is this content.
-            Err(e) if e.kind() == ErrorKind::Conflict => {
-                let (sha, size) = hash_object(self.blob_store.as_ref(), &key).await?;
-                if sha == sha256 && size == len {
-                    Ok(1)
-                } else {
-                    Err(Error::corrupt(format!(
-                        "blob {key} already exists with SHA-256 {sha}, expected {sha256}"
-                    )))
-                }
-            }
+            // The key names this upload's checkpoint id, which carries this process's epoch:
+            // no other writer makes it, and the retry layer has already settled a retried PUT
+            // of ours. An object there is foreign or an earlier incarnation's orphan — one a
+            // sweep may be deleting right now (its last-modified is old): never reuse it, and
+            // abandon the commit; the next one has a new id.
+            Err(e) if e.kind() == ErrorKind::Conflict => Err(Error::transient(format!(
+                "blob {key} already exists although its checkpoint id is this upload's own: not reused (it may be an orphan a sweep is deleting); the commit is abandoned and the next one starts afresh ({e})"
+            ))),
             Err(e) => Err(e.context(format!("upload {} as {key}", path.display()))),
         }
     }

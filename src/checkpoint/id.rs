@@ -109,44 +109,75 @@ impl<'de> serde::Deserialize<'de> for CheckpointId {
     }
 }
 
+/// How many ids one epoch can make within one millisecond: the `seq` part of an id made in
+/// epoch `e` lies in `[e × EPOCH_STRIDE, (e + 1) × EPOCH_STRIDE)` (epochs taken modulo
+/// [`EPOCHS`]), so that two epochs never make the same id, whatever their clocks say.
+pub const EPOCH_STRIDE: u64 = 1_000_000;
+
+/// Distinct epochs an id can carry (`seq` stays at most `i64::MAX`).
+pub const EPOCHS: u64 = i64::MAX as u64 / EPOCH_STRIDE;
+
 /// Makes strictly increasing ids for one task, whatever the wall clock does.
 ///
 /// Seed it with the last committed id ([`CheckpointIdGen::after`]): a task restarted on a host
 /// whose clock is behind still never reuses or goes below an id already committed.
+///
+/// A generator of an **epoch** ([`CheckpointIdGen::for_epoch`]: the runtime's epoch is the
+/// sequence number of the task's claim, unique per process that ever claimed the task) puts
+/// the epoch in the `seq` part of every id it makes: two processes of one task never make the
+/// same id, even when the later one starts with a clock behind the ids the earlier one made
+/// but never committed (DESIGN §7) — its RocksDB checkpoint dirs and blob keys are its own.
 #[derive(Clone, Debug, Default)]
 pub struct CheckpointIdGen {
     last: Option<CheckpointId>,
+    epoch: u64,
 }
 
 impl CheckpointIdGen {
-    /// A generator with no history.
+    /// A generator with no history (epoch 0).
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// A generator whose ids are all greater than `last` (if any).
+    /// A generator (epoch 0) whose ids are all greater than `last` (if any).
     pub fn after(last: Option<CheckpointId>) -> Self {
-        CheckpointIdGen { last }
+        CheckpointIdGen { last, epoch: 0 }
     }
 
-    /// The next id for wall-clock time `now_millis`: `(now, 0)` if the clock moved past the
-    /// last id, else `(last.millis, last.seq + 1)`.
+    /// A generator of epoch `epoch` whose ids are all greater than `last` (if any) and carry
+    /// the epoch: their `seq / EPOCH_STRIDE` is `epoch % EPOCHS`.
+    pub fn for_epoch(last: Option<CheckpointId>, epoch: u64) -> Self {
+        CheckpointIdGen {
+            last,
+            epoch: epoch % EPOCHS,
+        }
+    }
+
+    /// The next id for wall-clock time `now_millis`: `(now, base)` if the clock moved past the
+    /// last id (`base` = the epoch's first `seq`), else the next `seq` of this epoch in the last
+    /// id's millisecond, or the next millisecond when the last id's `seq` is beyond this
+    /// epoch's range (a later epoch, a foreign id, or the range used up).
     pub fn next(&mut self, now_millis: u64) -> Result<CheckpointId> {
         let now = now_millis.min(i64::MAX as u64);
+        let base = self.epoch * EPOCH_STRIDE;
+        let end = base + EPOCH_STRIDE;
         let id = match self.last {
             Some(last) if now <= last.millis => {
-                let seq = last.seq.checked_add(1).filter(|s| *s <= i64::MAX as u64);
-                match seq {
-                    Some(seq) => CheckpointId::new(last.millis, seq)?,
-                    None => CheckpointId::new(
+                if last.seq < base {
+                    CheckpointId::new(last.millis, base)?
+                } else if last.seq + 1 < end {
+                    CheckpointId::new(last.millis, last.seq + 1)?
+                } else {
+                    CheckpointId::new(
                         last.millis
                             .checked_add(1)
+                            .filter(|m| *m <= i64::MAX as u64)
                             .ok_or_else(|| Error::invalid("checkpoint id space exhausted"))?,
-                        0,
-                    )?,
+                        base,
+                    )?
                 }
             }
-            _ => CheckpointId::new(now, 0)?,
+            _ => CheckpointId::new(now, base)?,
         };
         self.last = Some(id);
         Ok(id)
@@ -203,14 +234,42 @@ mod tests {
         assert!(seed < a && a < b && b < c);
     }
 
+    #[test]
+    fn two_epochs_never_make_the_same_id() {
+        // Epoch 7 made ids it never committed; epoch 8 starts from the same committed id with
+        // the same (stuck) clock: its ids are all different and all greater.
+        let committed: CheckpointId = "5000-3".parse().unwrap();
+        let mut a = CheckpointIdGen::for_epoch(Some(committed), 7);
+        let mut b = CheckpointIdGen::for_epoch(Some(committed), 8);
+        let ours: Vec<_> = (0..5).map(|_| a.next(1000).unwrap()).collect();
+        let theirs: Vec<_> = (0..5).map(|_| b.next(1000).unwrap()).collect();
+        assert_eq!(ours[0].to_string(), "5000-7000000");
+        assert_eq!(theirs[0].to_string(), "5000-8000000");
+        for id in &theirs {
+            assert!(!ours.contains(id) && *id > committed, "{id}");
+        }
+        // A later epoch's id as the seed: an earlier epoch moves to the next millisecond.
+        let mut c = CheckpointIdGen::for_epoch(Some(theirs[4]), 3);
+        assert_eq!(c.next(1000).unwrap().to_string(), "5001-3000000");
+        // The range of one epoch used up in one millisecond: the next millisecond.
+        let full = CheckpointId::new(5000, 8 * EPOCH_STRIDE + EPOCH_STRIDE - 1).unwrap();
+        let mut d = CheckpointIdGen::for_epoch(Some(full), 8);
+        assert_eq!(d.next(10).unwrap().to_string(), "5001-8000000");
+        // The largest epoch still fits a signed 64-bit seq.
+        let mut e = CheckpointIdGen::for_epoch(None, u64::MAX);
+        let id = e.next(1).unwrap();
+        assert!(id.seq() <= i64::MAX as u64);
+    }
+
     proptest! {
         #[test]
-        fn generator_is_strictly_increasing(clock in proptest::collection::vec(0u64..10_000, 1..50)) {
-            let mut g = CheckpointIdGen::new();
+        fn generator_is_strictly_increasing(clock in proptest::collection::vec(0u64..10_000, 1..50), epoch in 0u64..100) {
+            let mut g = CheckpointIdGen::for_epoch(None, epoch);
             let mut prev: Option<CheckpointId> = None;
             for now in clock {
                 let id = g.next(now).unwrap();
                 prop_assert!(prev.is_none_or(|p| p < id));
+                prop_assert_eq!(id.seq() / EPOCH_STRIDE, epoch);
                 prop_assert_eq!(id.to_string().parse::<CheckpointId>().unwrap(), id);
                 prev = Some(id);
             }

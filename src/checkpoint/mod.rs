@@ -29,7 +29,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 pub use blob_store::BlobCheckpointStore;
-pub use id::{CheckpointId, CheckpointIdGen};
+pub use id::{CheckpointId, CheckpointIdGen, EPOCHS, EPOCH_STRIDE};
 pub use store::{CheckpointStore, CommittedCheckpoint};
 
 use crate::error::{Error, Result};

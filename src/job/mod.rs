@@ -303,10 +303,13 @@ pub async fn run_task(
                     .map(|db| Arc::clone(db) as Arc<dyn StoreEngine>)
                     .collect(),
             )
-            .with_backends(vec![Backend {
-                name: FACTORY_NAME.to_string(),
-                manager: Arc::clone(&backup) as Arc<dyn crate::backend::TaskBackupManager>,
-            }]),
+            .with_backends(
+                vec![Backend {
+                    name: FACTORY_NAME.to_string(),
+                    manager: Arc::clone(&backup) as Arc<dyn crate::backend::TaskBackupManager>,
+                }],
+                last.clone(),
+            ),
     );
 
     let ssp = Ssp::new("files", settings.stream.clone(), partition);

@@ -1,0 +1,511 @@
+//! The commit protocol across restarts, lost responses and restore fallbacks (DESIGN §7): the
+//! real commit manager and blob backup/restore managers on the local directory store, with
+//! real RocksDB where the failure was RocksDB's.
+//!
+//! - a restart whose clock is behind the ids an earlier process made but never committed
+//!   makes ids of its own (each claim's epoch is in its ids), so RocksDB's checkpoint of the
+//!   new commit does not hit the dead process's directory;
+//! - a blob key that already exists is never reused: the commit is abandoned;
+//! - a checkpoint write that landed although its call failed is adopted by the next commit of
+//!   the same writer, not taken for another writer's (which would fence the task off);
+//! - after a restore fallback the next commit builds on the checkpoint restored, never on the
+//!   newer broken one (whose blobs may be the broken ones).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use blobsnap::backend::{
+    Clock, StoreEngine, StoreSpec, TaskBackupManager as _, TaskContext, TaskRestoreManager as _,
+};
+use blobsnap::blob::backup::{BackupSettings, BlobBackupManager};
+use blobsnap::blob::restore::{BlobRestoreManager, RestoreSettings};
+use blobsnap::blob::FACTORY_NAME;
+use blobsnap::blobstore::local::LocalStore;
+use blobsnap::blobstore::{
+    BlobStore, Capabilities, DeleteFailures, GetResult, MultipartUpload, ObjectMeta, PutBody,
+    PutOptions, PutResult, Scope,
+};
+use blobsnap::checkpoint::{
+    BlobCheckpointStore, Checkpoint, CheckpointId, CheckpointStore, CheckpointV2, Ssp,
+};
+use blobsnap::commit::{Backend, TaskCommitManager};
+use blobsnap::digest::Sha256;
+use blobsnap::layout::{JobScope, StoreScope};
+use blobsnap::local::rocks::RocksStore;
+use blobsnap::{Error, ErrorKind, Result};
+use futures::stream::BoxStream;
+
+#[derive(Debug)]
+struct At(AtomicU64);
+
+impl Clock for At {
+    fn now_millis(&self) -> u64 {
+        self.0.load(Relaxed)
+    }
+}
+
+fn ctx() -> TaskContext {
+    TaskContext {
+        job_name: "proto".into(),
+        job_id: "1".into(),
+        task_name: "Partition 0".into(),
+    }
+}
+
+fn offsets(n: u64) -> BTreeMap<Ssp, String> {
+    BTreeMap::from([(Ssp::new("files", "lines", 0), n.to_string())])
+}
+
+/// A store engine over a plain directory of files (checkpoint = hard links): the file set of
+/// each commit is exactly what the test puts there.
+struct Files {
+    dir: PathBuf,
+}
+
+impl StoreEngine for Files {
+    fn name(&self) -> &str {
+        "counts"
+    }
+    fn dir(&self) -> &Path {
+        &self.dir
+    }
+    fn flush(&self) -> Result<()> {
+        Ok(())
+    }
+    fn checkpoint_to(&self, path: &Path) -> Result<()> {
+        let io = |e: std::io::Error| Error::new(ErrorKind::Io, format!("checkpoint: {e}"));
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(io)?;
+        }
+        std::fs::create_dir(path).map_err(io)?;
+        for e in std::fs::read_dir(&self.dir).map_err(io)? {
+            let e = e.map_err(io)?;
+            if e.file_type().map_err(io)?.is_file() {
+                std::fs::hard_link(e.path(), path.join(e.file_name())).map_err(io)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One process of the task: a claim, a backup manager `init`-ed with `restored`, the engine.
+async fn process(
+    store: &Arc<dyn BlobStore>,
+    clock: &Arc<At>,
+    engine: Arc<dyn StoreEngine>,
+    retention: usize,
+    restored: Option<Checkpoint>,
+) -> (TaskCommitManager, Option<Checkpoint>) {
+    let checkpoints: Arc<dyn CheckpointStore> = Arc::new(BlobCheckpointStore::new(
+        Arc::clone(store),
+        JobScope::new("proto", "1").unwrap(),
+    ));
+    let vclock: Arc<dyn Clock> = clock.clone();
+    let (mgr, claim) =
+        TaskCommitManager::start(ctx(), checkpoints, Arc::clone(&vclock), retention, false)
+            .await
+            .unwrap();
+    let restored = restored.or_else(|| claim.clone());
+    let spec = StoreSpec {
+        name: "counts".into(),
+        dir: engine.dir().to_path_buf(),
+    };
+    let backup = Arc::new(
+        BlobBackupManager::new(
+            Arc::clone(store),
+            ctx(),
+            std::slice::from_ref(&spec),
+            vclock,
+            BackupSettings {
+                retention,
+                hash_cache: false,
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    );
+    backup.init(restored.as_ref()).await.unwrap();
+    let mgr = mgr.with_stores(vec![engine]).with_backends(
+        vec![Backend {
+            name: FACTORY_NAME.into(),
+            manager: backup,
+        }],
+        restored,
+    );
+    (mgr, claim)
+}
+
+fn marker(c: &CheckpointV2) -> String {
+    c.state_checkpoint_markers[FACTORY_NAME]["counts"].clone()
+}
+
+fn sscope() -> StoreScope {
+    JobScope::new("proto", "1")
+        .unwrap()
+        .store("Partition 0", "counts")
+        .unwrap()
+}
+
+/// Restore `checkpoint` into `dir` (which must not exist yet).
+async fn restore(store: &Arc<dyn BlobStore>, checkpoint: &Checkpoint, dir: &Path) -> Result<()> {
+    let spec = StoreSpec {
+        name: "counts".into(),
+        dir: dir.to_path_buf(),
+    };
+    let r = BlobRestoreManager::new(
+        Arc::clone(store),
+        ctx(),
+        std::slice::from_ref(&spec),
+        RestoreSettings::default(),
+    )?;
+    r.init(Some(checkpoint)).await?;
+    r.restore().await
+}
+
+/// A restart on a host whose clock is behind the last committed id: the crashed process made
+/// id X (its RocksDB checkpoint dir is still there) and never committed it; the next process
+/// starts from the same committed id with the same clock. Before ids carried the claim's
+/// epoch it made X again and RocksDB refused the checkpoint ("Directory exists") at every
+/// restart until the clock caught up.
+#[tokio::test]
+async fn a_restart_with_the_clock_behind_never_remakes_an_uncommitted_id() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store: Arc<dyn BlobStore> = Arc::new(LocalStore::new(tmp.path().join("store")).unwrap());
+    let dir = tmp.path().join("state/counts");
+    let t = 1_800_000_000_000;
+    let clock = Arc::new(At(AtomicU64::new(t)));
+
+    let db = Arc::new(RocksStore::open("counts", &dir).unwrap());
+    db.db().put(b"k1", b"v1").unwrap();
+    let (first, _) = process(&store, &clock, db.clone(), 2, None).await;
+    let committed = first.commit(offsets(1)).await.unwrap().checkpoint.id;
+    drop(first);
+
+    // The clock steps back 10 s. A process claims, makes its sync stage, and dies.
+    clock.0.store(t - 10_000, Relaxed);
+    db.db().put(b"k2", b"v2").unwrap();
+    let (dying, _) = process(&store, &clock, db.clone(), 2, None).await;
+    let orphan = dying.sync_stage(offsets(2)).await.unwrap().id;
+    drop(dying);
+    assert!(orphan > committed);
+
+    // The next process, same host, same clock: its commit must go through, under an id of
+    // its own.
+    let (next, _) = process(&store, &clock, db.clone(), 2, None).await;
+    let report = next
+        .commit(offsets(2))
+        .await
+        .expect("a restart with the clock behind commits");
+    let id = report.checkpoint.id;
+    assert!(
+        id > orphan && id != orphan,
+        "the new id {id} is the dead process's {orphan} or below it"
+    );
+    assert_eq!(report.checkpoint.input_offsets, offsets(2));
+    // The dead process's checkpoint dir (older than the committed id) is gone.
+    let cps = dir.with_file_name("counts.checkpoints");
+    assert!(!cps.join(orphan.to_string()).exists());
+    // And what was committed restores with both keys.
+    let back = tmp.path().join("back");
+    restore(&store, &Checkpoint::V2(report.checkpoint.clone()), &back)
+        .await
+        .unwrap();
+    drop(db);
+    let reopened = RocksStore::open("counts", &back).unwrap();
+    assert_eq!(
+        reopened.db().get(b"k2").unwrap().as_deref(),
+        Some(&b"v2"[..])
+    );
+}
+
+/// A blob key that already exists is another writer's (or an orphan a sweep may be deleting):
+/// the upload never reuses it — the commit is abandoned, and the next commit (a new id) goes
+/// through without it. Before, a key holding the same bytes was taken as "ours" and reused.
+#[tokio::test]
+async fn an_existing_blob_key_abandons_the_commit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store: Arc<dyn BlobStore> = Arc::new(LocalStore::new(tmp.path().join("store")).unwrap());
+    let dir = tmp.path().join("state/counts");
+    std::fs::create_dir_all(&dir).unwrap();
+    let content = b"the one file of this store".to_vec();
+    std::fs::write(dir.join("000001.sst"), &content).unwrap();
+    let t = 1_800_000_000_000;
+    let clock = Arc::new(At(AtomicU64::new(t)));
+    let (mgr, claim) = process(
+        &store,
+        &clock,
+        Arc::new(Files { dir: dir.clone() }),
+        2,
+        None,
+    )
+    .await;
+    // The id the first commit will make: the clock moved past the claim, so (now, epoch base)
+    // with the claim's number (1) as the epoch.
+    let claim_id = claim.unwrap().as_v2().unwrap().id;
+    clock.0.store(t + 1000, Relaxed);
+    let next_id = CheckpointId::new(t + 1000, blobsnap::checkpoint::EPOCH_STRIDE).unwrap();
+    assert!(next_id > claim_id);
+    let key = sscope()
+        .key(&StoreScope::blob_id(next_id, Sha256::of(&content)))
+        .unwrap();
+    store
+        .put(
+            &key,
+            PutBody::Bytes(content.clone().into()),
+            PutOptions::default(),
+        )
+        .await
+        .unwrap();
+    let e = mgr
+        .commit(offsets(1))
+        .await
+        .expect_err("an upload onto an existing blob key commits");
+    assert_eq!(e.kind(), ErrorKind::Transient, "{e}");
+    assert!(e.to_string().contains("already exists"), "{e}");
+    // Nothing was committed at that id; the next commit (a new id) is fine.
+    let r = mgr.commit(offsets(1)).await.unwrap();
+    assert!(r.checkpoint.id > next_id);
+    let back = tmp.path().join("back");
+    restore(&store, &Checkpoint::V2(r.checkpoint.clone()), &back)
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(back.join("000001.sst")).unwrap(), content);
+}
+
+/// A store that, when armed, stores the next checkpoint document and then reports the call as
+/// failed (`Transient`): a write that landed while its response was lost and the retry budget
+/// ran out.
+#[derive(Debug)]
+struct LoseCheckpointResponse {
+    inner: LocalStore,
+    armed: AtomicBool,
+}
+
+impl fmt::Display for LoseCheckpointResponse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.inner, f)
+    }
+}
+
+#[async_trait]
+impl BlobStore for LoseCheckpointResponse {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn probe_capabilities(&self) -> Result<Capabilities> {
+        self.inner.probe_capabilities().await
+    }
+    async fn put(
+        &self,
+        key: &blobsnap::blobstore::BlobKey,
+        body: PutBody,
+        opts: PutOptions,
+    ) -> Result<PutResult> {
+        let r = self.inner.put(key, body, opts).await?;
+        if key.as_str().contains("/checkpoints/") && self.armed.swap(false, Relaxed) {
+            return Err(Error::new(
+                ErrorKind::Transient,
+                format!("put {key}: gave up after 3 attempts (response lost)"),
+            ));
+        }
+        Ok(r)
+    }
+    async fn get(
+        &self,
+        key: &blobsnap::blobstore::BlobKey,
+        range: Option<Range<u64>>,
+    ) -> Result<GetResult> {
+        self.inner.get(key, range).await
+    }
+    async fn head(&self, key: &blobsnap::blobstore::BlobKey) -> Result<ObjectMeta> {
+        self.inner.head(key).await
+    }
+    async fn delete_many(&self, keys: &[blobsnap::blobstore::BlobKey]) -> Result<DeleteFailures> {
+        self.inner.delete_many(keys).await
+    }
+    fn list<'a>(&'a self, scope: &Scope) -> BoxStream<'a, Result<ObjectMeta>> {
+        self.inner.list(scope)
+    }
+    async fn list_multipart_uploads(&self, scope: &Scope) -> Result<Vec<MultipartUpload>> {
+        self.inner.list_multipart_uploads(scope).await
+    }
+    async fn abort_multipart_upload(&self, upload: &MultipartUpload) -> Result<()> {
+        self.inner.abort_multipart_upload(upload).await
+    }
+}
+
+/// A checkpoint write that landed but whose call failed: the next commit of the same writer
+/// finds its own document at that number, adopts it, and commits after it. Before, the next
+/// commit's write hit the taken number and the task fenced itself off (`Conflict`).
+#[tokio::test]
+async fn a_checkpoint_write_that_landed_unacknowledged_is_adopted_not_fenced() {
+    let tmp = tempfile::tempdir().unwrap();
+    let lossy = Arc::new(LoseCheckpointResponse {
+        inner: LocalStore::new(tmp.path().join("store")).unwrap(),
+        armed: AtomicBool::new(false),
+    });
+    let store: Arc<dyn BlobStore> = lossy.clone();
+    let dir = tmp.path().join("state/counts");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("000001.sst"), b"one").unwrap();
+    let clock = Arc::new(At(AtomicU64::new(1_800_000_000_000)));
+    let (mgr, _) = process(
+        &store,
+        &clock,
+        Arc::new(Files { dir: dir.clone() }),
+        3,
+        None,
+    )
+    .await;
+    let first = mgr.commit(offsets(10)).await.unwrap();
+
+    std::fs::write(dir.join("000002.sst"), b"two").unwrap();
+    lossy.armed.store(true, Relaxed);
+    let e = mgr
+        .commit(offsets(20))
+        .await
+        .expect_err("the lost response is reported");
+    assert_eq!(e.kind(), ErrorKind::Transient, "{e}");
+
+    std::fs::write(dir.join("000003.sst"), b"three").unwrap();
+    let third = mgr
+        .commit(offsets(30))
+        .await
+        .expect("the next commit of the same writer goes through");
+    assert_eq!(third.seq, first.seq + 2, "committed after the adopted one");
+
+    let cps = BlobCheckpointStore::new(Arc::clone(&store), JobScope::new("proto", "1").unwrap());
+    let history = cps.history("Partition 0", usize::MAX).await.unwrap();
+    let seen: Vec<(u64, String)> = history
+        .iter()
+        .map(|c| {
+            (
+                c.seq,
+                c.checkpoint.offsets()[&Ssp::new("files", "lines", 0)].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        &seen[..3],
+        &[
+            (first.seq + 2, "30".to_string()),
+            (first.seq + 1, "20".to_string()),
+            (first.seq, "10".to_string())
+        ]
+    );
+    // Both the adopted and the new checkpoint restore, with their own files.
+    for (c, files) in [(&history[1], 2), (&history[0], 3)] {
+        let back = tmp.path().join(format!("back-{}", c.seq));
+        restore(&store, &c.checkpoint, &back).await.unwrap();
+        assert_eq!(std::fs::read_dir(&back).unwrap().count(), files + 1); // + RESTORED
+    }
+}
+
+/// After a restore fallback the next commit builds on the checkpoint restored. The shape
+/// (retention 3): C1 holds content s in file `a`; C2 drops `a`; C3 adds `a` back with s, so
+/// C3 uploads s under its own key. C3's copy of s is corrupted and C2's index deleted: the
+/// restart falls back to C1. Before, the startup cleanup made the unrestorable C3 the diff
+/// base, the next commit reused C3's corrupt blob for `a`, and that commit did not restore.
+#[tokio::test]
+async fn after_a_fallback_the_next_commit_builds_on_the_checkpoint_restored() {
+    use blobsnap::blobstore::get_bytes;
+    let tmp = tempfile::tempdir().unwrap();
+    let store: Arc<dyn BlobStore> = Arc::new(LocalStore::new(tmp.path().join("store")).unwrap());
+    let dir = tmp.path().join("state/counts");
+    std::fs::create_dir_all(&dir).unwrap();
+    let s: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 251) as u8).collect();
+    let clock = Arc::new(At(AtomicU64::new(1_800_000_000_000)));
+    let tick = |c: &Arc<At>| c.0.fetch_add(1000, Relaxed);
+
+    let (mgr, _) = process(
+        &store,
+        &clock,
+        Arc::new(Files { dir: dir.clone() }),
+        3,
+        None,
+    )
+    .await;
+    std::fs::write(dir.join("a"), &s).unwrap();
+    std::fs::write(dir.join("x1"), b"x1").unwrap();
+    tick(&clock);
+    let c1 = mgr.commit(offsets(1)).await.unwrap().checkpoint;
+    std::fs::remove_file(dir.join("a")).unwrap();
+    std::fs::write(dir.join("x2"), b"x2").unwrap();
+    tick(&clock);
+    let c2 = mgr.commit(offsets(2)).await.unwrap().checkpoint;
+    std::fs::write(dir.join("a"), &s).unwrap();
+    tick(&clock);
+    let c3 = mgr.commit(offsets(3)).await.unwrap().checkpoint;
+    drop(mgr);
+
+    // C3 uploaded s under its own key (its base C2 lacked it); corrupt that copy, and delete
+    // C2's index.
+    let sscope = sscope();
+    let c3_key = sscope
+        .key(&StoreScope::blob_id(c3.id, Sha256::of(&s)))
+        .unwrap();
+    let mut bad = get_bytes(store.as_ref(), &c3_key, 1 << 20)
+        .await
+        .expect("C3 uploaded s under its own key")
+        .to_vec();
+    bad[100] ^= 0x5a;
+    store
+        .put(&c3_key, PutBody::Bytes(bad.into()), PutOptions::default())
+        .await
+        .unwrap();
+    let c2_index = sscope.key(&marker(&c2)).unwrap();
+    assert!(store.delete_many(&[c2_index]).await.unwrap().is_empty());
+
+    // The restart: a new host (empty local dir). C3 does not restore (corrupt), nor C2 (no
+    // index); C1 does — what the runtime's restore fallback does, step by step.
+    std::fs::remove_dir_all(tmp.path().join("state")).unwrap();
+    let e = restore(
+        &store,
+        &Checkpoint::V2(c3.clone()),
+        &tmp.path().join("try3"),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+    let e = restore(
+        &store,
+        &Checkpoint::V2(c2.clone()),
+        &tmp.path().join("try2"),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    restore(&store, &Checkpoint::V2(c1.clone()), &dir)
+        .await
+        .unwrap();
+    std::fs::remove_file(dir.join("RESTORED")).ok();
+    assert_eq!(std::fs::read(dir.join("a")).unwrap(), s);
+
+    let (mgr, claim) = process(
+        &store,
+        &clock,
+        Arc::new(Files { dir: dir.clone() }),
+        3,
+        Some(Checkpoint::V2(c1.clone())),
+    )
+    .await;
+    assert_eq!(
+        claim.unwrap().as_v2().unwrap().id,
+        c3.id,
+        "the claim is C3's"
+    );
+    tick(&clock);
+    let y = mgr.commit(offsets(1)).await.unwrap().checkpoint;
+
+    // The commit after the fallback restores, and `a` holds s.
+    let back = tmp.path().join("back");
+    restore(&store, &Checkpoint::V2(y.clone()), &back)
+        .await
+        .expect("the first commit after a fallback restores");
+    assert_eq!(std::fs::read(back.join("a")).unwrap(), s);
+}
