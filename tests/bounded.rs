@@ -207,6 +207,7 @@ async fn one_large_file() {
         }
         f.flush().unwrap();
     }
+    ambiguous_put_settles_in_bounded_memory(&src.join("000001.sst"), mib).await;
     // s3s-fs: single PUTs (its multipart fails for long keys), so only up to S3's 5 GiB
     // single-PUT limit; the multipart path of a larger file is measured on Garage by
     // `benches/compare.sh --scaling` (an 8 GiB store).
@@ -234,6 +235,59 @@ async fn one_large_file() {
         assert!(fds < 512, "{}: {fds} descriptors", h.name);
         h.cleanup().await;
     }
+}
+
+/// A create-only PUT of the large file whose response is lost (the object was stored, the
+/// call failed): the retry layer's next attempt gets 412 and settles by reading the object
+/// back — streamed and hashed, so the peak grows by chunks, not by the object (it used to
+/// read the whole object into memory: a 256 MiB file grew the peak by ≥ 256 MiB). Runs first,
+/// while the process-wide peak is still near the resident set.
+async fn ambiguous_put_settles_in_bounded_memory(file: &std::path::Path, mib: u64) {
+    use blobsnap::blobstore::fault::{FaultConfig, FaultStore};
+    use blobsnap::blobstore::retry::{RetryPolicy, RetryStore};
+    use blobsnap::blobstore::{BlobKey, BlobStore as _, PutBody, PutOptions};
+    let h = support::local().await;
+    let faulty = FaultStore::new(
+        Arc::clone(&h.store),
+        FaultConfig {
+            ambiguous_rate: 1.0,
+            seed: 1,
+            ..Default::default()
+        },
+    );
+    let store = RetryStore::new(
+        faulty,
+        RetryPolicy {
+            initial_delay_ms: 1,
+            max_delay_ms: 10,
+            ..Default::default()
+        },
+    );
+    let digest = blobsnap::digest::hash_file(file).unwrap();
+    let key = BlobKey::new(&format!("{}bounded/ambiguous.sst", h.scope.as_str())).unwrap();
+    let before = rss_kib().0;
+    let r = store
+        .put(
+            &key,
+            PutBody::File {
+                path: file.to_path_buf(),
+                len: digest.size,
+            },
+            PutOptions::create_only(digest.sha256),
+        )
+        .await
+        .expect("a lost response is settled by reading back");
+    let grown = rss_kib().0.saturating_sub(before);
+    assert_eq!(r.requests, 2, "the lost attempt and the one that got 412");
+    assert!(store.inner().injected() >= 1, "the response was lost");
+    eprintln!(
+        "lost PUT response of a {mib} MiB blob settled by read-back: peak RSS grew {} MiB",
+        grown / 1024
+    );
+    assert!(
+        grown < 64 * 1024,
+        "settling a lost PUT response of a {mib} MiB blob grew the peak by {grown} KiB"
+    );
 }
 
 /// One test (the peak RSS is process-wide): many small files, then one large file. Long

@@ -20,7 +20,7 @@ use blobsnap::blobstore::retry::{RetryPolicy, RetryStore};
 use blobsnap::blobstore::s3::{S3Config, S3Store};
 use blobsnap::blobstore::{get_bytes, BlobStore, PutBody, PutOptions};
 use blobsnap::digest::Sha256;
-use support::proxy::{FaultRates, Proxy};
+use support::proxy::{FaultRates, Proxy, Quirks};
 
 /// The in-process s3s-fs server, or the external one; and the credentials.
 async fn upstream(external: bool) -> (support::Harness, String, String) {
@@ -264,6 +264,101 @@ fn soak_commits() -> u64 {
         .unwrap_or(40)
 }
 
+/// Odd servers and proxies: bodies without `Content-Length` (chunked) are read to their end
+/// and verified — whole, ranged, and as a parallel ranged download — where they used to be
+/// taken for empty bodies and fail `Corrupt`; a server that trickles bytes (each socket read
+/// within the read timeout) fails `Transient` at the body-speed floor, where it used to stall
+/// the read for as long as it trickled.
+async fn odd_servers_are_read_or_refused(external: bool) {
+    use blobsnap::blobstore::{download_to_file, DownloadOptions};
+    use futures::TryStreamExt as _;
+    let (h, ak, sk) = upstream(external).await;
+    let s3 = s3_of(&h);
+    let proxy = Proxy::start(addr_of(s3), FaultRates::default(), 11).await;
+    let store = through(&proxy, s3.config(), &ak, &sk).await;
+    let data: Vec<u8> = (0..3u32 << 20).map(|i| (i * 13 % 251) as u8).collect();
+    let sha = Sha256::of(&data);
+    let key = h.scope.key("odd").unwrap();
+    store
+        .put(
+            &key,
+            PutBody::Bytes(data.clone().into()),
+            PutOptions::create_only(sha),
+        )
+        .await
+        .unwrap();
+
+    proxy.set_quirks(Quirks {
+        chunked: true,
+        ..Default::default()
+    });
+    let whole = get_bytes(store.as_ref(), &key, 64 << 20)
+        .await
+        .unwrap_or_else(|e| panic!("{}: a chunked GET: {e}", h.name));
+    assert_eq!(Sha256::of(&whole), sha, "{}: whole", h.name);
+    let part = store.get(&key, Some(1000..70_000)).await.unwrap();
+    assert_eq!(part.meta.size, data.len() as u64);
+    let chunks: Vec<bytes::Bytes> = part.body.try_collect().await.unwrap();
+    assert_eq!(chunks.concat(), &data[1000..70_000], "{}: ranged", h.name);
+    let tmp = tempfile::tempdir().unwrap();
+    let dest = tmp.path().join("odd");
+    download_to_file(
+        store.as_ref(),
+        &key,
+        &dest,
+        DownloadOptions {
+            expected_size: data.len() as u64,
+            expected_sha256: Some(sha),
+            part_size: 1 << 20,
+            concurrency: 3,
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{}: a chunked parallel download: {e}", h.name));
+    assert_eq!(std::fs::read(&dest).unwrap(), data);
+
+    // 16 bytes every 100 ms (160 B/s), each read well within a 1 s read timeout, against a
+    // floor of 1 KiB/s: one GET, no retry layer.
+    proxy.set_quirks(Quirks {
+        trickle: Some((16, std::time::Duration::from_millis(100))),
+        ..Default::default()
+    });
+    let mut c = s3.config().clone();
+    c.endpoint = Some(proxy.endpoint());
+    c.read_timeout_ms = 1000;
+    c.min_body_bytes_per_sec = 1024;
+    let bare = S3Store::connect_with_credentials(c, &ak, &sk, None)
+        .await
+        .unwrap();
+    let small = h.scope.key("odd-small").unwrap();
+    store
+        .put(
+            &small,
+            PutBody::Bytes(data[..64 << 10].to_vec().into()),
+            PutOptions::create_only(Sha256::of(&data[..64 << 10])),
+        )
+        .await
+        .unwrap();
+    // A hang guard only (the 64 KiB would take 400 s at that pace); the error comes at the
+    // end of the first 1 s window.
+    let e = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        get_bytes(&bare, &small, 1 << 20),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{}: a trickling body stalled the read", h.name))
+    .expect_err("a trickling body is refused");
+    assert_eq!(e.kind(), blobsnap::ErrorKind::Transient, "{e}");
+    assert!(e.to_string().contains("min-body-bytes-per-sec"), "{e}");
+    proxy.set_quirks(Quirks::default());
+    h.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn odd_servers_are_read_or_refused_s3s() {
+    odd_servers_are_read_or_refused(false).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_responses_settle_s3s() {
     lost_responses_settle(false).await
@@ -276,6 +371,12 @@ async fn demo_commits_through_a_faulty_wire_s3s() {
 
 mod external {
     use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs BLOBSNAP_TEST_S3_ENDPOINT; run by scripts/test.sh"]
+    async fn odd_servers_are_read_or_refused() {
+        super::odd_servers_are_read_or_refused(true).await
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "needs BLOBSNAP_TEST_S3_ENDPOINT; run by scripts/test.sh"]

@@ -17,10 +17,9 @@ pub mod factory;
 pub mod gc;
 pub mod restore;
 
-use futures::TryStreamExt as _;
-
-use crate::blobstore::{get_bytes, BlobKey, BlobStore};
-use crate::digest::{Hasher, Sha256};
+pub use crate::blobstore::hash_object;
+use crate::blobstore::{get_bytes, BlobStore};
+use crate::digest::Sha256;
 use crate::error::{Error, Result};
 use crate::index::{IndexMarker, SnapshotIndex, MAX_INDEX_BYTES};
 use crate::layout::StoreScope;
@@ -84,25 +83,6 @@ pub async fn read_index(
         )));
     }
     Ok(index)
-}
-
-/// Stream an object and return its SHA-256 and size (to check an object that already exists).
-pub async fn hash_object(store: &dyn BlobStore, key: &BlobKey) -> Result<(Sha256, u64)> {
-    let got = store.get(key, None).await?;
-    let expected = got.range.end - got.range.start;
-    let mut hasher = Hasher::new();
-    let mut body = got.body;
-    while let Some(chunk) = body.try_next().await? {
-        hasher.update(&chunk);
-    }
-    if hasher.len() != expected {
-        return Err(Error::transient(format!(
-            "object {key}: body of {} bytes, announced {expected}",
-            hasher.len()
-        )));
-    }
-    let d = hasher.finish();
-    Ok((d.sha256, d.size))
 }
 
 #[cfg(test)]

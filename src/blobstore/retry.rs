@@ -149,11 +149,12 @@ impl<S: BlobStore> RetryStore<S> {
         if meta.size != len {
             return Ok(false);
         }
-        let bytes = retry(&self.policy, "read back", |_| {
-            super::get_bytes(&self.inner, key, len)
+        // Streamed and hashed, never buffered: the object may be a multipart blob of GiBs.
+        let (got, size) = retry(&self.policy, "read back", |_| {
+            super::hash_object(&self.inner, key)
         })
         .await?;
-        Ok(Sha256::of(&bytes) == sha)
+        Ok(got == sha && size == len)
     }
 }
 

@@ -143,6 +143,10 @@ pub struct S3Config {
     pub connect_timeout_ms: u64,
     /// Timeout of one socket read, ms: a stalled server fails instead of hanging.
     pub read_timeout_ms: u64,
+    /// The slowest body a GET accepts, bytes/s, averaged over each `read-timeout-ms` window:
+    /// a server that trickles a few bytes at a time (each socket read within the read
+    /// timeout) fails `Transient` instead of stalling a restore (0: no limit).
+    pub min_body_bytes_per_sec: u64,
     /// Timeout of one request attempt, ms (a single PUT of a file up to the multipart threshold
     /// must fit).
     pub attempt_timeout_ms: u64,
@@ -185,6 +189,7 @@ impl Default for S3Config {
             sse: Sse::None,
             connect_timeout_ms: 3_000,
             read_timeout_ms: 30_000,
+            min_body_bytes_per_sec: 1024,
             attempt_timeout_ms: 300_000,
             multipart_threshold: 64 << 20,
             part_size: 16 << 20,
@@ -924,8 +929,159 @@ fn to_system_time(t: Option<&aws_smithy_types::DateTime>) -> Option<SystemTime> 
 }
 
 /// Parse the total size out of `Content-Range: bytes a-b/total`.
-fn total_of_content_range(cr: &str) -> Option<u64> {
-    cr.rsplit('/').next()?.parse().ok()
+/// What a GET response carries: `(object size, bytes the body carries, bytes asked for)`, or
+/// `None` when only a HEAD can tell (no `Content-Range` and no `Content-Length`: a chunked
+/// body). A response to a ranged GET without `Content-Range` carries the whole object (the
+/// server ignored `Range`): the caller cuts it to the range.
+fn served_range(
+    key: &BlobKey,
+    range: Option<&Range<u64>>,
+    content_range: Option<&str>,
+    body_len: Option<u64>,
+) -> Result<Option<(u64, Range<u64>, Range<u64>)>> {
+    let (total, served) = match (range, content_range) {
+        (Some(_), Some(cr)) => {
+            let (served, total) = parse_content_range(cr).ok_or_else(|| {
+                Error::transient(format!("get {key}: unparsable Content-Range {cr:?}"))
+            })?;
+            (total, served)
+        }
+        (_, _) => match body_len {
+            Some(n) => (n, 0..n),
+            None => return Ok(None),
+        },
+    };
+    let want = range.cloned().unwrap_or(0..total);
+    if want.end > total {
+        return Err(Error::invalid(format!(
+            "range {want:?} is outside object {key} of {total} bytes"
+        )));
+    }
+    if served != want && !(served.start == 0 && served.end == total) {
+        return Err(Error::transient(format!(
+            "get {key}: asked for bytes {want:?}, the server sent {served:?}"
+        )));
+    }
+    Ok(Some((total, served, want)))
+}
+
+/// `bytes FIRST-LAST/TOTAL` → (FIRST..LAST+1, TOTAL).
+fn parse_content_range(cr: &str) -> Option<(Range<u64>, u64)> {
+    let rest = cr.trim().strip_prefix("bytes")?.trim_start();
+    let (span, total) = rest.split_once('/')?;
+    let (first, last) = span.split_once('-')?;
+    let (first, last, total): (u64, u64, u64) = (
+        first.trim().parse().ok()?,
+        last.trim().parse().ok()?,
+        total.trim().parse().ok()?,
+    );
+    (first <= last && last < total).then(|| (first..last + 1, total))
+}
+
+/// The slowest body accepted: at least `min_bytes_per_sec` on average over every `window`.
+#[derive(Clone, Copy, Debug)]
+struct Pace {
+    window: Duration,
+    min_bytes_per_sec: u64,
+}
+
+impl Pace {
+    fn new(window: Duration, min_bytes_per_sec: u64) -> Self {
+        Pace {
+            window: window.max(Duration::from_millis(1)),
+            min_bytes_per_sec,
+        }
+    }
+
+    /// Bytes a window must deliver.
+    fn floor(&self) -> u64 {
+        (self.min_bytes_per_sec as f64 * self.window.as_secs_f64()) as u64
+    }
+}
+
+/// A GET body as blobsnap's stream: `skip` bytes dropped (a server that ignored `Range`),
+/// then at most `take` bytes, then the connection dropped; each `pace.window` must deliver
+/// `pace.floor()` bytes, else `Transient` (a trickling server).
+fn body_stream(
+    key: BlobKey,
+    body: aws_sdk_s3::primitives::ByteStream,
+    skip: u64,
+    take: u64,
+    pace: Pace,
+) -> BoxStream<'static, Result<bytes::Bytes>> {
+    struct St {
+        body: aws_sdk_s3::primitives::ByteStream,
+        skip: u64,
+        take: u64,
+        window_start: tokio::time::Instant,
+        in_window: u64,
+    }
+    let st = St {
+        body,
+        skip,
+        take,
+        window_start: tokio::time::Instant::now(),
+        in_window: 0,
+    };
+    futures::stream::try_unfold(st, move |mut st| {
+        let key = key.clone();
+        async move {
+            loop {
+                if st.take == 0 {
+                    return Ok(None);
+                }
+                let next = if pace.min_bytes_per_sec > 0 {
+                    match tokio::time::timeout_at(st.window_start + pace.window, st.body.try_next())
+                        .await
+                    {
+                        Ok(r) => Some(r),
+                        Err(_) => None,
+                    }
+                } else {
+                    Some(st.body.try_next().await)
+                };
+                if let Some(Ok(Some(c))) = &next {
+                    st.in_window += c.len() as u64;
+                }
+                if pace.min_bytes_per_sec > 0 && st.window_start.elapsed() >= pace.window {
+                    if st.in_window < pace.floor() {
+                        return Err(Error::transient(format!(
+                            "get {key}: the body came at {} bytes in {:.1}s, under the floor of {} bytes/s (min-body-bytes-per-sec): a stalled or trickling server",
+                            st.in_window,
+                            st.window_start.elapsed().as_secs_f64(),
+                            pace.min_bytes_per_sec
+                        )));
+                    }
+                    st.window_start = tokio::time::Instant::now();
+                    st.in_window = 0;
+                }
+                let Some(next) = next else { continue };
+                let mut chunk = match next {
+                    Ok(Some(c)) => c,
+                    Ok(None) => return Ok(None),
+                    Err(e) => {
+                        return Err(
+                            Error::transient(format!("get {key}: body read failed")).with_source(e)
+                        )
+                    }
+                };
+                if st.skip > 0 {
+                    let k = st.skip.min(chunk.len() as u64);
+                    st.skip -= k;
+                    chunk = chunk.slice(k as usize..);
+                }
+                if chunk.is_empty() {
+                    continue;
+                }
+                if chunk.len() as u64 > st.take {
+                    chunk = chunk.slice(..st.take as usize);
+                }
+                st.take -= chunk.len() as u64;
+                return Ok(Some((chunk, st)));
+            }
+        }
+    })
+    .boxed()
 }
 
 #[async_trait]
@@ -986,28 +1142,22 @@ impl BlobStore for S3Store {
             .send()
             .await
             .map_err(|e| classify(self.what("get", &object_key), e))?;
-        let body_len = out.content_length.unwrap_or(0).max(0) as u64;
-        let (total, served) = match (&range, out.content_range.as_deref()) {
-            (Some(r), Some(cr)) => {
-                let total = total_of_content_range(cr).ok_or_else(|| {
-                    Error::transient(format!("get {key}: unparsable Content-Range {cr:?}"))
-                })?;
-                (total, r.start..r.start + body_len)
-            }
-            (Some(r), None) => (body_len, r.start..r.start + body_len), // whole object served
-            (None, _) => (body_len, 0..body_len),
-        };
-        if let Some(r) = &range {
-            if r.end > total {
-                return Err(Error::invalid(format!(
-                    "range {r:?} is outside object {key} of {total} bytes"
-                )));
-            }
-            if served != *r && !(r.start == 0 && served.end == total) {
-                return Err(Error::transient(format!(
-                    "get {key}: asked for bytes {r:?}, the server sent {served:?}"
-                )));
-            }
+        let body_len = out.content_length.and_then(|n| u64::try_from(n).ok());
+        // What the body carries, and the object's size. A server or proxy may send no
+        // Content-Length (a chunked body: the size comes from a HEAD, the body is read to its
+        // end and checked by the caller), or ignore `Range` and send the whole object (no
+        // Content-Range: the body is cut to the range asked for here).
+        let (total, served, want) =
+            match served_range(key, range.as_ref(), out.content_range.as_deref(), body_len)? {
+                Some(found) => found,
+                None => {
+                    let total = self.head(key).await?.size;
+                    served_range(key, range.as_ref(), None, Some(total))?
+                        .ok_or_else(|| Error::transient(format!("get {key}: no size")))?
+                }
+            };
+        if served != want {
+            tracing::debug!(%key, ?want, "the server ignored Range and sent the whole object: cutting it to the range");
         }
         let meta = ObjectMeta {
             key: key.clone(),
@@ -1015,22 +1165,21 @@ impl BlobStore for S3Store {
             last_modified: to_system_time(out.last_modified.as_ref()),
             e_tag: out.e_tag,
         };
-        let key2 = key.clone();
-        let body = futures::stream::try_unfold(out.body, move |mut b| {
-            let key = key2.clone();
-            async move {
-                match b.try_next().await {
-                    Ok(Some(chunk)) => Ok(Some((chunk, b))),
-                    Ok(None) => Ok(None),
-                    Err(e) => {
-                        Err(Error::transient(format!("get {key}: body read failed")).with_source(e))
-                    }
-                }
-            }
+        let body = body_stream(
+            key.clone(),
+            out.body,
+            want.start - served.start,
+            want.end - want.start,
+            Pace::new(
+                Duration::from_millis(self.config.read_timeout_ms),
+                self.config.min_body_bytes_per_sec,
+            ),
+        );
+        Ok(GetResult {
+            meta,
+            range: want,
+            body,
         })
-        .boxed();
-        let range = range.unwrap_or(0..total);
-        Ok(GetResult { meta, range, body })
     }
 
     #[tracing::instrument(level = "debug", skip(self), fields(store = %self))]
@@ -1316,8 +1465,63 @@ mod tests {
     }
 
     #[test]
-    fn content_range_total() {
-        assert_eq!(total_of_content_range("bytes 0-9/100"), Some(100));
-        assert_eq!(total_of_content_range("bytes 0-9/*"), None);
+    fn what_a_response_carries() {
+        let key = BlobKey::new("k").unwrap();
+        let r = |a: u64, b: u64| a..b;
+        // A proper 206.
+        assert_eq!(
+            served_range(&key, Some(&r(10, 20)), Some("bytes 10-19/100"), Some(10)).unwrap(),
+            Some((100, r(10, 20), r(10, 20)))
+        );
+        // Range ignored: a 200 with the whole object, cut by the caller.
+        assert_eq!(
+            served_range(&key, Some(&r(10, 20)), None, Some(100)).unwrap(),
+            Some((100, r(0, 100), r(10, 20)))
+        );
+        // No Content-Length (chunked): a HEAD must tell the size.
+        assert_eq!(served_range(&key, None, None, None).unwrap(), None);
+        assert_eq!(
+            served_range(&key, Some(&r(0, 5)), None, None).unwrap(),
+            None
+        );
+        // The wrong part: retry. Outside the object: invalid.
+        let e =
+            served_range(&key, Some(&r(10, 20)), Some("bytes 20-29/100"), Some(10)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Transient);
+        let e = served_range(&key, Some(&r(90, 120)), None, Some(100)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput);
+    }
+
+    /// The body of a server that ignored `Range` is cut to the range (a trickling body is
+    /// tested through the proxy in `tests/faults.rs`).
+    #[tokio::test]
+    async fn bodies_are_cut_to_the_range() {
+        use futures::TryStreamExt as _;
+        let key = BlobKey::new("k").unwrap();
+        let whole: Vec<u8> = (0..100u8).collect();
+        let body = body_stream(
+            key.clone(),
+            ByteStream::from(whole.clone()),
+            10,
+            10,
+            Pace::new(Duration::from_secs(30), 1024),
+        );
+        let got: Vec<bytes::Bytes> = body.try_collect().await.unwrap();
+        assert_eq!(got.concat(), &whole[10..20]);
+    }
+
+    #[test]
+    fn content_range_parsed_strictly() {
+        assert_eq!(parse_content_range("bytes 0-9/100"), Some((0..10, 100)));
+        assert_eq!(parse_content_range("bytes 90-99/100"), Some((90..100, 100)));
+        for bad in [
+            "bytes 0-9/*",
+            "bytes 9-0/100",
+            "bytes 0-100/100",
+            "0-9/100",
+            "bytes */100",
+        ] {
+            assert_eq!(parse_content_range(bad), None, "{bad}");
+        }
     }
 }

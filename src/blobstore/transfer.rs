@@ -18,6 +18,26 @@ use super::{BlobKey, BlobStore};
 use crate::digest::{hash_file, Hasher, Sha256};
 use crate::error::{Error, ErrorKind, Result};
 
+/// Stream an object and return its SHA-256 and size, in memory of one chunk at a time (to
+/// check an object that already exists, however large).
+pub async fn hash_object(store: &dyn BlobStore, key: &BlobKey) -> Result<(Sha256, u64)> {
+    let got = store.get(key, None).await?;
+    let expected = got.range.end - got.range.start;
+    let mut hasher = Hasher::new();
+    let mut body = got.body;
+    while let Some(chunk) = body.try_next().await? {
+        hasher.update(&chunk);
+    }
+    if hasher.len() != expected {
+        return Err(Error::transient(format!(
+            "object {key}: body of {} bytes, announced {expected}",
+            hasher.len()
+        )));
+    }
+    let d = hasher.finish();
+    Ok((d.sha256, d.size))
+}
+
 /// Read a whole object into memory, refusing objects larger than `max_len` before reading
 /// their body. A body that ends early is `Transient` (retry), one longer than announced is
 /// `Corrupt`.

@@ -11,6 +11,11 @@
 //!   body (lost whole when it has none) and the connection reset: the client cannot know
 //!   whether the request took effect;
 //! - **delay**: the request waits `delay` before it is forwarded.
+//!
+//! And quirks of odd servers and proxies, on every GET while set ([`Quirks`]): response
+//! bodies re-framed as chunked with no `Content-Length`, response bodies trickled a few bytes
+//! at a time. (A server that ignores `Range` cannot be played by a proxy — `range` is a
+//! signed header — so that case is a unit test of the S3 store.)
 
 #![allow(dead_code)]
 
@@ -58,6 +63,15 @@ impl FaultRates {
     }
 }
 
+/// Behaviours of odd servers and proxies, applied to every request while set.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Quirks {
+    /// Send GET response bodies chunked, without `Content-Length`.
+    pub chunked: bool,
+    /// Send GET response bodies `n` bytes at a time, every `interval`.
+    pub trickle: Option<(usize, Duration)>,
+}
+
 /// What went through the proxy.
 #[derive(Debug, Default)]
 pub struct ProxyStats {
@@ -96,6 +110,7 @@ pub struct Proxy {
     pub addr: SocketAddr,
     pub stats: Arc<ProxyStats>,
     rates: Arc<Mutex<FaultRates>>,
+    quirks: Arc<Mutex<Quirks>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -121,17 +136,23 @@ impl Proxy {
         let addr = listener.local_addr().unwrap();
         let stats = Arc::new(ProxyStats::default());
         let rates = Arc::new(Mutex::new(rates));
+        let quirks = Arc::new(Mutex::new(Quirks::default()));
         let rng = Arc::new(Mutex::new(rand::rngs::StdRng::seed_from_u64(seed)));
-        let (s, r) = (Arc::clone(&stats), Arc::clone(&rates));
+        let (s, r, q) = (Arc::clone(&stats), Arc::clone(&rates), Arc::clone(&quirks));
         let task = tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
                     continue;
                 };
                 s.connections.fetch_add(1, Relaxed);
-                let (s, r, rng) = (Arc::clone(&s), Arc::clone(&r), Arc::clone(&rng));
+                let (s, r, q, rng) = (
+                    Arc::clone(&s),
+                    Arc::clone(&r),
+                    Arc::clone(&q),
+                    Arc::clone(&rng),
+                );
                 tokio::spawn(async move {
-                    let _ = connection(client, upstream, s, r, rng).await;
+                    let _ = connection(client, upstream, s, r, q, rng).await;
                 });
             }
         });
@@ -139,6 +160,7 @@ impl Proxy {
             addr,
             stats,
             rates,
+            quirks,
             task,
         }
     }
@@ -149,6 +171,10 @@ impl Proxy {
 
     pub fn set_rates(&self, rates: FaultRates) {
         *self.rates.lock().unwrap() = rates;
+    }
+
+    pub fn set_quirks(&self, quirks: Quirks) {
+        *self.quirks.lock().unwrap() = quirks;
     }
 }
 
@@ -372,6 +398,70 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for Counted<W> {
 struct Pending {
     head_request: bool,
     truncate: bool,
+    /// Quirks for this request's response (GET only).
+    quirks: Quirks,
+}
+
+/// A message head without the header lines named in `drop` (lower case), with `add` lines
+/// appended.
+fn rewrite_head(raw: &[u8], drop: &[&str], add: &[&str]) -> Vec<u8> {
+    let text = String::from_utf8_lossy(raw);
+    let mut out = String::new();
+    for line in text.split_inclusive('\n') {
+        let name = line
+            .split(':')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        if line.trim().is_empty() {
+            for a in add {
+                out.push_str(a);
+                out.push_str("\r\n");
+            }
+            out.push_str(line);
+            continue;
+        }
+        if line.contains(':') && drop.contains(&name.as_str()) {
+            continue;
+        }
+        out.push_str(line);
+    }
+    out.into_bytes()
+}
+
+/// Copy a body of `n` bytes re-framed per `quirks` (chunked and/or trickled).
+async fn copy_quirky<R, W>(r: &mut R, w: &mut W, n: u64, quirks: Quirks) -> std::io::Result<()>
+where
+    R: tokio::io::AsyncBufRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let step = quirks.trickle.map_or(64 << 10, |(k, _)| k.max(1));
+    let mut buf = vec![0u8; step];
+    let mut left = n;
+    while left > 0 {
+        let want = left.min(step as u64) as usize;
+        let k = r.read(&mut buf[..want]).await?;
+        if k == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        if quirks.chunked {
+            w.write_all(format!("{k:x}\r\n").as_bytes()).await?;
+            w.write_all(&buf[..k]).await?;
+            w.write_all(b"\r\n").await?;
+        } else {
+            w.write_all(&buf[..k]).await?;
+        }
+        left -= k as u64;
+        if let Some((_, every)) = quirks.trickle {
+            w.flush().await?;
+            tokio::time::sleep(every).await;
+        }
+    }
+    if quirks.chunked {
+        w.write_all(b"0\r\n\r\n").await?;
+    }
+    Ok(())
 }
 
 async fn connection(
@@ -379,6 +469,7 @@ async fn connection(
     upstream: SocketAddr,
     stats: Arc<ProxyStats>,
     rates: Arc<Mutex<FaultRates>>,
+    quirks: Arc<Mutex<Quirks>>,
     rng: Arc<Mutex<rand::rngs::StdRng>>,
 ) -> std::io::Result<()> {
     let server = TcpStream::connect(upstream).await?;
@@ -436,6 +527,28 @@ async fn connection(
                         let _ = socket2::SockRef::from(&*linger).set_linger(Some(Duration::ZERO));
                         truncated.notify_one();
                         return;
+                    }
+                    let quirky = (p.quirks.chunked || p.quirks.trickle.is_some())
+                        && !p.truncate
+                        && (200..300).contains(&status);
+                    if let (true, Framing::Length(n)) = (quirky, framing) {
+                        let raw = if p.quirks.chunked {
+                            rewrite_head(
+                                &head.raw,
+                                &["content-length"],
+                                &["Transfer-Encoding: chunked"],
+                            )
+                        } else {
+                            head.raw.clone()
+                        };
+                        if w.write_all(&raw).await.is_err()
+                            || copy_quirky(&mut sr, &mut *w, n, p.quirks).await.is_err()
+                        {
+                            let _ = w.shutdown().await;
+                            return;
+                        }
+                        let _ = w.flush().await;
+                        break;
                     }
                     if w.write_all(&head.raw).await.is_err() {
                         return;
@@ -540,9 +653,12 @@ async fn connection(
                 }
                 Fault::Truncate | Fault::None => {}
             }
+            let q = *quirks.lock().unwrap();
+            let is_get = head.first_line.starts_with("GET ");
             let _ = tx.send(Pending {
                 head_request: is_head,
                 truncate: matches!(fault, Fault::Truncate),
+                quirks: if is_get { q } else { Quirks::default() },
             });
             sw.write_all(&head.raw).await?;
             copy_body(&mut cr, Some(&mut sw), head.framing, None).await?;
