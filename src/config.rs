@@ -102,6 +102,14 @@ pub struct JobConfig {
     /// Restore the newest retained checkpoint that restores when the last one is corrupt or
     /// missing, and resume from its offsets (see `JobSettings::restore_fallback`).
     pub restore_fallback: bool,
+    /// This deployment's id, recorded in the scope's owner record (`scope.json`): a job
+    /// started with another id on the same scope is refused (two deployments sharing a scope
+    /// would delete each other's blobs). Give each deployment of a job its own.
+    pub deployment_id: String,
+    /// Create the job's resources before the first commit (bucket if missing, the rule that
+    /// aborts incomplete multipart uploads, the owner record). Off: they must exist (see
+    /// `blobsnap admin create`); they are validated either way.
+    pub create_resources: bool,
 }
 
 impl Default for JobConfig {
@@ -118,6 +126,8 @@ impl Default for JobConfig {
             sweep_every_commits: 20,
             gc_grace_secs: 86_400,
             restore_fallback: false,
+            deployment_id: "default".into(),
+            create_resources: true,
         }
     }
 }

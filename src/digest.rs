@@ -139,6 +139,13 @@ pub struct FileDigest {
     pub size: u64,
 }
 
+/// Bytes this process has read from local files to hash them ([`hash_file`]), so far.
+pub fn bytes_hashed() -> u64 {
+    BYTES_HASHED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+static BYTES_HASHED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Hash a file in one sequential read (blocking: call from `spawn_blocking`).
 pub fn hash_file(path: &Path) -> Result<FileDigest> {
     let mut file =
@@ -153,6 +160,7 @@ pub fn hash_file(path: &Path) -> Result<FileDigest> {
             break;
         }
         hasher.update(&buf[..n]);
+        BYTES_HASHED.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
     }
     Ok(hasher.finish())
 }

@@ -3,6 +3,7 @@
 //! ```text
 //! <job>/<job-id>/scope.json                                        owner record
 //! <job>/<job-id>/checkpoints/<task>/<seq:020>.json                 checkpoint store (on S3)
+//! <job>/<job-id>/writers/<task>/<writer>.json                      a running task's lease
 //! <job>/<job-id>/tasks/<task>/stores/<store>/blobs/<checkpoint-id>/<sha256>
 //! <job>/<job-id>/tasks/<task>/stores/<store>/index/<checkpoint-id>.<sha256>.json
 //! manual/<name>/...                                                CLI backups
@@ -57,6 +58,16 @@ impl JobScope {
     /// Checkpoint number `seq` of `task`: `checkpoints/<task>/<seq:020>.json`.
     pub fn checkpoint_key(&self, task: &str, seq: u64) -> Result<BlobKey> {
         self.checkpoints(task)?.key(&format!("{seq:020}.json"))
+    }
+
+    /// Every task's writer leases: `writers/`.
+    pub fn all_writers(&self) -> Result<Scope> {
+        self.0.child("writers")
+    }
+
+    /// The writer leases of `task`: `writers/<task>/`.
+    pub fn writers(&self, task: &str) -> Result<Scope> {
+        self.all_writers()?.escaped(task)
     }
 
     /// The scope of one store of one task.
@@ -124,6 +135,10 @@ mod tests {
         assert_eq!(
             job.checkpoint_key("Partition 0", 7).unwrap().as_str(),
             "word%2Ecount/1/checkpoints/Partition%200/00000000000000000007.json"
+        );
+        assert_eq!(
+            job.writers("Partition 0").unwrap().as_str(),
+            "word%2Ecount/1/writers/Partition%200/"
         );
         let store = job.store("Partition 0", "counts").unwrap();
         assert_eq!(

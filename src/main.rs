@@ -153,6 +153,16 @@ enum Command {
         /// Print the plan (exactly what a real run deletes) and stop.
         #[arg(long)]
         dry_run: bool,
+        /// Allow a grace shorter than the job's (recorded in its scope.json; 60 s if none):
+        /// still refused while a task of the job holds a writer lease younger than its grace.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Create or validate a job deployment's resources. The job itself creates them (unless
+    /// job.create-resources = false) and validates them before its first commit.
+    Admin {
+        #[command(subcommand)]
+        action: AdminAction,
     },
     /// Back up a closed RocksDB directory (or a RocksDB checkpoint directory) into its own
     /// scope, `manual/<name>/`, deduplicated against the previous backup of that name. Each
@@ -296,6 +306,42 @@ impl SnapshotArgs {
     }
 }
 
+/// The job deployment an admin command is about.
+#[derive(Args)]
+struct DeploymentArgs {
+    /// The job's name.
+    #[arg(long)]
+    job: String,
+    /// The job's id.
+    #[arg(long, default_value = "1")]
+    job_id: String,
+    /// The deployment's id [job.deployment-id, default "default"].
+    #[arg(long)]
+    deployment: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum AdminAction {
+    /// Create what the deployment needs: on S3 the bucket (if missing and allowed) and a
+    /// lifecycle rule that aborts incomplete multipart uploads under the job's prefix (merged
+    /// into the bucket's rules, never replacing them); then the owner record scope.json.
+    Create {
+        #[command(flatten)]
+        d: DeploymentArgs,
+        /// Record this as the job's sweep grace (`gc` refuses a shorter one unless forced)
+        /// [job.gc-grace-secs].
+        #[arg(long)]
+        gc_grace_secs: Option<u64>,
+    },
+    /// Validate the deployment's resources: PUT/GET/LIST/DELETE a probe, a missing key
+    /// answers 404 (not 403), the owner record names this deployment, and on S3 no
+    /// expiration or transition rule covers the prefix. Exit 0 when all hold.
+    Validate {
+        #[command(flatten)]
+        d: DeploymentArgs,
+    },
+}
+
 #[derive(Subcommand)]
 enum ShowAction {
     /// Read FILE (or `-` for stdin), validate, print normalized JSON on stdout.
@@ -335,6 +381,24 @@ fn read_input(file: &str) -> blobsnap::Result<Vec<u8>> {
 
 async fn open_store(args: &StoreArgs) -> blobsnap::Result<Arc<dyn BlobStore>> {
     store_settings(args)?.open_store().await
+}
+
+/// The admin of a job deployment on `store` (opened from `args`; `None`: the demo's default
+/// local store): on S3 it also gets the raw client for the bucket and lifecycle calls.
+async fn open_admin(
+    args: Option<&StoreArgs>,
+    store: Arc<dyn BlobStore>,
+    job: &str,
+    job_id: &str,
+    deployment: &str,
+) -> blobsnap::Result<blobsnap::blob::admin::BlobStoreAdmin> {
+    let s3 = match args.map(store_settings).transpose()? {
+        Some(st) if st.store.kind == StoreKind::S3 => {
+            Some(blobsnap::blobstore::s3::S3Store::connect(st.s3.clone()).await?)
+        }
+        _ => None,
+    };
+    blobsnap::blob::admin::BlobStoreAdmin::new(store, s3, job, job_id, deployment)
 }
 
 /// `$XDG_CACHE_HOME/blobsnap`, else `~/.cache/blobsnap`, else a temp dir.
@@ -494,7 +558,18 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
                 sweep_every_commits: job.sweep_every_commits,
                 gc_grace: std::time::Duration::from_secs(gc_grace_secs),
                 restore_fallback: restore_fallback || job.restore_fallback,
+                deployment_id: job.deployment_id.clone(),
+                create_resources: job.create_resources,
             };
+            let admin = open_admin(
+                has_store_flags.then_some(&cli.store),
+                Arc::clone(&blob_store),
+                &settings.job_name,
+                &settings.job_id,
+                &settings.deployment_id,
+            )
+            .await?
+            .with_gc_grace(settings.gc_grace);
             wordcount::generate_input(&settings.input_dir, partitions, lines, 42)?;
             eprintln!(
                 "demo: {partitions} partitions x {lines} lines in {}, blob store {blob_store}",
@@ -524,7 +599,7 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
                 },
             );
             let clock: Arc<dyn blobsnap::backend::Clock> = Arc::new(blobsnap::backend::SystemClock);
-            let summaries = wordcount::run(&settings, blob_store, clock, on_commit).await?;
+            let summaries = wordcount::run(&settings, blob_store, &admin, clock, on_commit).await?;
             let stored = wordcount::count_stores(&settings.state_dir, partitions)?;
             let expected = wordcount::count_input(&settings.input_dir, partitions)?;
             let ok = stored == expected;
@@ -635,9 +710,31 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
             store,
             grace_secs,
             dry_run,
+            force,
         } => {
-            use blobsnap::blob::gc;
+            use blobsnap::blob::{admin, gc};
             let blob_store = open_store(&cli.store).await?;
+            {
+                // A grace under the job's is refused unless forced, and while a task of the
+                // job runs even then (a dry run deletes nothing: it only warns).
+                let scope = blobsnap::layout::JobScope::new(&job, &job_id)?;
+                let record = admin::read_scope_record(blob_store.as_ref(), &scope).await?;
+                let active = admin::active_writers(
+                    blob_store.as_ref(),
+                    &scope,
+                    std::time::SystemTime::now(),
+                )
+                .await?;
+                match admin::sweep_guard(
+                    std::time::Duration::from_secs(grace_secs),
+                    record.as_ref(),
+                    &active,
+                    force,
+                ) {
+                    Err(e) if dry_run => eprintln!("gc: a real run would be refused: {e}"),
+                    r => r?,
+                }
+            }
             let settings = gc::SweepSettings {
                 job_name: job,
                 job_id,
@@ -693,6 +790,50 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
                 } else {
                     println!("deleted {deleted} objects, freed {} bytes", plan.bytes);
                 }
+            }
+        }
+        Command::Admin { action } => {
+            use blobsnap::backend::StateBackendAdmin as _;
+            let blob_store = open_store(&cli.store).await?;
+            let settings = store_settings(&cli.store)?;
+            let (d, grace, create) = match &action {
+                AdminAction::Create { d, gc_grace_secs } => (
+                    d,
+                    Some(gc_grace_secs.unwrap_or(settings.job.gc_grace_secs)),
+                    true,
+                ),
+                AdminAction::Validate { d } => (d, None, false),
+            };
+            let deployment = d
+                .deployment
+                .clone()
+                .unwrap_or_else(|| settings.job.deployment_id.clone());
+            let mut adm = open_admin(
+                Some(&cli.store),
+                Arc::clone(&blob_store),
+                &d.job,
+                &d.job_id,
+                &deployment,
+            )
+            .await?;
+            if let Some(g) = grace {
+                adm = adm.with_gc_grace(std::time::Duration::from_secs(g));
+            }
+            if create {
+                adm.create_resources().await?;
+            }
+            adm.validate_resources().await?;
+            let what = if create { "created and valid" } else { "valid" };
+            if cli.json {
+                println!(
+                    "{}",
+                    serde_json::json!({"schema": 1, "job": d.job, "job-id": d.job_id, "deployment": deployment, "store": blob_store.to_string(), "result": what})
+                );
+            } else {
+                println!(
+                    "{}/{} (deployment {deployment:?}) on {blob_store}: {what}",
+                    d.job, d.job_id
+                );
             }
         }
         Command::Backup { db, name } => {
@@ -986,6 +1127,11 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
                 .into(),
             });
             mgr.init(Some(&checkpoint)).await?;
+            // The plan printed is the plan carried out: an interrupted earlier restore is
+            // finished first (a dry run changes nothing, so it plans the dir as it is).
+            if !dry_run {
+                mgr.recover().await?;
+            }
             let plans = mgr.plan().await?;
             if !cli.json {
                 for p in &plans {
@@ -1011,7 +1157,7 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
                     )
                 })
             });
-            mgr.restore().await?;
+            mgr.execute(plans).await?;
             drop(bar);
             let totals = mgr.plan_totals();
             let progress = mgr.progress(&store);
@@ -1028,6 +1174,7 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
                         "marker": marker,
                         "plan": totals.get(&store),
                         "bytes-fetched": fetched,
+                        "bytes-hashed": blobsnap::digest::bytes_hashed(),
                     })
                 );
             } else {

@@ -264,7 +264,7 @@ async fn ambiguous_put_settles_in_bounded_memory(file: &std::path::Path, mib: u6
         },
     );
     let digest = blobsnap::digest::hash_file(file).unwrap();
-    let key = BlobKey::new(&format!("{}bounded/ambiguous.sst", h.scope.as_str())).unwrap();
+    let key = BlobKey::new(format!("{}bounded/ambiguous.sst", h.scope.as_str())).unwrap();
     let before = rss_kib().0;
     let r = store
         .put(

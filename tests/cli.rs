@@ -401,6 +401,45 @@ async fn backup_a_closed_db_dedup_restore_ls_and_a_locked_db_is_refused(t: &Targ
     let to = root.join("back");
     let (code, err) = restore(marker.clone(), &to, false).await;
     assert_eq!(code, Some(0), "{err}");
+    // Again into the same dir: every file is reused, none downloaded, and each reused byte is
+    // hashed once — the plan printed is the plan carried out, not planned (and hashed) again.
+    let to_s = to.to_str().unwrap().to_string();
+    let again = [
+        "restore",
+        &marker,
+        "--job",
+        "manual",
+        "--job-id",
+        "nightly 1",
+        "--task",
+        "backup",
+        "--store",
+        "db",
+        "--to",
+        &to_s,
+    ];
+    let (code, v, err) = run(t, &again).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["bytes-fetched"], 0, "{v}");
+    assert_eq!(v["plan"]["files_to_download"], 0, "{v}");
+    let reused = v["plan"]["bytes_reused"].as_u64().unwrap();
+    assert!(reused > 0, "{v}");
+    // Mutable files (MANIFEST, OPTIONS, CURRENT, WAL) are copied, not linked, and the copy is
+    // verified: that is their second read, by design.
+    let copied: u64 = std::fs::read_dir(&to)
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n != "RESTORED" && !n.ends_with(".sst") && !n.ends_with(".blob")
+        })
+        .map(|e| e.metadata().unwrap().len())
+        .sum();
+    assert_eq!(
+        v["bytes-hashed"].as_u64().unwrap(),
+        reused + copied,
+        "each reused byte hashed once to plan (and each copied one once more, to verify the copy): {v}"
+    );
     // A non-empty directory blobsnap did not restore is somebody's data: refused (exit 5),
     // untouched; --force replaces it.
     let foreign = root.join("foreign");
@@ -578,4 +617,193 @@ async fn probe_and_the_demo_refused_where_there_is_no_fence() {
     // The local store's capabilities are fixed: probing it is a usage error.
     let (code, _, err) = run(&local_target(tmp.path()), &["probe"]).await;
     assert_eq!(code, Some(5), "{err}");
+}
+
+/// The scope's guards, from the CLI and the runtime (DESIGN §10): `admin create`/`validate`;
+/// the job validates before its first commit (another deployment's scope → exit 6, nothing
+/// committed) and records its sweep grace; `gc` refuses a shorter grace unless `--force`, and
+/// even forced while a task of the job runs (its writer lease); a killed task's lease is
+/// cleared by the task's next claim, and a task that stops deletes its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scope_is_guarded_by_admin_validation_and_writer_leases() {
+    use blobsnap::blob::admin::read_scope_record;
+    use blobsnap::checkpoint::{BlobCheckpointStore, CheckpointStore as _};
+    let tmp = tempfile::tempdir().unwrap();
+    let t = local_target(tmp.path());
+    let job = JobScope::new("wordcount", "1").unwrap();
+    let leases = |t: &Target| {
+        let store = Arc::clone(&t.store);
+        let scope = job.all_writers().unwrap();
+        async move {
+            blobsnap::blobstore::list_all(store.as_ref(), &scope)
+                .await
+                .unwrap()
+                .len()
+        }
+    };
+
+    let (code, v, err) = run(
+        &t,
+        &[
+            "admin",
+            "create",
+            "--job",
+            "wordcount",
+            "--gc-grace-secs",
+            "7200",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["result"], "created and valid", "{v}");
+    let (code, _, err) = run(&t, &["admin", "validate", "--job", "wordcount"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    let (code, _, err) = run(
+        &t,
+        &[
+            "admin",
+            "validate",
+            "--job",
+            "wordcount",
+            "--deployment",
+            "other",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(6), "another deployment's scope: {err}");
+    assert!(err.contains("belongs to deployment \"default\""), "{err}");
+
+    // The runtime validates before it claims or commits anything.
+    let dir = tmp.path().join("demo");
+    let cfg = tmp.path().join("other.toml");
+    std::fs::write(&cfg, "[job]\ndeployment-id = \"other\"\n").unwrap();
+    let demo = |extra: &[&str]| {
+        let mut a = vec![
+            "demo".to_string(),
+            "--dir".into(),
+            dir.display().to_string(),
+            "--partitions".into(),
+            "1".into(),
+            "--gc-grace-secs".into(),
+            "3600".into(),
+        ];
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let mut other = t.args.clone();
+    other.extend(["--config".into(), cfg.display().to_string()]);
+    let other_t = Target {
+        store: Arc::clone(&t.store),
+        args: other,
+        env: vec![],
+        _harness: None,
+    };
+    let args = demo(&["--lines", "300"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, _, err) = run(&other_t, &args).await;
+    assert_eq!(code, Some(6), "{err}");
+    assert!(
+        err.contains("validate") || err.contains("belongs to"),
+        "{err}"
+    );
+    let cps = BlobCheckpointStore::new(Arc::clone(&t.store), job.clone());
+    assert!(
+        cps.history("Partition 0", 1).await.unwrap().is_empty(),
+        "nothing committed by a refused deployment"
+    );
+
+    // The job runs, records its grace, and leaves no lease behind.
+    let (code, v, err) = run(&t, &args).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["check"], "ok");
+    let rec = read_scope_record(t.store.as_ref(), &job)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.gc_grace_secs, Some(3600), "{rec:?}");
+    assert_eq!(leases(&t).await, 0, "a stopped task deletes its lease");
+
+    let gc = |grace: &str, force: bool| {
+        let mut a = vec!["gc", "--job", "wordcount", "--grace-secs"];
+        a.push(if grace == "0" { "0" } else { "3600" });
+        if force {
+            a.push("--force");
+        }
+        a.into_iter().map(str::to_string).collect::<Vec<_>>()
+    };
+    let gc_run = |grace: &'static str, force: bool| {
+        let a = gc(grace, force);
+        let t = &t;
+        async move {
+            let a: Vec<&str> = a.iter().map(String::as_str).collect();
+            run(t, &a).await
+        }
+    };
+    let (code, _, err) = gc_run("0", false).await;
+    assert_eq!(code, Some(5), "a grace under the job's: {err}");
+    assert!(err.contains("3600 s") && err.contains("--force"), "{err}");
+    let (code, _, err) = gc_run("3600", false).await;
+    assert_eq!(code, Some(0), "{err}");
+    let (code, _, err) = gc_run("0", true).await;
+    assert_eq!(code, Some(0), "forced, with the job stopped: {err}");
+
+    // A running task holds a lease: a forced short sweep is refused while it runs.
+    let mut args = t.args.clone();
+    args.push("--json".into());
+    args.extend(demo(&["--lines", "400000", "--commit-every", "2000"]));
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+        .args(&args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // The first process's resumed run commits on top of the earlier history: wait for a
+    // new checkpoint.
+    let before = cps.history("Partition 0", usize::MAX).await.unwrap()[0].seq;
+    let started = std::time::Instant::now();
+    while cps.history("Partition 0", 1).await.unwrap()[0].seq <= before + 1 {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(120),
+            "no commit seen"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the demo ended too soon"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(leases(&t).await, 1, "the running task's lease");
+    let (code, _, err) = gc_run("0", true).await;
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the demo was still running"
+    );
+    assert_eq!(
+        code,
+        Some(6),
+        "a forced short sweep beside a running task: {err}"
+    );
+    assert!(
+        err.contains("Partition 0") && err.contains("lease"),
+        "{err}"
+    );
+    // Killed, its lease stays (it may have died mid-commit)...
+    child.kill().await.unwrap();
+    let (code, _, err) = gc_run("0", true).await;
+    assert_eq!(
+        code,
+        Some(6),
+        "a killed task's lease, within its grace: {err}"
+    );
+    // ...until the task's next claim: the rerun fences the dead writer off and drops its
+    // lease, and deletes its own when it stops.
+    let args = demo(&["--lines", "400000", "--commit-every", "2000"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, v, err) = run(&t, &args).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["check"], "ok");
+    assert_eq!(leases(&t).await, 0);
+    let (code, _, err) = gc_run("0", true).await;
+    assert_eq!(code, Some(0), "{err}");
 }

@@ -308,7 +308,7 @@ async fn node_loss_on_a_three_node_cluster() {
     let out = Command::new(env!("CARGO_BIN_EXE_blobsnap"))
         .arg("--config")
         .arg(&config)
-        .args(["gc", "--job", "wordcount", "--grace-secs", "0"])
+        .args(["gc", "--job", "wordcount", "--grace-secs", "0", "--force"])
         .env("AWS_ACCESS_KEY_ID", KEY_ID)
         .env("AWS_SECRET_ACCESS_KEY", SECRET)
         .output()

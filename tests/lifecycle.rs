@@ -504,7 +504,7 @@ async fn sweep_leaves_exactly_the_referenced(
         "{what}: referenced but missing: {missing:?}"
     );
     let out = blobsnap
-        .args(["gc", "--job", "wordcount", "--grace-secs", "0"])
+        .args(["gc", "--job", "wordcount", "--grace-secs", "0", "--force"])
         .output()
         .await
         .unwrap();
@@ -833,7 +833,7 @@ async fn sweep_after_kills_leaves_exactly_the_referenced_objects() {
         let mut cmd = tokio::process::Command::new(bin);
         cmd.args(["--json", "--local"])
             .arg(dir.join("store"))
-            .args(["gc", "--job", "wordcount", "--grace-secs", "0"]);
+            .args(["gc", "--job", "wordcount", "--grace-secs", "0", "--force"]);
         if dry {
             cmd.arg("--dry-run");
         }
@@ -1075,10 +1075,21 @@ async fn slow_uploads_skip_commits_and_counts_stay_right() {
             sweep_every_commits: 1,
             gc_grace: std::time::Duration::from_secs(3600),
             restore_fallback: false,
+            deployment_id: "test".into(),
+            create_resources: true,
         };
         wordcount::generate_input(&settings.input_dir, 2, 1500, 5).unwrap();
         let observer: Arc<blobsnap::job::CommitObserver> = Arc::new(|_, _, _| {});
-        let summaries = wordcount::run(&settings, slow, Arc::new(SystemClock), observer)
+        let admin = blobsnap::blob::admin::BlobStoreAdmin::new(
+            Arc::clone(&slow),
+            None,
+            "wordcount",
+            "1",
+            "test",
+        )
+        .unwrap()
+        .with_gc_grace(settings.gc_grace);
+        let summaries = wordcount::run(&settings, slow, &admin, Arc::new(SystemClock), observer)
             .await
             .unwrap();
         let skipped: u64 = summaries.iter().map(|s| s.commits_skipped).sum();

@@ -39,6 +39,10 @@ pub struct ScopeRecord {
     pub job_name: String,
     /// The job's id.
     pub job_id: String,
+    /// The grace period of the job's sweeps, seconds: `blobsnap gc` refuses a shorter one
+    /// unless forced (the job's abandon rule bounds its commits by half of it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gc_grace_secs: Option<u64>,
 }
 
 /// The admin of one job deployment.
@@ -78,8 +82,15 @@ impl BlobStoreAdmin {
                 deployment_id: deployment_id.to_string(),
                 job_name: job_name.to_string(),
                 job_id: job_id.to_string(),
+                gc_grace_secs: None,
             },
         })
+    }
+
+    /// Record `grace` as the job's sweep grace in the owner record.
+    pub fn with_gc_grace(mut self, grace: std::time::Duration) -> Self {
+        self.record.gc_grace_secs = Some(grace.as_secs());
+        self
     }
 
     fn rule_id(&self, s3: &S3Store) -> String {
@@ -90,7 +101,9 @@ impl BlobStoreAdmin {
         )
     }
 
-    async fn lifecycle_rules(&self, s3: &S3Store) -> Result<Vec<LifecycleRule>> {
+    /// The bucket's lifecycle rules; `None` when the server has no lifecycle API at all
+    /// (`NotImplemented`, as s3s-fs answers): then no rule can expire anything either.
+    async fn lifecycle_rules(&self, s3: &S3Store) -> Result<Option<Vec<LifecycleRule>>> {
         match s3
             .client()
             .get_bucket_lifecycle_configuration()
@@ -98,8 +111,9 @@ impl BlobStoreAdmin {
             .send()
             .await
         {
-            Ok(out) => Ok(out.rules.unwrap_or_default()),
-            Err(e) if e.code() == Some("NoSuchLifecycleConfiguration") => Ok(Vec::new()),
+            Ok(out) => Ok(Some(out.rules.unwrap_or_default())),
+            Err(e) if e.code() == Some("NoSuchLifecycleConfiguration") => Ok(Some(Vec::new())),
+            Err(e) if e.code() == Some("NotImplemented") => Ok(None),
             Err(e) => Err(Error::new(
                 crate::blobstore::s3::kind_of_status(
                     e.raw_response().map(|r| r.status().as_u16()).unwrap_or(0),
@@ -148,7 +162,10 @@ impl BlobStoreAdmin {
             return Ok(());
         }
         let id = self.rule_id(s3);
-        let mut rules = self.lifecycle_rules(s3).await?;
+        let Some(mut rules) = self.lifecycle_rules(s3).await? else {
+            tracing::warn!(bucket = %s3.config().bucket, "the server does not implement lifecycle rules: stale multipart uploads are only removed by the sweep");
+            return Ok(());
+        };
         if rules.iter().any(|r| r.id() == Some(id.as_str())) {
             return Ok(());
         }
@@ -190,7 +207,7 @@ impl BlobStoreAdmin {
             return Ok(());
         }
         let ours = format!("{}{}", s3.config().prefix, self.job.scope());
-        for r in self.lifecycle_rules(s3).await? {
+        for r in self.lifecycle_rules(s3).await?.unwrap_or_default() {
             if r.status() != &ExpirationStatus::Enabled {
                 continue;
             }
@@ -218,13 +235,26 @@ impl BlobStoreAdmin {
     }
 
     async fn read_record(&self) -> Result<Option<ScopeRecord>> {
-        let key = self.job.owner_record()?;
-        match get_bytes(self.store.as_ref(), &key, 1 << 20).await {
-            Ok(b) => serde_json::from_slice(&b)
-                .map(Some)
-                .map_err(|e| Error::corrupt(format!("{key}: {e}"))),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
+        read_scope_record(self.store.as_ref(), &self.job).await
+    }
+
+    /// A key that does not exist must answer 404: with 403 instead (credentials without
+    /// `s3:ListBucket`), a missing blob and a denied one look alike, so a restore fallback,
+    /// the cleanup and the sweep could not tell a gone object from an unreadable one.
+    async fn check_missing_is_not_found(&self) -> Result<()> {
+        let missing = self
+            .job
+            .scope()
+            .key(&format!("validate-missing-{:016x}", rand::random::<u64>()))?;
+        match self.store.head(&missing).await {
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            Ok(_) => Err(Error::permanent(format!(
+                "validate: {missing}, a key never written, exists"
+            ))),
+            Err(e) if e.kind() == ErrorKind::Permanent => Err(Error::permanent(format!(
+                "validate: a missing key ({missing}) answers {e} instead of 404 Not Found: the credentials may read objects but not list the bucket (s3:ListBucket), so blobsnap cannot tell a missing blob from a denied one; grant s3:ListBucket on the bucket"
+            ))),
+            Err(e) => Err(e.context("validate: HEAD a missing key")),
         }
     }
 
@@ -251,15 +281,28 @@ impl StateBackendAdmin for BlobStoreAdmin {
         let key = self.job.owner_record()?;
         let bytes = serde_json::to_vec(&self.record).map_err(|e| Error::invalid(e.to_string()))?;
         let sha = Sha256::of(&bytes);
-        let fenced = self.store.probe_capabilities().await?.create_only == CreateOnly::Atomic;
-        if !fenced {
-            // The server would let a create-only put overwrite another deployment's record
-            // (Garage ignores If-None-Match): look first, and read back after. Two deployments
-            // racing on one new scope can still both pass; the sequential case cannot.
-            if let Some(found) = self.read_record().await? {
-                return self.check_owner(&found);
+        // Look first: a record of this deployment whose recorded grace differs is updated (the
+        // job's grace setting changed); another deployment's record is a refusal. On a server
+        // that ignores If-None-Match (Garage) this is also what keeps a sequential second
+        // deployment from overwriting the first one's record.
+        if let Some(found) = self.read_record().await? {
+            self.check_owner(&found)?;
+            if found.gc_grace_secs != self.record.gc_grace_secs
+                && self.record.gc_grace_secs.is_some()
+            {
+                self.store
+                    .put(
+                        &key,
+                        PutBody::Bytes(Bytes::from(bytes)),
+                        PutOptions::default(),
+                    )
+                    .await
+                    .map_err(|e| e.context(format!("update the owner record {key}")))?;
+                tracing::info!(scope = %self.job.scope(), grace_secs = ?self.record.gc_grace_secs, "owner record: the job's sweep grace updated");
             }
+            return Ok(());
         }
+        let fenced = self.store.probe_capabilities().await?.create_only == CreateOnly::Atomic;
         let put = match self
             .store
             .put(
@@ -277,6 +320,7 @@ impl StateBackendAdmin for BlobStoreAdmin {
             Err(e) => Err(e),
         };
         if put.is_ok() && !fenced {
+            // Two deployments racing on one new scope on such a server can still both pass.
             match self.read_record().await? {
                 Some(found) => self.check_owner(&found)?,
                 None => {
@@ -331,9 +375,237 @@ impl StateBackendAdmin for BlobStoreAdmin {
                 )))
             }
         }
+        self.check_missing_is_not_found().await?;
         if let Some(s3) = &self.s3 {
             self.check_no_expiration(s3).await?;
         }
         Ok(())
+    }
+}
+
+/// The owner record of `job`, if it has one.
+pub async fn read_scope_record(
+    store: &dyn BlobStore,
+    job: &JobScope,
+) -> Result<Option<ScopeRecord>> {
+    let key = job.owner_record()?;
+    match get_bytes(store, &key, 1 << 20).await {
+        Ok(b) => serde_json::from_slice(&b)
+            .map(Some)
+            .map_err(|e| Error::corrupt(format!("{key}: {e}"))),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// A running task's lease, `writers/<task>/<nonce>.json`: written after the task's claim,
+/// refreshed every quarter of its sweep grace, deleted when the task stops (and by the next
+/// claim of the same task, which fences the old writer off). `blobsnap gc` reads the leases
+/// to tell a running job from a stopped one: a lease younger than its grace is a writer that
+/// may be between its blob PUTs and its checkpoint write.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct WriterLease {
+    /// The task.
+    pub task: String,
+    /// The writer's nonce.
+    pub writer: String,
+    /// Where it runs.
+    pub host: String,
+    /// Its process id.
+    pub pid: u32,
+    /// The task's sweep grace, seconds.
+    pub gc_grace_secs: u64,
+}
+
+impl WriterLease {
+    /// A lease for `task` of this process.
+    pub fn new(task: &str, gc_grace: std::time::Duration) -> Self {
+        WriterLease {
+            task: task.to_string(),
+            writer: format!("{:032x}", rand::random::<u128>()),
+            host: std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_default(),
+            pid: std::process::id(),
+            gc_grace_secs: gc_grace.as_secs(),
+        }
+    }
+
+    fn key(&self, job: &JobScope) -> Result<crate::blobstore::BlobKey> {
+        job.writers(&self.task)?
+            .key(&format!("{}.json", self.writer))
+    }
+
+    /// Write (or refresh) the lease, and delete the task's other leases: this process has
+    /// claimed the task, so their writers are fenced off.
+    pub async fn announce(&self, store: &dyn BlobStore, job: &JobScope) -> Result<()> {
+        let key = self.key(job)?;
+        let bytes = serde_json::to_vec(self).map_err(|e| Error::invalid(e.to_string()))?;
+        store
+            .put(
+                &key,
+                PutBody::Bytes(Bytes::from(bytes)),
+                PutOptions::default(),
+            )
+            .await
+            .map_err(|e| e.context(format!("write the writer lease {key}")))?;
+        let others: Vec<_> = store
+            .list(&job.writers(&self.task)?)
+            .map_ok(|m| m.key)
+            .try_collect::<Vec<_>>()
+            .await?
+            .into_iter()
+            .filter(|k| *k != key)
+            .collect();
+        if !others.is_empty() {
+            store.delete_many(&others).await?;
+        }
+        Ok(())
+    }
+
+    /// Delete the lease (the task stopped).
+    pub async fn retire(&self, store: &dyn BlobStore, job: &JobScope) -> Result<()> {
+        let key = self.key(job)?;
+        match store
+            .delete_many(std::slice::from_ref(&key))
+            .await?
+            .into_iter()
+            .next()
+        {
+            Some((_, e)) if e.kind() != ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The leases of `job`'s writers younger than their grace at `now` (running tasks, or tasks
+/// that died less than a grace ago), with their ages. A lease that cannot be parsed counts as
+/// active with the job default grace (never silently ignored).
+pub async fn active_writers(
+    store: &dyn BlobStore,
+    job: &JobScope,
+    now: std::time::SystemTime,
+) -> Result<Vec<(WriterLease, std::time::Duration)>> {
+    let metas: Vec<_> = store.list(&job.all_writers()?).try_collect().await?;
+    let mut out = Vec::new();
+    for m in metas {
+        let age = m
+            .last_modified
+            .and_then(|t| now.duration_since(t).ok())
+            .unwrap_or_default();
+        let lease = match get_bytes(store, &m.key, 1 << 20).await {
+            Ok(b) => serde_json::from_slice::<WriterLease>(&b).ok(),
+            Err(e) if e.kind() == ErrorKind::NotFound => continue, // retired meanwhile
+            Err(e) => return Err(e),
+        };
+        let lease = lease.unwrap_or_else(|| WriterLease {
+            task: format!("? ({})", m.key),
+            writer: String::new(),
+            host: String::new(),
+            pid: 0,
+            gc_grace_secs: 86_400,
+        });
+        if age < std::time::Duration::from_secs(lease.gc_grace_secs) {
+            out.push((lease, age));
+        }
+    }
+    Ok(out)
+}
+
+/// May a sweep of `grace` run on a scope whose owner record is `record` and whose active
+/// writers are `active`? The job's grace (recorded, or the longest of its running writers', or
+/// 60 s, the least a job accepts) is the floor:
+/// - a grace at or over the floor is safe beside a running job (its commits are bounded by
+///   half of it);
+/// - a shorter one is refused unless `force`, and even forced, refused while a writer is
+///   active: a task between its blob PUTs and its checkpoint write would lose its blobs.
+pub fn sweep_guard(
+    grace: std::time::Duration,
+    record: Option<&ScopeRecord>,
+    active: &[(WriterLease, std::time::Duration)],
+    force: bool,
+) -> Result<()> {
+    let floor = record
+        .and_then(|r| r.gc_grace_secs)
+        .into_iter()
+        .chain(active.iter().map(|(l, _)| l.gc_grace_secs))
+        .max()
+        .unwrap_or(60);
+    if grace.as_secs() >= floor {
+        return Ok(());
+    }
+    if !force {
+        return Err(Error::invalid(format!(
+            "a sweep grace of {} s is under the job's {floor} s ({}): an upload in flight could lose its blobs; once no task of the job runs, pass --force",
+            grace.as_secs(),
+            if record.and_then(|r| r.gc_grace_secs).is_some() {
+                "recorded in scope.json"
+            } else if !active.is_empty() {
+                "its running tasks' grace"
+            } else {
+                "the least a job may use"
+            }
+        )));
+    }
+    if let Some((l, age)) = active.first() {
+        return Err(Error::conflict(format!(
+            "{} writer(s) of the job active: task {:?} (host {:?}, pid {}) renewed its lease {} s ago, within its {} s grace — a sweep of {} s could delete the blobs of a commit in flight; stop the job (its leases are deleted when its tasks stop) or wait out the grace",
+            active.len(),
+            l.task,
+            l.host,
+            l.pid,
+            age.as_secs(),
+            l.gc_grace_secs,
+            grace.as_secs()
+        )));
+    }
+    tracing::warn!(
+        grace_secs = grace.as_secs(),
+        floor,
+        "a sweep under the job's grace, forced: no writer of the job is active"
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod guard_tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn lease(grace: u64) -> WriterLease {
+        WriterLease {
+            task: "Partition 0".into(),
+            writer: "w".into(),
+            host: "h".into(),
+            pid: 1,
+            gc_grace_secs: grace,
+        }
+    }
+
+    #[test]
+    fn a_sweep_under_the_jobs_grace_needs_force_and_no_active_writer() {
+        let rec = ScopeRecord {
+            deployment_id: "d".into(),
+            job_name: "j".into(),
+            job_id: "1".into(),
+            gc_grace_secs: Some(3600),
+        };
+        let s = Duration::from_secs;
+        // At or over the recorded grace: fine, running writers or not.
+        sweep_guard(s(3600), Some(&rec), &[(lease(3600), s(5))], false).unwrap();
+        // Under it: refused unless forced...
+        let e = sweep_guard(s(0), Some(&rec), &[], false).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+        assert!(e.to_string().contains("3600 s"), "{e}");
+        sweep_guard(s(0), Some(&rec), &[], true).unwrap();
+        // ...and refused while a writer is active, forced or not.
+        let e = sweep_guard(s(0), Some(&rec), &[(lease(3600), s(5))], true).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Conflict, "{e}");
+        // No record: the running writers' grace, else 60 s.
+        let e = sweep_guard(s(600), None, &[(lease(3600), s(5))], false).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+        sweep_guard(s(60), None, &[], false).unwrap();
+        assert!(sweep_guard(s(59), None, &[], false).is_err());
     }
 }

@@ -580,6 +580,44 @@ impl BlobRestoreManager {
             .ok_or_else(|| Error::invalid("restore manager used before init"))
     }
 
+    /// Finish or undo what an interrupted restore left in every store dir (the swap's
+    /// roll-forward): [`restore`](TaskRestoreManager::restore) does this first; call it before
+    /// [`plan`](Self::plan) when that plan is to be [`execute`](Self::execute)d.
+    pub async fn recover(&self) -> Result<()> {
+        for (spec, _) in &self.stores {
+            let dir = spec.dir.clone();
+            tokio::task::spawn_blocking(move || roll_forward(&dir))
+                .await
+                .map_err(|e| Error::new(ErrorKind::Io, format!("recovery task: {e}")))??;
+        }
+        Ok(())
+    }
+
+    /// Carry out `plans`, as [`plan`](Self::plan) made them (after [`recover`](Self::recover)):
+    /// what was shown is what is done — the reuse decisions are the plan's, nothing is hashed
+    /// again. Every store needs its plan, made for the snapshot this manager was `init`-ed with.
+    pub async fn execute(&self, plans: Vec<RestorePlan>) -> Result<()> {
+        let loaded = self.loaded()?;
+        let mut by_store: HashMap<String, RestorePlan> =
+            plans.into_iter().map(|p| (p.store.clone(), p)).collect();
+        for (spec, scope) in &self.stores {
+            let l = loaded.get(&spec.name).cloned().flatten();
+            let plan = by_store.remove(&spec.name).ok_or_else(|| {
+                Error::invalid(format!("no restore plan given for store {:?}", spec.name))
+            })?;
+            if plan.marker != l.as_ref().map(|l| l.marker) {
+                return Err(Error::invalid(format!(
+                    "the plan of store {:?} is for {:?}, the restore for {:?}",
+                    spec.name,
+                    plan.marker,
+                    l.as_ref().map(|l| l.marker)
+                )));
+            }
+            self.execute_store(spec, scope, l, plan).await?;
+        }
+        Ok(())
+    }
+
     async fn restore_store(
         &self,
         spec: &StoreSpec,
@@ -603,6 +641,16 @@ impl BlobRestoreManager {
             .await
             .map_err(|e| Error::new(ErrorKind::Io, format!("plan task: {e}")))??
         };
+        self.execute_store(spec, scope, loaded, plan).await
+    }
+
+    async fn execute_store(
+        &self,
+        spec: &StoreSpec,
+        scope: &StoreScope,
+        loaded: Option<Loaded>,
+        plan: RestorePlan,
+    ) -> Result<()> {
         tracing::info!(store = %spec.name, plan = ?plan.totals, "restore plan");
         crate::crash::point("restore.after-plan");
         lock(&self.plans)?.insert(spec.name.clone(), plan.totals);
@@ -652,7 +700,10 @@ impl BlobRestoreManager {
             .store(t.bytes_reused, Ordering::Relaxed);
 
         let staging = staging_dir(&spec.dir)?;
-        match self.execute(spec, scope, plan, &progress, &staging).await {
+        match self
+            .stage_and_swap(spec, scope, plan, &progress, &staging)
+            .await
+        {
             Err(e) if e.is_no_space() => {
                 let st = staging.clone();
                 let _ = tokio::task::spawn_blocking(move || remove_tree(&st)).await;
@@ -665,7 +716,7 @@ impl BlobRestoreManager {
         }
     }
 
-    async fn execute(
+    async fn stage_and_swap(
         &self,
         spec: &StoreSpec,
         scope: &StoreScope,

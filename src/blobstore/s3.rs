@@ -933,12 +933,15 @@ fn to_system_time(t: Option<&aws_smithy_types::DateTime>) -> Option<SystemTime> 
 /// `None` when only a HEAD can tell (no `Content-Range` and no `Content-Length`: a chunked
 /// body). A response to a ranged GET without `Content-Range` carries the whole object (the
 /// server ignored `Range`): the caller cuts it to the range.
+/// `(object size, bytes the body carries, bytes asked for)`.
+type Served = (u64, Range<u64>, Range<u64>);
+
 fn served_range(
     key: &BlobKey,
     range: Option<&Range<u64>>,
     content_range: Option<&str>,
     body_len: Option<u64>,
-) -> Result<Option<(u64, Range<u64>, Range<u64>)>> {
+) -> Result<Option<Served>> {
     let (total, served) = match (range, content_range) {
         (Some(_), Some(cr)) => {
             let (served, total) = parse_content_range(cr).ok_or_else(|| {
@@ -1031,12 +1034,9 @@ fn body_stream(
                     return Ok(None);
                 }
                 let next = if pace.min_bytes_per_sec > 0 {
-                    match tokio::time::timeout_at(st.window_start + pace.window, st.body.try_next())
+                    tokio::time::timeout_at(st.window_start + pace.window, st.body.try_next())
                         .await
-                    {
-                        Ok(r) => Some(r),
-                        Err(_) => None,
-                    }
+                        .ok()
                 } else {
                     Some(st.body.try_next().await)
                 };

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use crate::backend::{
     Clock, StoreEngine, StoreSpec, TaskBackupManager as _, TaskContext, TaskRestoreManager as _,
 };
+use crate::blob::admin::WriterLease;
 use crate::blob::backup::{BackupSettings, BlobBackupManager};
 use crate::blob::restore::{BlobRestoreManager, RestoreSettings};
 use crate::blob::FACTORY_NAME;
@@ -67,6 +68,10 @@ pub struct JobSettings {
     /// *its* input offsets (the messages after them are processed again). Off by default: the
     /// task fails instead, naming what is wrong.
     pub restore_fallback: bool,
+    /// This deployment's id, recorded in the scope's owner record.
+    pub deployment_id: String,
+    /// Create the job's resources before the first commit (they are validated either way).
+    pub create_resources: bool,
 }
 
 /// One input message.
@@ -195,7 +200,9 @@ pub fn local_segment(name: &str) -> Result<String> {
 }
 
 /// Run task `partition` to the end of its input: claim, restore, process, commit.
-/// `on_commit` is called after every commit.
+/// `on_commit` is called after every commit. From its claim until it stops the task holds a
+/// writer lease in the scope (`writers/<task>/`, refreshed every quarter of the sweep grace,
+/// deleted when it stops), which `blobsnap gc` reads to tell a running job from a stopped one.
 pub async fn run_task(
     settings: &JobSettings,
     partition: u32,
@@ -204,6 +211,37 @@ pub async fn run_task(
     processor: Arc<dyn Processor>,
     on_commit: &CommitObserver,
 ) -> Result<TaskSummary> {
+    let lease = WriterLease::new(&task_name(partition), settings.gc_grace);
+    let job = JobScope::new(&settings.job_name, &settings.job_id)?;
+    let r = run_task_leased(
+        settings,
+        partition,
+        &blob_store,
+        clock,
+        processor,
+        on_commit,
+        &lease,
+        &job,
+    )
+    .await;
+    if let Err(e) = lease.retire(blob_store.as_ref(), &job).await {
+        tracing::warn!(task = %lease.task, error = %e, "could not delete the writer lease; it expires after the grace");
+    }
+    r
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_task_leased(
+    settings: &JobSettings,
+    partition: u32,
+    blob_store: &Arc<dyn BlobStore>,
+    clock: Arc<dyn Clock>,
+    processor: Arc<dyn Processor>,
+    on_commit: &CommitObserver,
+    lease: &WriterLease,
+    job: &JobScope,
+) -> Result<TaskSummary> {
+    let blob_store = Arc::clone(blob_store);
     let task = task_name(partition);
     let ctx = TaskContext {
         job_name: settings.job_name.clone(),
@@ -242,6 +280,8 @@ pub async fn run_task(
         settings.unsafe_no_fencing,
     )
     .await?;
+    lease.announce(blob_store.as_ref(), job).await?;
+    let mut lease_renewed = std::time::Instant::now();
     crate::crash::point("task.after-claim");
 
     let restore = |from: Option<crate::checkpoint::Checkpoint>| {
@@ -348,6 +388,10 @@ pub async fn run_task(
             if let Some(h) = in_flight.take() {
                 finished(h, &task, &backup, on_commit, &mut summary, &sweep).await?;
             }
+        }
+        if lease_renewed.elapsed() >= settings.gc_grace / 4 {
+            lease.announce(blob_store.as_ref(), job).await?;
+            lease_renewed = std::time::Instant::now();
         }
         let Some(msg) = reader.next_message()? else {
             break;

@@ -15,7 +15,7 @@ use super::{
     run_task, store_dir, task_name, CommitObserver, JobSettings, Message, Processor, Stores,
     TaskSummary,
 };
-use crate::backend::Clock;
+use crate::backend::{Clock, StateBackendAdmin};
 use crate::blobstore::BlobStore;
 use crate::error::{Error, Result};
 use crate::local::rocks::RocksStore;
@@ -192,13 +192,28 @@ pub fn count_stores(state_dir: &Path, partitions: u32) -> Result<BTreeMap<String
     Ok(counts)
 }
 
-/// Run every task of the demo concurrently to the end of the input.
+/// Run every task of the demo concurrently to the end of the input. First the job's
+/// resources: created when `settings.create_resources`, then validated — always, before any
+/// task claims or commits (DESIGN §10: a lifecycle rule that expires the prefix, a scope
+/// owned by another deployment, credentials that answer 403 for a missing key each stop the
+/// job here, named, before it writes state).
 pub async fn run(
     settings: &JobSettings,
     blob_store: Arc<dyn BlobStore>,
+    admin: &dyn StateBackendAdmin,
     clock: Arc<dyn Clock>,
     on_commit: Arc<CommitObserver>,
 ) -> Result<Vec<TaskSummary>> {
+    if settings.create_resources {
+        admin
+            .create_resources()
+            .await
+            .map_err(|e| e.context("create the job's resources"))?;
+    }
+    admin
+        .validate_resources()
+        .await
+        .map_err(|e| e.context("validate the job's resources"))?;
     let processor: Arc<dyn Processor> = Arc::new(WordCount);
     let mut handles = Vec::new();
     for p in 0..settings.partitions {
