@@ -20,7 +20,9 @@
 //! commit-every = 2500      # messages
 //! commit-ms = 60000        # and/or time
 //! retention = 2
-//! gc-grace-secs = 86400
+//! gc-grace-secs = 86400    # recorded in scope.json: `blobsnap gc` refuses a shorter one
+//! deployment-id = "prod-eu"  # recorded in scope.json: another deployment is refused
+//! create-resources = true  # bucket, abort-multipart rule, owner record; validated always
 //! ```
 //!
 //! | variable | setting |
