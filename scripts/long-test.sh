@@ -8,8 +8,9 @@
 #    s3s-fs server and on LocalStack;
 # 2. the full crash matrix: SIGKILL at every named point of claim, restore, commit, cleanup and
 #    sweep, 25 seeded runs per point, on a restart on the same host and on a new one, each
-#    followed by a grace-0 sweep that must leave exactly the referenced objects
-#    (BLOBSNAP_CRASH_POINTS=a,b repeats chosen points only);
+#    followed by a grace-0 sweep that must leave exactly the referenced objects; then every
+#    point against LocalStack, 5 seeded runs each (BLOBSNAP_CRASH_POINTS=a,b repeats chosen
+#    points only);
 # 3. fuzzing: 10 minutes per target (checkpoint reader, index reader, marker/id/key/scope
 #    parsers) with a counting allocator;
 # 4. the GC model: 10,000 randomized interleavings of commits (with retention cleanup and
@@ -47,6 +48,13 @@ stage "faults on the wire: >= 500 commits through 10 % faulty requests (LocalSta
 stage "crash matrix: 25 seeded runs per point"
 BLOBSNAP_CRASH_RUNS=${BLOBSNAP_CRASH_RUNS:-25} \
   cargo test --locked --release --test lifecycle -- --nocapture demo_survives_kill_9_local sweep_after_kills_leaves_exactly_the_referenced_objects
+
+stage "crash matrix against LocalStack: every point, 5 seeded runs per point"
+(
+  eval "export $(bash minio/localstack.sh env | tr '\n' ' ')"
+  BLOBSNAP_CRASH_POINTS=${BLOBSNAP_CRASH_POINTS:-all} BLOBSNAP_CRASH_RUNS=${BLOBSNAP_LOCALSTACK_CRASH_RUNS:-5} \
+    cargo test --locked --release --test lifecycle -- --ignored --nocapture external::demo_survives_the_crash_matrix
+)
 
 stage "fuzzing: 10 minutes per target"
 BLOBSNAP_FUZZ_SECS=${BLOBSNAP_FUZZ_SECS:-600} cargo test --locked --release --test fuzz -- --nocapture

@@ -13,10 +13,54 @@
 //! the old tree is deleted); `sweep.mid-delete` (after the sweep's first delete batch).
 //!
 //! `point@N` dies the N-th time the point is reached (default 1), so a seeded crash matrix can
-//! hit a point in its 1st, 2nd, … commit.
+//! hit a point in its 1st, 2nd, … commit. An unknown name is refused ([`check_env`]): the
+//! `blobsnap` command exits 5 naming it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
+
+use crate::error::{Error, Result};
+
+/// Every crash point, by name.
+pub const POINTS: &[&str] = &[
+    "task.after-claim",
+    "task.after-restore",
+    "commit.before-upload",
+    "backup.mid-upload",
+    "commit.before-checkpoint",
+    "commit.after-checkpoint",
+    "commit.during-cleanup",
+    "restore.after-plan",
+    "restore.mid-download",
+    "restore.before-marker",
+    "restore.after-marker",
+    "restore.after-exchange",
+    "sweep.mid-delete",
+];
+
+/// Check `BLOBSNAP_CRASH_AT`: a name that is not a crash point (a typo, a renamed point) is
+/// an error, never a point that is silently "not reached". The CLI calls this first.
+pub fn check_env() -> Result<()> {
+    let Some(v) = std::env::var("BLOBSNAP_CRASH_AT")
+        .ok()
+        .filter(|s| !s.is_empty())
+    else {
+        return Ok(());
+    };
+    let (name, nth) = v.split_once('@').unwrap_or((v.as_str(), "1"));
+    if !POINTS.contains(&name) {
+        return Err(Error::invalid(format!(
+            "BLOBSNAP_CRASH_AT={v:?}: {name:?} is not a crash point (known: {})",
+            POINTS.join(", ")
+        )));
+    }
+    if nth.parse::<u64>().map_or(true, |n| n == 0) {
+        return Err(Error::invalid(format!(
+            "BLOBSNAP_CRASH_AT={v:?}: the hit number after '@' must be a positive integer"
+        )));
+    }
+    Ok(())
+}
 
 fn target() -> Option<&'static (String, u64)> {
     static TARGET: OnceLock<Option<(String, u64)>> = OnceLock::new();
@@ -35,6 +79,10 @@ fn target() -> Option<&'static (String, u64)> {
 
 /// Die here with SIGKILL if `BLOBSNAP_CRASH_AT` names this point (and this is the N-th hit).
 pub fn point(name: &str) {
+    debug_assert!(
+        POINTS.contains(&name),
+        "crash point {name:?} is not in POINTS"
+    );
     static HITS: AtomicU64 = AtomicU64::new(0);
     let Some((target, nth)) = target() else {
         return;

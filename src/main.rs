@@ -1466,6 +1466,10 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
+    if let Err(e) = blobsnap::crash::check_env() {
+        eprintln!("blobsnap: {e}");
+        return ExitCode::from(exit_code(e.kind()));
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

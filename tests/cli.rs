@@ -192,7 +192,8 @@ async fn inspect_diff_verify_and_restore(t: &Target, root: &Path) {
     .await;
     assert_eq!(code, Some(0), "{err}");
     assert!(v["problems"].as_array().unwrap().is_empty());
-    assert_eq!(v["deep-checked"], v["objects"]);
+    assert!(v["objects"].as_u64().is_some_and(|n| n > 0), "{v}");
+    assert_eq!(v["deep-checked"], v["objects"], "{v}");
 
     // Restore with the plan first, then for real.
     let to = root.join("restored");
@@ -806,4 +807,27 @@ async fn the_scope_is_guarded_by_admin_validation_and_writer_leases() {
     assert_eq!(leases(&t).await, 0);
     let (code, _, err) = gc_run("0", true).await;
     assert_eq!(code, Some(0), "{err}");
+}
+
+/// A crash point name that does not exist is refused (exit 5, naming it), never taken for a
+/// point that is merely not reached; a bad hit number too.
+#[tokio::test]
+async fn an_unknown_crash_point_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (at, needle) in [
+        ("commit.befor-upload", "is not a crash point"),
+        ("commit.before-upload@0", "positive integer"),
+        ("commit.before-upload@x", "positive integer"),
+    ] {
+        let mut t = local_target(tmp.path());
+        t.env.push(("BLOBSNAP_CRASH_AT".into(), at.into()));
+        let (code, _, err) = run(&t, &["ls"]).await;
+        assert_eq!(code, Some(5), "{at}: {err}");
+        assert!(err.contains(needle) && err.contains(at), "{at}: {err}");
+    }
+    let mut t = local_target(tmp.path());
+    t.env
+        .push(("BLOBSNAP_CRASH_AT".into(), "commit.before-upload@2".into()));
+    let (code, _, err) = run(&t, &["ls"]).await;
+    assert_eq!(code, Some(0), "a known point: {err}");
 }

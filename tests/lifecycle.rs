@@ -39,8 +39,10 @@ fn task(h: &support::Harness) -> TaskContext {
 }
 
 /// After each commit the store's objects are exactly the blobs and indexes of the last N
-/// committed snapshots: nothing leaks, nothing needed is missing. Also: cleanup run twice
-/// deletes nothing the second time; identical OPTIONS files and empty files survive.
+/// committed snapshots: nothing leaks, nothing needed is missing — with no sweep anywhere, and
+/// across a restart (round 3) with a **new** backup manager, which finds the retained
+/// snapshots again through the indexes' `prev-snapshot-index-blob-id` chain. Also: cleanup run
+/// twice deletes nothing the second time; identical OPTIONS files and empty files survive.
 async fn retention_case(h: &support::Harness, retention: usize) {
     let ctx = task(h);
     let counting = CountingStore::new(Arc::clone(&h.store));
@@ -67,19 +69,22 @@ async fn retention_case(h: &support::Harness, retention: usize) {
     .await
     .unwrap();
     let mut db = Arc::new(RocksStore::open("counts", &spec.dir).unwrap());
-    let backup = Arc::new(
-        BlobBackupManager::new(
-            Arc::clone(&store),
-            ctx.clone(),
-            std::slice::from_ref(&spec),
-            clock,
-            BackupSettings {
-                retention,
-                ..Default::default()
-            },
+    let new_backup = || {
+        Arc::new(
+            BlobBackupManager::new(
+                Arc::clone(&store),
+                ctx.clone(),
+                std::slice::from_ref(&spec),
+                Arc::clone(&clock),
+                BackupSettings {
+                    retention,
+                    ..Default::default()
+                },
+            )
+            .unwrap(),
         )
-        .unwrap(),
-    );
+    };
+    let mut backup = new_backup();
     backup.init(last.as_ref()).await.unwrap();
     let mut mgr = mgr
         .with_stores(vec![Arc::clone(&db) as Arc<dyn StoreEngine>])
@@ -111,6 +116,9 @@ async fn retention_case(h: &support::Harness, retention: usize) {
             )
             .await
             .unwrap();
+            // A new process: a new backup manager, which knows only the claim.
+            backup = new_backup();
+            backup.init(claim.as_ref()).await.unwrap();
             mgr = m
                 .with_stores(vec![Arc::clone(&db) as Arc<dyn StoreEngine>])
                 .with_backends(
@@ -324,8 +332,54 @@ mod external {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "needs BLOBSNAP_TEST_S3_ENDPOINT; run by scripts/test.sh"]
+    async fn retention_1() {
+        retention_case(&support::external().await, 1).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs BLOBSNAP_TEST_S3_ENDPOINT; run by scripts/test.sh"]
     async fn retention_2() {
         retention_case(&support::external().await, 2).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs BLOBSNAP_TEST_S3_ENDPOINT; run by scripts/test.sh"]
+    async fn retention_3() {
+        retention_case(&support::external().await, 3).await
+    }
+
+    /// The crash matrix against the external server (LocalStack in CI): the commit and
+    /// restore points where S3's behaviour matters — the checkpoint write, the cleanup, a
+    /// download in flight, the swap — on both hosts; `BLOBSNAP_CRASH_POINTS=all` (the
+    /// long-test command) runs every point.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs BLOBSNAP_TEST_S3_ENDPOINT; run by scripts/test.sh"]
+    async fn demo_survives_the_crash_matrix() {
+        let h = support::external().await;
+        let support::Kind::S3(s3) = &h.kind else {
+            unreachable!()
+        };
+        let fences = h.store.capabilities().create_only == blobsnap::blobstore::CreateOnly::Atomic;
+        let ms = MatrixStore::S3 {
+            config: Box::new(s3.config().clone()),
+            root: h.scope.as_str().to_string(),
+            ak: std::env::var("BLOBSNAP_TEST_S3_ACCESS_KEY").unwrap_or_else(|_| "test".into()),
+            sk: std::env::var("BLOBSNAP_TEST_S3_SECRET_KEY").unwrap_or_else(|_| "test".into()),
+            fences,
+        };
+        let tmp = tempfile::tempdir().unwrap();
+        let runs: u64 = std::env::var("BLOBSNAP_CRASH_RUNS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1);
+        let points = matrix_points(&[
+            "commit.before-checkpoint",
+            "commit.after-checkpoint",
+            "restore.mid-download",
+            "restore.after-exchange",
+        ]);
+        crash_matrix(&ms, tmp.path(), &points, runs).await;
+        h.cleanup().await;
     }
 
     /// The demo on LocalStack (create-only enforced: fencing on), killed once and resumed.
@@ -551,8 +605,313 @@ fn demo_counts_ok(out: &std::process::Output) -> serde_json::Value {
     v
 }
 
+/// Where the crash matrix keeps its blob stores: local dirs, or prefixes of an S3 bucket.
+enum MatrixStore {
+    Local,
+    S3 {
+        config: Box<blobsnap::blobstore::s3::S3Config>,
+        root: String,
+        ak: String,
+        sk: String,
+        fences: bool,
+    },
+}
+
+/// One leg of the matrix: the CLI's global store flags and env, and the same store for the
+/// test's own reads.
+struct Leg {
+    flags: Vec<String>,
+    env: Vec<(String, String)>,
+    extra: Vec<String>,
+    store: Arc<dyn BlobStore>,
+}
+
+impl MatrixStore {
+    async fn leg(&self, dir: &std::path::Path, name: &str) -> Leg {
+        match self {
+            MatrixStore::Local => Leg {
+                flags: vec!["--local".into(), dir.join("store").display().to_string()],
+                env: vec![],
+                extra: vec![],
+                store: Arc::new(
+                    blobsnap::blobstore::local::LocalStore::new(dir.join("store")).unwrap(),
+                ),
+            },
+            MatrixStore::S3 {
+                config,
+                root,
+                ak,
+                sk,
+                fences,
+            } => {
+                let prefix = format!("{root}{name}/");
+                let mut c = (**config).clone();
+                c.prefix = prefix.clone();
+                let store =
+                    blobsnap::blobstore::s3::S3Store::connect_with_credentials(c, ak, sk, None)
+                        .await
+                        .unwrap();
+                Leg {
+                    flags: vec![
+                        "--bucket".into(),
+                        config.bucket.clone(),
+                        "--s3-endpoint".into(),
+                        config.endpoint.clone().unwrap(),
+                        "--s3-region".into(),
+                        config.region.clone().unwrap_or_else(|| "us-east-1".into()),
+                        "--s3-path-style".into(),
+                        "--s3-prefix".into(),
+                        prefix,
+                    ],
+                    env: vec![
+                        ("AWS_ACCESS_KEY_ID".into(), ak.clone()),
+                        ("AWS_SECRET_ACCESS_KEY".into(), sk.clone()),
+                    ],
+                    extra: if *fences {
+                        vec![]
+                    } else {
+                        vec!["--unsafe-no-fencing".into()]
+                    },
+                    store: Arc::new(store),
+                }
+            }
+        }
+    }
+}
+
+impl Leg {
+    fn cmd(&self, args: &[String]) -> tokio::process::Command {
+        let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"));
+        c.arg("--json")
+            .args(&self.flags)
+            .args(args)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        c
+    }
+
+    fn demo(&self, dir: &std::path::Path) -> Vec<String> {
+        let mut a: Vec<String> = [
+            "demo",
+            "--dir",
+            &dir.display().to_string(),
+            "--partitions",
+            "3",
+            "--lines",
+            "6000",
+            "--commit-every",
+            "400",
+        ]
+        .map(String::from)
+        .to_vec();
+        a.extend(self.extra.iter().cloned());
+        a
+    }
+}
+
+/// Wait until `task` has committed input offsets (a real commit, not only the claim of an
+/// empty checkpoint), while `child` runs.
+async fn wait_for_offsets(
+    cps: &BlobCheckpointStore,
+    task: &str,
+    child: &mut tokio::process::Child,
+) {
+    let started = std::time::Instant::now();
+    loop {
+        let latest = cps.latest(task).await.unwrap();
+        if latest.is_some_and(|c| !c.checkpoint.offsets().is_empty()) {
+            return;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(120),
+            "{task} never committed"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the process ended before {task} committed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// The crash points to run: `BLOBSNAP_CRASH_POINTS=a,b` (a name that is not a crash point
+/// fails the test; `all`: every point), else `default`.
+fn matrix_points(default: &[&'static str]) -> Vec<&'static str> {
+    let only: Option<Vec<String>> = std::env::var("BLOBSNAP_CRASH_POINTS")
+        .ok()
+        .filter(|v| v != "all")
+        .map(|v| v.split(',').map(str::to_string).collect());
+    if std::env::var("BLOBSNAP_CRASH_POINTS").as_deref() == Ok("all") {
+        return blobsnap::crash::POINTS.to_vec();
+    }
+    for name in only.iter().flatten() {
+        assert!(
+            blobsnap::crash::POINTS.contains(&name.as_str()),
+            "BLOBSNAP_CRASH_POINTS: {name:?} is not a crash point"
+        );
+    }
+    match only {
+        Some(o) => blobsnap::crash::POINTS
+            .iter()
+            .copied()
+            .filter(|p| o.iter().any(|x| x == p))
+            .collect(),
+        None => default.to_vec(),
+    }
+}
+
+/// The crash matrix: every point of `points`, `runs` times, twice — once with the local state
+/// kept (restart on the same host), once with it deleted first (restart on a new host: the
+/// restore downloads). Each leg first gets a run killed once it has committed (seeded runs:
+/// a seeded moment later, and a seeded hit number `point@N`), so there is something to
+/// restore. After the crash, the restart must resume from exactly the last committed
+/// checkpoint's offsets with the right counts, a sweep with grace 0 must leave exactly what the
+/// retained checkpoints reference, and every point must have been reached in every run.
+async fn crash_matrix(ms: &MatrixStore, root: &std::path::Path, points: &[&str], runs: u64) {
+    use rand::{Rng as _, SeedableRng as _};
+    let mut seeded = rand::rngs::StdRng::seed_from_u64(2026);
+    // `blobsnap ARGS` on `leg` with `BLOBSNAP_CRASH_AT=at` (if any): true if it died there
+    // (SIGKILL), false if it ran to a successful end.
+    let crash_run = |leg: &Leg, args: Vec<String>, at: Option<String>| {
+        let mut cmd = leg.cmd(&args);
+        async move {
+            if let Some(at) = &at {
+                cmd.env("BLOBSNAP_CRASH_AT", at);
+            }
+            let out = cmd.output().await.unwrap();
+            if out.status.success() {
+                false
+            } else {
+                assert_eq!(
+                    out.status.signal(),
+                    Some(9),
+                    "{at:?}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                true
+            }
+        }
+    };
+    let mut reached: BTreeMap<&str, u64> = BTreeMap::new();
+    for run in 0..runs {
+        for (i, point) in points.iter().enumerate() {
+            for new_host in [false, true] {
+                let name = format!("points-{run}-{i}-{new_host}");
+                let dir = root.join(&name);
+                let leg = ms.leg(&dir, &name).await;
+                let store = Arc::clone(&leg.store);
+                let cps = BlobCheckpointStore::new(
+                    Arc::clone(&store),
+                    JobScope::new("wordcount", "1").unwrap(),
+                );
+                let (post_commit_ms, nth) = if run == 0 {
+                    (0, 1)
+                } else {
+                    (seeded.random_range(0..800), seeded.random_range(1..=3u32))
+                };
+                let target = format!("{point}@{nth}");
+                // A first run killed once it has committed (then, in seeded runs, a little
+                // later): there is a checkpoint to restore, and work in flight.
+                let mut child = leg
+                    .cmd(&leg.demo(&dir))
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .spawn()
+                    .unwrap();
+                wait_for_offsets(&cps, "Partition 0", &mut child).await;
+                tokio::time::sleep(std::time::Duration::from_millis(post_commit_ms)).await;
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+                let died = if *point == "sweep.mid-delete" {
+                    // The sweep's point is the sweep's: orphans of a commit killed before its
+                    // checkpoint, a clean run (the task's leases go with it), then `gc`.
+                    assert!(
+                        crash_run(
+                            &leg,
+                            leg.demo(&dir),
+                            Some("commit.before-checkpoint".into())
+                        )
+                        .await,
+                        "commit.before-checkpoint not reached"
+                    );
+                    assert!(!crash_run(&leg, leg.demo(&dir), None).await);
+                    let gc = ["gc", "--job", "wordcount", "--grace-secs", "0", "--force"]
+                        .map(String::from)
+                        .to_vec();
+                    let died = crash_run(&leg, gc, Some(target.clone())).await;
+                    if new_host {
+                        let _ = std::fs::remove_dir_all(dir.join("state"));
+                    }
+                    died
+                } else {
+                    if new_host {
+                        let _ = std::fs::remove_dir_all(dir.join("state"));
+                    }
+                    crash_run(&leg, leg.demo(&dir), Some(target.clone())).await
+                };
+                if died {
+                    *reached.entry(point).or_default() += 1;
+                }
+                // The restart restores the last committed checkpoint: it resumes from exactly
+                // its input offsets (and, since the counts come out right, with exactly its
+                // state: a store that were empty or older would count the lines before the
+                // offset wrongly).
+                let mut committed: BTreeMap<String, u64> = BTreeMap::new();
+                for p in 0..3 {
+                    let task = format!("Partition {p}");
+                    // No checkpoint, or only a claim of an empty one: offset 0.
+                    let offset = cps
+                        .latest(&task)
+                        .await
+                        .unwrap()
+                        .and_then(|c| {
+                            c.checkpoint
+                                .offsets()
+                                .get(&Ssp::new("files", "lines", p))
+                                .map(|o| o.parse().unwrap())
+                        })
+                        .unwrap_or(0);
+                    committed.insert(task, offset);
+                }
+                let out = leg.cmd(&leg.demo(&dir)).output().await.unwrap();
+                let v = demo_counts_ok(&out);
+                for t in v["tasks"].as_array().unwrap() {
+                    let task = t["task"].as_str().unwrap();
+                    assert_eq!(
+                        t["resumed-from"].as_u64(),
+                        Some(committed[task]),
+                        "{point} (run {run}, new host {new_host}): {task} resumed from the last committed checkpoint's offset: {v}"
+                    );
+                }
+                // Then a sweep with grace 0 leaves exactly what the retained checkpoints
+                // reference: the crash's orphans go, nothing committed does.
+                sweep_leaves_exactly_the_referenced(
+                    leg.cmd(&[]),
+                    &store,
+                    3,
+                    &format!("{point} (run {run}, new host {new_host})"),
+                )
+                .await;
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+        }
+    }
+    eprintln!("crash matrix: {runs} run(s) per point and host, killed at: {reached:?}");
+    // Every point is reached in every matrix run (on one host or the other: on the same host
+    // a restore may have nothing to download).
+    let missed: Vec<&&str> = points
+        .iter()
+        .filter(|p| reached.get(**p).copied().unwrap_or(0) < runs)
+        .collect();
+    assert!(
+        missed.is_empty(),
+        "crash points not reached in every run: {missed:?} (reached: {reached:?})"
+    );
+}
+
 /// The demo, killed with SIGKILL at random moments and at every named crash point, always
-/// resumes and ends with counts equal to an independent count of the input.
+/// resumes from its last committed checkpoint and ends with counts equal to an independent
+/// count of the input (local store; `BLOBSNAP_CRASH_RUNS`, default 1, the long-test command
+/// 25, repeats the matrix with seeded moments and hit numbers).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_survives_kill_9_local() {
     use rand::{Rng as _, SeedableRng as _};
@@ -572,123 +931,17 @@ async fn demo_survives_kill_9_local() {
             "400".into(),
         ]
     };
-    // Every named crash point, twice: once with the local state kept (restart on the same
-    // host), once with it deleted first (restart on a new host: restore downloads). Each run
-    // dir first gets a short run killed at a random moment, so there is something to restore.
-    // BLOBSNAP_CRASH_RUNS (default 1; the long-test command: 25) repeats each with a seeded
-    // pre-kill delay and a seeded hit number (`point@N`: the N-th time the point is reached).
     let runs: u64 = std::env::var("BLOBSNAP_CRASH_RUNS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
-    let mut seeded = rand::rngs::StdRng::seed_from_u64(2026);
-    const POINTS: &[&str] = &[
-        "task.after-claim",
-        "task.after-restore",
-        "commit.before-upload",
-        "backup.mid-upload",
-        "commit.before-checkpoint",
-        "commit.after-checkpoint",
-        "commit.during-cleanup",
-        "restore.after-plan",
-        "restore.mid-download",
-        "restore.before-marker",
-        "restore.after-marker",
-        "restore.after-exchange",
-        "sweep.mid-delete",
-    ];
-    // BLOBSNAP_CRASH_POINTS=a,b runs only those points (e.g. to repeat one many times).
-    let only: Option<Vec<String>> = std::env::var("BLOBSNAP_CRASH_POINTS")
-        .ok()
-        .map(|v| v.split(',').map(str::to_string).collect());
-    let points: Vec<&str> = POINTS
-        .iter()
-        .copied()
-        .filter(|p| only.as_ref().is_none_or(|o| o.iter().any(|x| x == p)))
-        .collect();
-    assert!(
-        !points.is_empty(),
-        "BLOBSNAP_CRASH_POINTS names no known point"
-    );
-    let mut killed_at_point = 0;
-    let mut reached: BTreeMap<&str, u64> = BTreeMap::new();
-    for run in 0..runs {
-        for (i, point) in points.iter().enumerate() {
-            for new_host in [false, true] {
-                let dir = tmp.path().join(format!("points-{run}-{i}-{new_host}"));
-                let (pre_kill_ms, nth) = if run == 0 {
-                    (300 + 50 * i as u64, 1)
-                } else {
-                    (
-                        seeded.random_range(100..1200),
-                        seeded.random_range(1..=3u32),
-                    )
-                };
-                let target = format!("{point}@{nth}");
-                let mut child = tokio::process::Command::new(bin)
-                    .args(args(&dir))
-                    .stdout(std::process::Stdio::null())
-                    .stderr(std::process::Stdio::null())
-                    .spawn()
-                    .unwrap();
-                tokio::time::sleep(std::time::Duration::from_millis(pre_kill_ms)).await;
-                let _ = child.start_kill();
-                let _ = child.wait().await;
-                if new_host {
-                    let _ = std::fs::remove_dir_all(dir.join("state"));
-                }
-                let out = tokio::process::Command::new(bin)
-                    .args(args(&dir))
-                    .env("BLOBSNAP_CRASH_AT", &target)
-                    .output()
-                    .await
-                    .unwrap();
-                if out.status.success() {
-                    // The point was not reached in this run (e.g. nothing to download): still correct.
-                    demo_counts_ok(&out);
-                } else {
-                    assert_eq!(
-                        out.status.signal(),
-                        Some(9),
-                        "{point}: {}",
-                        String::from_utf8_lossy(&out.stderr)
-                    );
-                    killed_at_point += 1;
-                    *reached.entry(point).or_default() += 1;
-                }
-                let out = tokio::process::Command::new(bin)
-                    .args(args(&dir))
-                    .output()
-                    .await
-                    .unwrap();
-                demo_counts_ok(&out);
-                // Then a sweep with grace 0 leaves exactly what the retained checkpoints
-                // reference: the crash's orphans go, nothing committed does.
-                let mut gc = tokio::process::Command::new(bin);
-                gc.args(["--json", "--local"]).arg(dir.join("store"));
-                let store: Arc<dyn BlobStore> = Arc::new(
-                    blobsnap::blobstore::local::LocalStore::new(dir.join("store")).unwrap(),
-                );
-                sweep_leaves_exactly_the_referenced(
-                    gc,
-                    &store,
-                    3,
-                    &format!("{point} (run {run}, new host {new_host})"),
-                )
-                .await;
-                let _ = std::fs::remove_dir_all(&dir);
-            }
-        }
-    }
-    eprintln!("crash matrix: {runs} run(s) per point and host, killed at: {reached:?}");
-    // Some points are not reached in every run (nothing to download on the same host; the
-    // demo's own sweep runs rarely: `sweep.mid-delete` is driven by the sweep test); at least
-    // 5 in 8 must be (one run: 22 of 26).
-    let attempts = 2 * points.len() as u64 * runs;
-    assert!(
-        killed_at_point * 8 >= attempts * 5,
-        "only {killed_at_point} of {attempts} runs reached their crash point"
-    );
+    crash_matrix(
+        &MatrixStore::Local,
+        tmp.path(),
+        &matrix_points(blobsnap::crash::POINTS),
+        runs,
+    )
+    .await;
     // Random SIGKILLs, then a run to the end.
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let dir = tmp.path().join("random");
@@ -1460,6 +1713,22 @@ async fn corrupt_last_snapshot_is_detected_and_fallback_restores_an_older_one() 
         // Resumed from the older checkpoint's offset (restored: > 0), so the last messages
         // were processed again (> 0) — the newest checkpoint was at the end of the input.
         assert!(t["resumed-from"].as_u64().unwrap() > 0, "{damage}: {v}");
+        // Exactly the offset of the checkpoint it names.
+        let fell_to = t["fell-back-to"].as_str().unwrap();
+        let restored = history
+            .iter()
+            .find(|c| {
+                fell_to.split(' ').next() == Some(&c.checkpoint.as_v2().unwrap().id.to_string())
+            })
+            .unwrap_or_else(|| panic!("{damage}: {fell_to} is not in the history"));
+        assert_ne!(marker_of(restored), latest, "{damage}: an older snapshot");
+        assert_eq!(
+            t["resumed-from"].as_u64(),
+            restored.checkpoint.offsets()[&Ssp::new("files", "lines", 0)]
+                .parse::<u64>()
+                .ok(),
+            "{damage}: resumed from the fallback checkpoint's own offset: {v}"
+        );
         assert_eq!(first["tasks"][0]["processed"], 3000, "{first}");
         assert!(t["processed"].as_u64().unwrap() > 0, "{damage}: {v}");
     }

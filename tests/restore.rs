@@ -373,7 +373,18 @@ mod cases {
         assert!(neighbour.join("keep").exists());
         // A V1 checkpoint names no snapshot either.
         let v1 = Checkpoint::V1(Default::default());
+        let db = RocksStore::open("counts", &dst.dir).unwrap();
+        write_keys(&db, 0, 10, 4);
+        drop(db);
         restore(&fx, &dst, Some(&v1)).await.unwrap();
+        let left = snapshot_of(&dst.dir);
+        assert_eq!(
+            left.keys().collect::<Vec<_>>(),
+            [RESTORED_MARKER],
+            "a V1 checkpoint resets the store: {left:?}"
+        );
+        assert!(all_keys(&dst.dir).is_empty());
+        assert!(neighbour.join("keep").exists());
     }
 
     /// A blob corrupted or deleted in the bucket fails the restore with Corrupt / NotFound,

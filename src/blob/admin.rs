@@ -104,56 +104,63 @@ impl BlobStoreAdmin {
     /// The bucket's lifecycle rules; `None` when the server has no lifecycle API at all
     /// (`NotImplemented`, as s3s-fs answers): then no rule can expire anything either.
     async fn lifecycle_rules(&self, s3: &S3Store) -> Result<Option<Vec<LifecycleRule>>> {
-        match s3
-            .client()
-            .get_bucket_lifecycle_configuration()
-            .bucket(&s3.config().bucket)
-            .send()
-            .await
-        {
-            Ok(out) => Ok(Some(out.rules.unwrap_or_default())),
-            Err(e) if e.code() == Some("NoSuchLifecycleConfiguration") => Ok(Some(Vec::new())),
-            Err(e) if e.code() == Some("NotImplemented") => Ok(None),
-            Err(e) => Err(Error::new(
-                crate::blobstore::s3::kind_of_status(
-                    e.raw_response().map(|r| r.status().as_u16()).unwrap_or(0),
-                    e.code(),
-                ),
-                format!(
-                    "read lifecycle rules of bucket {}: {}",
-                    s3.config().bucket,
-                    e.code().unwrap_or("request failed")
-                ),
-            )),
-        }
+        let bucket = &s3.config().bucket;
+        // The raw client has no retry layer: retry here (a reset or a 503 is not an answer).
+        crate::blobstore::retry::retry(
+            &crate::blobstore::retry::RetryPolicy::default(),
+            "read lifecycle rules",
+            |_| async move {
+                match s3
+                    .client()
+                    .get_bucket_lifecycle_configuration()
+                    .bucket(bucket)
+                    .send()
+                    .await
+                {
+                    Ok(out) => Ok(Some(out.rules.unwrap_or_default())),
+                    Err(e) if e.code() == Some("NoSuchLifecycleConfiguration") => {
+                        Ok(Some(Vec::new()))
+                    }
+                    Err(e) if e.code() == Some("NotImplemented") => Ok(None),
+                    Err(e) => Err(crate::blobstore::s3::classify(
+                        format!("read lifecycle rules of bucket {bucket}"),
+                        e,
+                    )),
+                }
+            },
+        )
+        .await
     }
 
     async fn create_bucket_if_missing(&self, s3: &S3Store) -> Result<()> {
         let bucket = &s3.config().bucket;
-        match s3.client().head_bucket().bucket(bucket).send().await {
-            Ok(_) => return Ok(()),
-            Err(e) => {
-                let status = e.raw_response().map(|r| r.status().as_u16());
-                if status != Some(404) {
-                    return Err(Error::new(
-                        crate::blobstore::s3::kind_of_status(status.unwrap_or(0), e.code()),
-                        format!(
-                            "check bucket {bucket}: {}",
-                            e.code().unwrap_or("request failed")
-                        ),
-                    )
-                    .with_source(e));
-                }
+        let policy = crate::blobstore::retry::RetryPolicy::default();
+        // Some(()) = it exists; None = 404. A reset or a 5xx is retried, not taken for 404.
+        let exists = crate::blobstore::retry::retry(&policy, "check the bucket", |_| async move {
+            match s3.client().head_bucket().bucket(bucket).send().await {
+                Ok(_) => Ok(Some(())),
+                Err(e) if e.raw_response().map(|r| r.status().as_u16()) == Some(404) => Ok(None),
+                Err(e) => Err(crate::blobstore::s3::classify(
+                    format!("check bucket {bucket}"),
+                    e,
+                )),
             }
+        })
+        .await?;
+        if exists.is_some() {
+            return Ok(());
         }
-        match s3.client().create_bucket().bucket(bucket).send().await {
-            Ok(_) => Ok(()),
-            Err(e) if matches!(e.code(), Some("BucketAlreadyOwnedByYou")) => Ok(()),
-            Err(e) => Err(Error::permanent(format!(
-                "bucket {bucket} does not exist and could not be created: {}",
-                e.code().unwrap_or("request failed")
-            ))),
-        }
+        crate::blobstore::retry::retry(&policy, "create the bucket", |_| async move {
+            match s3.client().create_bucket().bucket(bucket).send().await {
+                Ok(_) => Ok(()),
+                Err(e) if matches!(e.code(), Some("BucketAlreadyOwnedByYou")) => Ok(()),
+                Err(e) => Err(crate::blobstore::s3::classify(
+                    format!("bucket {bucket} does not exist and could not be created"),
+                    e,
+                )),
+            }
+        })
+        .await
     }
 
     async fn merge_lifecycle_rule(&self, s3: &S3Store) -> Result<()> {
@@ -186,20 +193,32 @@ impl BlobStoreAdmin {
             .set_rules(Some(rules))
             .build()
             .map_err(|e| Error::invalid(format!("lifecycle configuration: {e}")))?;
-        s3.client()
-            .put_bucket_lifecycle_configuration()
-            .bucket(&s3.config().bucket)
-            .lifecycle_configuration(config)
-            .send()
-            .await
-            .map_err(|e| {
-                Error::permanent(format!(
-                    "merge the abort-incomplete-multipart rule into bucket {}: {}",
-                    s3.config().bucket,
-                    e.code().unwrap_or("request failed")
-                ))
-            })?;
-        Ok(())
+        let bucket = &s3.config().bucket;
+        crate::blobstore::retry::retry(
+            &crate::blobstore::retry::RetryPolicy::default(),
+            "merge the abort-incomplete-multipart rule",
+            |_| {
+                let config = config.clone();
+                async move {
+                    s3.client()
+                        .put_bucket_lifecycle_configuration()
+                        .bucket(bucket)
+                        .lifecycle_configuration(config)
+                        .send()
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| {
+                            crate::blobstore::s3::classify(
+                                format!(
+                                    "merge the abort-incomplete-multipart rule into bucket {bucket}"
+                                ),
+                                e,
+                            )
+                        })
+                }
+            },
+        )
+        .await
     }
 
     async fn check_no_expiration(&self, s3: &S3Store) -> Result<()> {

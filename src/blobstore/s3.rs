@@ -828,7 +828,9 @@ fn http_client_with_ca(
 }
 
 /// Map an SDK error to a classified [`Error`] (DESIGN §9).
-fn classify<E>(what: String, err: SdkError<E, HttpResponse>) -> Error
+/// An AWS SDK error as blobsnap's: timeouts and unreachable servers `Transient`, HTTP
+/// statuses and S3 codes by [`kind_of_status`].
+pub fn classify<E>(what: String, err: SdkError<E, HttpResponse>) -> Error
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
 {
