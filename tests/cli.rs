@@ -118,11 +118,19 @@ async fn two_snapshots(t: &Target, root: &Path) -> (String, String) {
     (markers[0].clone(), markers[1].clone())
 }
 
+/// A cache dir of the tests' own: the CLI's hash cache never lands in the user's
+/// `~/.cache/blobsnap`.
+fn cache_dir() -> &'static Path {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| tempfile::tempdir().unwrap()).path()
+}
+
 async fn run(t: &Target, args: &[&str]) -> (Option<i32>, serde_json::Value, String) {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
         .arg("--json")
         .args(&t.args)
         .args(args)
+        .env("XDG_CACHE_HOME", cache_dir())
         .envs(t.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .output()
         .await
@@ -537,6 +545,7 @@ async fn metrics_endpoint_serves_counters_during_a_demo() {
         .port();
     let addr = format!("127.0.0.1:{port}");
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+        .env("XDG_CACHE_HOME", cache_dir())
         .args(["demo", "--dir"])
         .arg(tmp.path())
         .args([
@@ -753,6 +762,7 @@ async fn the_scope_is_guarded_by_admin_validation_and_writer_leases() {
     args.push("--json".into());
     args.extend(demo(&["--lines", "400000", "--commit-every", "2000"]));
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+        .env("XDG_CACHE_HOME", cache_dir())
         .args(&args)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())

@@ -19,8 +19,12 @@ use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
-const CHECKPOINT_V2: &str = r#"{"checkpoint-id":"1614147487244-33","input-offsets":{"kafka;topic;0":"42","kafka;topic;1":"7"},"state-checkpoint-markers":{"blobsnap.BlobStoreStateBackendFactory":{"counts":"index/1614147487244-33.9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08.json"}},"version":2}"#;
-const CHECKPOINT_V1: &str = r#"{"kafka.topic.0":"42","kafka.topic.1":"7"}"#;
+// Seeds the readers accept (asserted below): Samza's V2 shape (SSP keys
+// `system.stream.partition`; markers of the blob backend and of Samza's changelog backend,
+// whose marker is itself JSON), and Samza's V1 shape (entries keyed by the SSP's string form,
+// each an object of system, stream, partition, offset).
+const CHECKPOINT_V2: &str = r#"{"checkpoint-id":"1614147487244-33","input-offsets":{"kafka.topic.0":"42","kafka.topic.with.dots.1":"7"},"state-checkpoint-markers":{"blobsnap.BlobStoreStateBackendFactory":{"counts":"index/1614147487244-33.9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08.json"},"org.apache.samza.storage.KafkaChangelogStateBackendFactory":{"inMemoryStore":"{\"version\":1,\"changelog-ssp\":{\"system\":\"kafka\",\"partition\":0,\"stream\":\"changelog\",\"keyBucket\":-1},\"changelog-offset\":\"1234\"}"}},"version":2}"#;
+const CHECKPOINT_V1: &str = r#"{"SystemStreamPartition [kafka, words, 0]":{"system":"kafka","stream":"words","partition":"0","offset":"100"},"SystemStreamPartition [kafka, words.x, 1]":{"system":"kafka","stream":"words.x","partition":"1","offset":"7"}}"#;
 const INDEX: &str = r#"{"format-version":1,"creation-time-millis":1614147487244,"snapshot-metadata":{"checkpoint-id":"1614147487244-33","job-name":"wordcount","job-id":"1","task-name":"Partition 0","store-name":"counts"},"dir-index":{"dir-name":"","files-present":[{"file-name":"000012.sst","blobs":[{"blob-id":"blobs/1614147487244-33/9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08","offset":0}],"file-metadata":{"creation-time-millis":1,"last-modified-time-millis":2,"size":4,"owner":"u","group":"g","permissions":"rw-r--r--"},"checksum":123,"sha256":"9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"}],"files-removed":[],"sub-dirs-present":[{"dir-name":"sub","files-present":[],"files-removed":[],"sub-dirs-present":[],"sub-dirs-removed":[]}],"sub-dirs-removed":[]},"prev-snapshot-index-blob-id":null}"#;
 const MARKER: &str =
     "index/1614147487244-33.9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08.json";
@@ -121,7 +125,23 @@ fn mutate(rng: &mut rand::rngs::StdRng, seed: &[u8]) -> Vec<u8> {
 
 /// Run `target` on fuzzed inputs for `secs`; every call must return, and allocate at most
 /// `64 x len + 1 MiB` in all. Returns (inputs, Ok results, largest allocation ratio seen).
-fn fuzz(name: &str, seeds: &[&[u8]], secs: u64, target: impl Fn(&[u8]) -> bool) -> u64 {
+/// Fuzz `target` from `seeds` for `secs`; returns (inputs, accepted). Every seed must be
+/// accepted (a seed the reader refuses grows only garbage), and at least `min_share` of the
+/// inputs must be: the mutants reach past the first field into the reader's depth.
+fn fuzz(
+    name: &str,
+    seeds: &[&[u8]],
+    secs: u64,
+    min_share: f64,
+    target: impl Fn(&[u8]) -> bool,
+) -> (u64, u64) {
+    for seed in seeds {
+        assert!(
+            target(seed),
+            "{name}: the seed {:?} is refused by its own reader",
+            String::from_utf8_lossy(seed)
+        );
+    }
     let mut rng = rand::rngs::StdRng::seed_from_u64(0xb10b5 ^ name.len() as u64);
     let deadline = Instant::now() + Duration::from_secs(secs);
     let (mut n, mut ok, mut worst) = (0u64, 0u64, 0u64);
@@ -160,7 +180,12 @@ fn fuzz(name: &str, seeds: &[&[u8]], secs: u64, target: impl Fn(&[u8]) -> bool) 
         worst >> 10
     );
     assert!(n > 1000, "{name}: only {n} inputs");
-    n
+    assert!(
+        ok as f64 >= min_share * n as f64,
+        "{name}: only {ok} of {n} inputs accepted (under {:.1} %): the mutants do not get past the reader's first checks",
+        min_share * 100.0
+    );
+    (n, ok)
 }
 
 fn secs() -> u64 {
@@ -178,15 +203,17 @@ fn hostile_input_never_panics_and_allocation_stays_bounded() {
         "checkpoint reader",
         &[CHECKPOINT_V2.as_bytes(), CHECKPOINT_V1.as_bytes()],
         secs,
+        0.01,
         |b| Checkpoint::from_json(b).is_ok(),
     );
-    fuzz("index reader", &[INDEX.as_bytes()], secs, |b| {
+    fuzz("index reader", &[INDEX.as_bytes()], secs, 0.005, |b| {
         SnapshotIndex::from_slice(b).is_ok()
     });
     fuzz(
         "marker, id, key and scope parsers",
         &[MARKER.as_bytes(), b"1614147487244-33", b"a/b/c", b"scope/"],
         secs,
+        0.05,
         |b| {
             let s = String::from_utf8_lossy(b);
             let m = s.parse::<IndexMarker>().is_ok();
