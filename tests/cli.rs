@@ -760,7 +760,7 @@ async fn the_scope_is_guarded_by_admin_validation_and_writer_leases() {
     // A running task holds a lease: a forced short sweep is refused while it runs.
     let mut args = t.args.clone();
     args.push("--json".into());
-    args.extend(demo(&["--lines", "400000", "--commit-every", "2000"]));
+    args.extend(demo(&["--lines", "200000", "--commit-every", "2000"]));
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
         .env("XDG_CACHE_HOME", cache_dir())
         .args(&args)
@@ -809,7 +809,7 @@ async fn the_scope_is_guarded_by_admin_validation_and_writer_leases() {
     );
     // ...until the task's next claim: the rerun fences the dead writer off and drops its
     // lease, and deletes its own when it stops.
-    let args = demo(&["--lines", "400000", "--commit-every", "2000"]);
+    let args = demo(&["--lines", "200000", "--commit-every", "2000"]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let (code, v, err) = run(&t, &args).await;
     assert_eq!(code, Some(0), "{err}");
