@@ -133,6 +133,10 @@ async fn bad_credentials_and_dead_endpoint_are_clear() {
 mod external {
     use super::*;
 
+    /// The bucket's lifecycle configuration is one document: the tests that rewrite it take
+    /// turns (run at once, one replaced the other's rules).
+    static LIFECYCLE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "needs BLOBSNAP_TEST_S3_ENDPOINT; run by scripts/test.sh"]
     async fn missing_bucket_is_clear() {
@@ -166,6 +170,7 @@ mod external {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "needs BLOBSNAP_TEST_S3_ENDPOINT; run by scripts/test.sh"]
     async fn lifecycle_rules_are_merged_and_checked() {
+        let _turn = LIFECYCLE.lock().await;
         let h = support::external().await;
         let support::Kind::S3(s3) = &h.kind else {
             unreachable!()
@@ -242,115 +247,117 @@ mod external {
             .unwrap();
         h.cleanup().await;
     }
-}
 
-/// The runtime validates before its first commit: the demo against a bucket whose lifecycle
-/// rule expires the job's prefix stops with exit 8 naming the rule, having committed nothing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs BLOBSNAP_TEST_S3_ENDPOINT; run by scripts/test.sh"]
-async fn external_the_demo_refuses_a_bucket_that_expires_its_prefix() {
-    use aws_sdk_s3::types::{
-        BucketLifecycleConfiguration, ExpirationStatus, LifecycleExpiration, LifecycleRule,
-        LifecycleRuleFilter,
-    };
-    let h = support::external().await;
-    let support::Kind::S3(s3) = &h.kind else {
-        unreachable!()
-    };
-    let bucket = s3.config().bucket.clone();
-    let prefix = format!("adm-{:08x}/", rand::random::<u32>());
-    let rule_id = format!("expire-{}", prefix.trim_end_matches('/'));
-    let existing = s3
-        .client()
-        .get_bucket_lifecycle_configuration()
-        .bucket(&bucket)
-        .send()
-        .await
-        .ok()
-        .and_then(|o| o.rules)
-        .unwrap_or_default();
-    let mut rules = existing.clone();
-    rules.push(
-        LifecycleRule::builder()
-            .id(&rule_id)
-            .filter(LifecycleRuleFilter::builder().prefix(&prefix).build())
-            .status(ExpirationStatus::Enabled)
-            .expiration(LifecycleExpiration::builder().days(30).build())
-            .build()
-            .unwrap(),
-    );
-    s3.client()
-        .put_bucket_lifecycle_configuration()
-        .bucket(&bucket)
-        .lifecycle_configuration(
-            BucketLifecycleConfiguration::builder()
-                .set_rules(Some(rules))
-                .build()
-                .unwrap(),
-        )
-        .send()
-        .await
-        .unwrap();
-    let tmp = tempfile::tempdir().unwrap();
-    let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_string());
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
-        .args(["--bucket", &bucket, "--s3-endpoint"])
-        .arg(s3.config().endpoint.clone().unwrap())
-        .args([
-            "--s3-region",
-            "us-east-1",
-            "--s3-path-style",
-            "--s3-prefix",
-            &prefix,
-        ])
-        .arg("demo")
-        .arg("--dir")
-        .arg(tmp.path())
-        .args(["--partitions", "1", "--lines", "300"])
-        .env(
-            "AWS_ACCESS_KEY_ID",
-            env("BLOBSNAP_TEST_S3_ACCESS_KEY", "test"),
-        )
-        .env(
-            "AWS_SECRET_ACCESS_KEY",
-            env("BLOBSNAP_TEST_S3_SECRET_KEY", "test"),
-        )
-        .output()
-        .await
-        .unwrap();
-    // Put the bucket's rules back before asserting.
-    let restore = s3
-        .client()
-        .put_bucket_lifecycle_configuration()
-        .bucket(&bucket);
-    if existing.is_empty() {
-        s3.client()
-            .delete_bucket_lifecycle()
+    /// The runtime validates before its first commit: the demo against a bucket whose lifecycle
+    /// rule expires the job's prefix stops with exit 8 naming the rule, having committed nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs BLOBSNAP_TEST_S3_ENDPOINT; run by scripts/test.sh"]
+    async fn the_demo_refuses_a_bucket_that_expires_its_prefix() {
+        let _turn = LIFECYCLE.lock().await;
+        use aws_sdk_s3::types::{
+            BucketLifecycleConfiguration, ExpirationStatus, LifecycleExpiration, LifecycleRule,
+            LifecycleRuleFilter,
+        };
+        let h = support::external().await;
+        let support::Kind::S3(s3) = &h.kind else {
+            unreachable!()
+        };
+        let bucket = s3.config().bucket.clone();
+        let prefix = format!("adm-{:08x}/", rand::random::<u32>());
+        let rule_id = format!("expire-{}", prefix.trim_end_matches('/'));
+        let existing = s3
+            .client()
+            .get_bucket_lifecycle_configuration()
             .bucket(&bucket)
             .send()
             .await
-            .unwrap();
-    } else {
-        restore
+            .ok()
+            .and_then(|o| o.rules)
+            .unwrap_or_default();
+        let mut rules = existing.clone();
+        rules.push(
+            LifecycleRule::builder()
+                .id(&rule_id)
+                .filter(LifecycleRuleFilter::builder().prefix(&prefix).build())
+                .status(ExpirationStatus::Enabled)
+                .expiration(LifecycleExpiration::builder().days(30).build())
+                .build()
+                .unwrap(),
+        );
+        s3.client()
+            .put_bucket_lifecycle_configuration()
+            .bucket(&bucket)
             .lifecycle_configuration(
                 BucketLifecycleConfiguration::builder()
-                    .set_rules(Some(existing))
+                    .set_rules(Some(rules))
                     .build()
                     .unwrap(),
             )
             .send()
             .await
             .unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_string());
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+            .args(["--bucket", &bucket, "--s3-endpoint"])
+            .arg(s3.config().endpoint.clone().unwrap())
+            .arg("--s3-region")
+            .arg(
+                s3.config()
+                    .region
+                    .clone()
+                    .unwrap_or_else(|| "us-east-1".into()),
+            )
+            .args(["--s3-path-style", "--s3-prefix", &prefix])
+            .arg("demo")
+            .arg("--dir")
+            .arg(tmp.path())
+            .args(["--partitions", "1", "--lines", "300"])
+            .env(
+                "AWS_ACCESS_KEY_ID",
+                env("BLOBSNAP_TEST_S3_ACCESS_KEY", "test"),
+            )
+            .env(
+                "AWS_SECRET_ACCESS_KEY",
+                env("BLOBSNAP_TEST_S3_SECRET_KEY", "test"),
+            )
+            .output()
+            .await
+            .unwrap();
+        // Put the bucket's rules back before asserting.
+        let restore = s3
+            .client()
+            .put_bucket_lifecycle_configuration()
+            .bucket(&bucket);
+        if existing.is_empty() {
+            s3.client()
+                .delete_bucket_lifecycle()
+                .bucket(&bucket)
+                .send()
+                .await
+                .unwrap();
+        } else {
+            restore
+                .lifecycle_configuration(
+                    BucketLifecycleConfiguration::builder()
+                        .set_rules(Some(existing))
+                        .build()
+                        .unwrap(),
+                )
+                .send()
+                .await
+                .unwrap();
+        }
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(8), "{err}");
+        assert!(err.contains(&rule_id), "the rule is named: {err}");
+        let listed = blobsnap::blobstore::list_all(
+            s3,
+            &blobsnap::blobstore::Scope::new(format!("{prefix}wordcount/1/checkpoints/")).unwrap(),
+        )
+        .await
+        .unwrap();
+        assert!(listed.is_empty(), "nothing committed: {listed:?}");
+        h.cleanup().await;
     }
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(8), "{err}");
-    assert!(err.contains(&rule_id), "the rule is named: {err}");
-    let listed = blobsnap::blobstore::list_all(
-        s3,
-        &blobsnap::blobstore::Scope::new(format!("{prefix}wordcount/1/checkpoints/")).unwrap(),
-    )
-    .await
-    .unwrap();
-    assert!(listed.is_empty(), "nothing committed: {listed:?}");
-    h.cleanup().await;
 }
