@@ -11,6 +11,9 @@
 //! - after a restore fallback the next commit builds on the checkpoint restored, never on the
 //!   newer broken one (whose blobs may be the broken ones).
 
+#[macro_use]
+mod support;
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Range;
@@ -508,4 +511,69 @@ async fn after_a_fallback_the_next_commit_builds_on_the_checkpoint_restored() {
         .await
         .expect("the first commit after a fallback restores");
     assert_eq!(std::fs::read(back.join("a")).unwrap(), s);
+}
+
+/// A disk that fills up under a commit (real RocksDB on a real 16 MiB tmpfs, filled by
+/// another writer between writes and the commit): the commit fails with an I/O error naming
+/// the full disk and leaves no checkpoint dir for its id; the last committed checkpoint is
+/// still the latest and restores; a restart with the space back commits the new writes.
+#[tokio::test]
+async fn a_full_disk_during_a_commit_loses_nothing_committed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store: Arc<dyn BlobStore> = Arc::new(LocalStore::new(tmp.path().join("store")).unwrap());
+    let disk = support::SmallDisk::mount(16 << 20);
+    let dir = disk.path.join("state/counts");
+    let clock = Arc::new(At(AtomicU64::new(1_800_000_000_000)));
+    let tick = |c: &At| c.0.fetch_add(1000, Relaxed);
+
+    let db = Arc::new(RocksStore::open("counts", &dir).unwrap());
+    db.db().put(b"k1", b"v1").unwrap();
+    let (first, _) = process(&store, &clock, db.clone(), 2, None).await;
+    let c1 = first.commit(offsets(1)).await.unwrap().checkpoint;
+    tick(&clock);
+
+    db.db().put(b"k2", vec![7u8; 256 << 10]).unwrap();
+    let filler = disk.fill("filler");
+    let e = first
+        .commit(offsets(2))
+        .await
+        .expect_err("a commit on a full disk fails");
+    eprintln!("commit on a full disk: {e}");
+    assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+    assert!(e.to_string().contains("No space left"), "{e}");
+    let cps = dir.with_file_name("counts.checkpoints");
+    let left: Vec<_> = std::fs::read_dir(&cps)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(
+        left.iter()
+            .all(|n| n.to_string_lossy() == c1.id.to_string()),
+        "no checkpoint dir of the failed commit: {left:?}"
+    );
+    drop(first);
+    let checkpoints =
+        BlobCheckpointStore::new(Arc::clone(&store), JobScope::new("proto", "1").unwrap());
+    let latest = checkpoints.latest("Partition 0").await.unwrap().unwrap();
+    assert_eq!(latest.checkpoint.as_v2().unwrap().id, c1.id);
+    let back = tmp.path().join("back1");
+    restore(&store, &Checkpoint::V2(c1.clone()), &back)
+        .await
+        .unwrap();
+    {
+        let r = RocksStore::open("counts", &back).unwrap();
+        assert_eq!(r.db().get(b"k1").unwrap().as_deref(), Some(&b"v1"[..]));
+    }
+
+    // The space comes back; the task restarts (a new process, the database reopened).
+    std::fs::remove_file(&filler).unwrap();
+    drop(db);
+    let db = Arc::new(RocksStore::open("counts", &dir).unwrap());
+    tick(&clock);
+    let (next, _) = process(&store, &clock, db.clone(), 2, None).await;
+    let c2 = next.commit(offsets(2)).await.unwrap().checkpoint;
+    assert!(c2.id > c1.id);
+    let back = tmp.path().join("back2");
+    restore(&store, &Checkpoint::V2(c2), &back).await.unwrap();
+    let r = RocksStore::open("counts", &back).unwrap();
+    assert_eq!(r.db().get(b"k2").unwrap().map(|v| v.len()), Some(256 << 10));
 }

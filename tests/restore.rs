@@ -563,10 +563,87 @@ mod cases {
         restore(&fx, &dst, Some(&cp)).await.unwrap();
         assert_eq!(all_keys(&dst.dir), expected);
     }
+
+    /// A restore cancelled in the middle of its downloads (the token fires while blobs are
+    /// being fetched, one at a time): `Cancelled`, the store dir exactly as it was, and the
+    /// rerun reuses what the first one fetched (it downloads less than a full restore).
+    pub async fn cancelled_mid_download_keeps_old_state_and_the_rerun_reuses_it(h: &Harness) {
+        let mut fx = Fx::new(h);
+        let src = fx.spec("src");
+        let db = RocksStore::open("counts", &src.dir).unwrap();
+        let mgr = fx.backup(&src);
+        mgr.init(None).await.unwrap();
+        for batch in 0..6 {
+            write_keys(&db, batch * 400, 400, batch as u64);
+            db.flush().unwrap();
+        }
+        let cp = fx.commit(&mgr, &db).await;
+        let expected = {
+            drop(db);
+            all_keys(&src.dir)
+        };
+        let full = fx.spec("full");
+        let full_fetched = restore(&fx, &full, Some(&cp)).await.unwrap();
+        let files = snapshot_of(&full.dir)
+            .keys()
+            .filter(|n| n.ends_with(".sst"))
+            .count();
+        assert!(files >= 6, "several SSTs to fetch: {files}");
+
+        let dst = fx.spec("dst");
+        std::fs::create_dir_all(&dst.dir).unwrap();
+        std::fs::write(dst.dir.join("precious"), b"old state").unwrap();
+        let before = snapshot_of(&dst.dir);
+        let settings = RestoreSettings {
+            limiter: Arc::new(tokio::sync::Semaphore::new(1)),
+            ..Default::default()
+        };
+        let token = settings.cancel.clone();
+        // The second blob GET cancels: the download in flight finishes, the next ones stop.
+        let hooked = support::Hooked::new(
+            Arc::clone(&fx.store),
+            Box::new(move |_, n| {
+                if n == 1 {
+                    token.cancel();
+                }
+                None
+            }),
+        );
+        let r = BlobRestoreManager::new(
+            Arc::new(hooked),
+            fx.task.clone(),
+            std::slice::from_ref(&dst),
+            settings,
+        )
+        .unwrap();
+        r.init(Some(&cp)).await.unwrap();
+        let e = r.restore().await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Cancelled, "{e}");
+        assert_eq!(snapshot_of(&dst.dir), before, "the old state is intact");
+        let staging = blobsnap::blob::restore::staging_dir(&dst.dir).unwrap();
+        let staged = snapshot_of(&staging)
+            .keys()
+            .filter(|n| n.ends_with(".sst"))
+            .count();
+        assert!(
+            staged >= 1 && staged < files,
+            "the cancel came mid-download: {staged} of {files} SSTs fetched"
+        );
+
+        // The rerun reuses the staged files: it fetches less than a full restore did.
+        let rerun = restore(&fx, &dst, Some(&cp)).await.unwrap();
+        assert!(
+            rerun < full_fetched,
+            "the rerun fetched {rerun} bytes, a full restore {full_fetched}"
+        );
+        assert_eq!(all_keys(&dst.dir), expected);
+        assert!(!staging.exists());
+    }
 }
 
 store_suites!([
     round_trip_and_exact_reuse,
+    cancelled_mid_download_keeps_old_state_and_the_rerun_reuses_it,
     older_snapshot_junk_and_corrupt_local_file,
     no_snapshot_resets_the_store,
     bad_blobs_fail_and_leave_the_store_alone,
@@ -747,4 +824,84 @@ async fn hostile_index_corpus_writes_nothing_outside_the_target() {
         std::fs::read(sub.join("note")).unwrap(),
         b"in a subdirectory"
     );
+}
+
+/// A disk that fills up during a restore (a real 8 MiB tmpfs; another writer takes the last
+/// free bytes after the first blob is fetched, so the free-space check passed): the restore
+/// fails naming the full disk, the staging dir is removed, the store dir holds exactly its
+/// old state; with the space back, the same restore goes through. A snapshot that cannot fit
+/// at all is refused before anything is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_during_a_restore_keeps_the_old_state() {
+    let h = support::local().await;
+    let mut fx = Fx::new(&h);
+    let src = fx.spec("src");
+    let db = RocksStore::open("counts", &src.dir).unwrap();
+    let mgr = fx.backup(&src);
+    mgr.init(None).await.unwrap();
+    write_keys(&db, 0, 200, 1);
+    let small = fx.commit(&mgr, &db).await;
+    for batch in 1..8 {
+        write_keys(&db, batch * 1000, 1000, batch as u64);
+        db.flush().unwrap();
+    }
+    let big = fx.commit(&mgr, &db).await;
+    drop(db);
+
+    let disk = support::SmallDisk::mount(8 << 20);
+    let dst = StoreSpec {
+        name: "counts".into(),
+        dir: disk.path.join("counts"),
+    };
+    restore(&fx, &dst, Some(&small)).await.unwrap();
+    let before = snapshot_of(&dst.dir);
+    let staging = blobsnap::blob::restore::staging_dir(&dst.dir).unwrap();
+
+    // The disk fills up under the restore: the first blob GET takes the free space.
+    let filler = disk.path.join("filler");
+    let fill = {
+        let filler = filler.clone();
+        let done = std::sync::atomic::AtomicBool::new(false);
+        move |key: &blobsnap::blobstore::BlobKey, _: u64| {
+            if key.as_str().contains("/blobs/")
+                && !done.swap(true, std::sync::atomic::Ordering::SeqCst)
+            {
+                support::fill_disk(&filler);
+            }
+            None
+        }
+    };
+    let r = BlobRestoreManager::new(
+        Arc::new(support::Hooked::new(Arc::clone(&fx.store), Box::new(fill))),
+        fx.task.clone(),
+        std::slice::from_ref(&dst),
+        RestoreSettings::default(),
+    )
+    .unwrap();
+    r.init(Some(&big)).await.unwrap();
+    let e = r.restore().await.unwrap_err();
+    eprintln!("restore on a full disk: {e}");
+    assert!(e.is_no_space(), "a full-disk error: {e}");
+    assert!(e.to_string().contains("disk is full"), "{e}");
+    assert!(!staging.exists(), "the staging dir was removed");
+    assert_eq!(snapshot_of(&dst.dir), before, "the old state is intact");
+
+    // Space back: the same restore goes through.
+    std::fs::remove_file(&filler).unwrap();
+    restore(&fx, &dst, Some(&big)).await.unwrap();
+    assert_eq!(all_keys(&dst.dir), all_keys(&src.dir));
+
+    // A snapshot larger than the disk is refused before a byte is written.
+    let tiny = support::SmallDisk::mount(256 << 10);
+    let tiny_dst = StoreSpec {
+        name: "counts".into(),
+        dir: tiny.path.join("counts"),
+    };
+    let e = restore(&fx, &tiny_dst, Some(&big)).await.unwrap_err();
+    eprintln!("restore larger than the disk: {e}");
+    assert!(
+        e.is_no_space() || e.to_string().contains("are free"),
+        "refused for lack of space: {e}"
+    );
+    assert!(snapshot_of(&tiny.path).is_empty(), "nothing written");
 }

@@ -186,7 +186,7 @@ impl StoreEngine for RocksStore {
     fn flush(&self) -> Result<()> {
         self.db
             .flush()
-            .map_err(|e| rocks_err(format!("flush store {}", self.name), e))
+            .map_err(|e| rocks_err("RocksDB flush".into(), e))
     }
 
     fn checkpoint_to(&self, path: &Path) -> Result<()> {
@@ -195,13 +195,9 @@ impl StoreEngine for RocksStore {
                 .map_err(|e| Error::io(format!("create {}", parent.display()), e))?;
         }
         let cp = rocksdb::checkpoint::Checkpoint::new(&self.db)
-            .map_err(|e| rocks_err(format!("checkpoint store {}", self.name), e))?;
-        cp.create_checkpoint(path).map_err(|e| {
-            rocks_err(
-                format!("checkpoint store {} into {}", self.name, path.display()),
-                e,
-            )
-        })
+            .map_err(|e| rocks_err("RocksDB checkpoint".into(), e))?;
+        cp.create_checkpoint(path)
+            .map_err(|e| rocks_err(format!("RocksDB checkpoint into {}", path.display()), e))
     }
 }
 

@@ -414,3 +414,163 @@ pub async fn wait_first_commit(
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+/// What a [`Hooked`] store's hook sees of each GET: the key and how many GETs of keys under
+/// `/blobs/` came before this one.
+pub type GetHook =
+    dyn Fn(&blobsnap::blobstore::BlobKey, u64) -> Option<blobsnap::Error> + Send + Sync;
+
+/// A store that calls a hook before every GET; the hook may act (cancel a restore, fill a
+/// disk) and may fail the GET with the error it returns. Everything else is the inner store's.
+pub struct Hooked {
+    pub inner: Arc<dyn BlobStore>,
+    pub hook: Box<GetHook>,
+    blob_gets: std::sync::atomic::AtomicU64,
+}
+
+impl Hooked {
+    pub fn new(inner: Arc<dyn BlobStore>, hook: Box<GetHook>) -> Self {
+        Hooked {
+            inner,
+            hook,
+            blob_gets: Default::default(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Hooked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Hooked({:?})", self.inner)
+    }
+}
+
+impl std::fmt::Display for Hooked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.inner, f)
+    }
+}
+
+#[async_trait::async_trait]
+impl BlobStore for Hooked {
+    fn capabilities(&self) -> blobsnap::blobstore::Capabilities {
+        self.inner.capabilities()
+    }
+    async fn probe_capabilities(&self) -> blobsnap::Result<blobsnap::blobstore::Capabilities> {
+        self.inner.probe_capabilities().await
+    }
+    async fn put(
+        &self,
+        key: &blobsnap::blobstore::BlobKey,
+        body: blobsnap::blobstore::PutBody,
+        opts: blobsnap::blobstore::PutOptions,
+    ) -> blobsnap::Result<blobsnap::blobstore::PutResult> {
+        self.inner.put(key, body, opts).await
+    }
+    async fn get(
+        &self,
+        key: &blobsnap::blobstore::BlobKey,
+        range: Option<std::ops::Range<u64>>,
+    ) -> blobsnap::Result<blobsnap::blobstore::GetResult> {
+        let n = if key.as_str().contains("/blobs/") {
+            self.blob_gets
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+        } else {
+            self.blob_gets.load(std::sync::atomic::Ordering::SeqCst)
+        };
+        if let Some(e) = (self.hook)(key, n) {
+            return Err(e);
+        }
+        self.inner.get(key, range).await
+    }
+    async fn head(
+        &self,
+        key: &blobsnap::blobstore::BlobKey,
+    ) -> blobsnap::Result<blobsnap::blobstore::ObjectMeta> {
+        self.inner.head(key).await
+    }
+    async fn delete_many(
+        &self,
+        keys: &[blobsnap::blobstore::BlobKey],
+    ) -> blobsnap::Result<blobsnap::blobstore::DeleteFailures> {
+        self.inner.delete_many(keys).await
+    }
+    fn list<'a>(
+        &'a self,
+        scope: &Scope,
+    ) -> futures::stream::BoxStream<'a, blobsnap::Result<blobsnap::blobstore::ObjectMeta>> {
+        self.inner.list(scope)
+    }
+    async fn list_multipart_uploads(
+        &self,
+        scope: &Scope,
+    ) -> blobsnap::Result<Vec<blobsnap::blobstore::MultipartUpload>> {
+        self.inner.list_multipart_uploads(scope).await
+    }
+    async fn abort_multipart_upload(
+        &self,
+        upload: &blobsnap::blobstore::MultipartUpload,
+    ) -> blobsnap::Result<()> {
+        self.inner.abort_multipart_upload(upload).await
+    }
+}
+
+/// A small tmpfs of `size` bytes mounted at a fresh temp dir, unmounted on drop: a real
+/// filesystem that fills up. Needs CAP_SYS_ADMIN (root; CI runs as root): without it the
+/// test fails naming that, it does not pass by doing nothing.
+pub struct SmallDisk {
+    pub path: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    pub fn mount(size: u64) -> SmallDisk {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("disk");
+        std::fs::create_dir(&path).unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&path)
+            .output()
+            .expect("run mount");
+        assert!(
+            out.status.success(),
+            "this test mounts a {size}-byte tmpfs to fill a real disk and needs root \
+             (CAP_SYS_ADMIN): mount said {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        SmallDisk { path, _dir: dir }
+    }
+
+    /// Write a file of zeros at `name` until the disk is full; returns its path.
+    pub fn fill(&self, name: &str) -> std::path::PathBuf {
+        let p = self.path.join(name);
+        fill_disk(&p);
+        p
+    }
+}
+
+/// Write zeros to the file at `p` until its filesystem is full (ENOSPC).
+pub fn fill_disk(p: &std::path::Path) {
+    use std::io::Write as _;
+    let mut f = std::fs::File::create(p).unwrap();
+    let chunk = vec![0u8; 64 << 10];
+    loop {
+        match f.write(&chunk) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(28) => break,
+            Err(e) => panic!("fill {}: {e}", p.display()),
+        }
+    }
+    // The last partial page, byte by byte.
+    while f.write(&[0u8]).is_ok_and(|n| n == 1) {}
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.path)
+            .status();
+    }
+}
