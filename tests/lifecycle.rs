@@ -1733,3 +1733,332 @@ async fn corrupt_last_snapshot_is_detected_and_fallback_restores_an_older_one() 
         assert!(t["processed"].as_u64().unwrap() > 0, "{damage}: {v}");
     }
 }
+
+/// The runtime's settings for the library-level job tests: one partition, `stores`, a commit
+/// every 400 messages, retention 2, the store at `<tmp>/store`.
+fn job_settings(
+    tmp: &std::path::Path,
+    stores: &[&str],
+    fallback: bool,
+) -> blobsnap::job::JobSettings {
+    blobsnap::job::JobSettings {
+        job_name: "wordcount".into(),
+        job_id: "1".into(),
+        state_dir: tmp.join("state"),
+        input_dir: tmp.join("input"),
+        stream: "lines".into(),
+        partitions: 1,
+        stores: stores.iter().map(|s| s.to_string()).collect(),
+        commit_every: 400,
+        commit_interval: std::time::Duration::ZERO,
+        retention: 2,
+        unsafe_no_fencing: false,
+        commit_max_delay: std::time::Duration::from_secs(60),
+        sweep_every_commits: 0,
+        gc_grace: std::time::Duration::from_secs(3600),
+        restore_fallback: fallback,
+        deployment_id: "test".into(),
+        create_resources: true,
+    }
+}
+
+/// Run the word-count job of `settings` on `store` to the end of its input.
+async fn run_job(
+    settings: &blobsnap::job::JobSettings,
+    store: Arc<dyn BlobStore>,
+) -> blobsnap::Result<Vec<blobsnap::job::TaskSummary>> {
+    let admin = blobsnap::blob::admin::BlobStoreAdmin::new(
+        Arc::clone(&store),
+        None,
+        &settings.job_name,
+        &settings.job_id,
+        &settings.deployment_id,
+    )?
+    .with_gc_grace(settings.gc_grace);
+    let observer: Arc<blobsnap::job::CommitObserver> = Arc::new(|_, _, _| {});
+    blobsnap::job::wordcount::run(settings, store, &admin, Arc::new(SystemClock), observer).await
+}
+
+fn lines_offset(text: &str, lines: usize) -> u64 {
+    text.split_inclusive('\n')
+        .take(lines)
+        .map(str::len)
+        .sum::<usize>() as u64
+}
+
+fn word_counts(text: &str) -> BTreeMap<String, u64> {
+    let mut counts = BTreeMap::new();
+    for w in text.split_whitespace() {
+        *counts.entry(w.to_string()).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// The restore fallback is for a snapshot that is gone or corrupt, never for a store that is
+/// merely unreachable or refuses us: a transient error (503 after the retries) or a
+/// permission error (403) on the last checkpoint's index stops the task with that error and
+/// commits nothing; the same failure as `NotFound` (the control) falls back and resumes from
+/// exactly the older checkpoint's offset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transient_or_permission_error_never_triggers_the_fallback() {
+    use blobsnap::blobstore::local::LocalStore;
+    let tmp = tempfile::tempdir().unwrap();
+    let settings = job_settings(tmp.path(), &["counts"], true);
+    blobsnap::job::wordcount::generate_input(&settings.input_dir, 1, 3000, 3).unwrap();
+    let store: Arc<dyn BlobStore> = Arc::new(LocalStore::new(tmp.path().join("store")).unwrap());
+    run_job(&settings, Arc::clone(&store)).await.unwrap();
+    let cps =
+        BlobCheckpointStore::new(Arc::clone(&store), JobScope::new("wordcount", "1").unwrap());
+    let task = "Partition 0";
+    let history = cps.history(task, usize::MAX).await.unwrap();
+    let latest = history[0].checkpoint.as_v2().unwrap().clone();
+    let latest_marker = latest.state_checkpoint_markers[FACTORY_NAME]["counts"].clone();
+    let older = history
+        .iter()
+        .filter_map(|c| c.checkpoint.as_v2())
+        .find(|c| c.state_checkpoint_markers[FACTORY_NAME]["counts"] != latest_marker)
+        .expect("an older retained checkpoint")
+        .clone();
+    let ssp = Ssp::new("files", "lines", 0);
+
+    for (kind, what) in [
+        (ErrorKind::Transient, "503 SlowDown after 3 attempts"),
+        (ErrorKind::Permanent, "403 AccessDenied"),
+        (ErrorKind::NotFound, "404 NoSuchKey"),
+    ] {
+        // A fresh host: the restore must read the index.
+        let _ = std::fs::remove_dir_all(&settings.state_dir);
+        let needle = latest_marker.clone();
+        let hooked: Arc<dyn BlobStore> = Arc::new(support::Hooked::new(
+            Arc::clone(&store),
+            Box::new(move |key, _| {
+                key.as_str()
+                    .ends_with(&needle)
+                    .then(|| blobsnap::Error::new(kind, format!("get {key}: {what} (injected)")))
+            }),
+        ));
+        let r = run_job(&settings, hooked).await;
+        let now = cps.latest(task).await.unwrap().unwrap();
+        match kind {
+            ErrorKind::NotFound => {
+                let s = r.expect("a missing index falls back");
+                let fell = s[0].fell_back_to.as_deref().expect("fell back");
+                assert!(fell.starts_with(&older.id.to_string()), "{fell}");
+                assert_eq!(
+                    Some(s[0].resumed_from),
+                    older.input_offsets[&ssp].parse().ok(),
+                    "resumed from exactly the older checkpoint's offset"
+                );
+                assert_eq!(
+                    blobsnap::job::wordcount::count_stores(&settings.state_dir, 1).unwrap(),
+                    blobsnap::job::wordcount::count_input(&settings.input_dir, 1).unwrap()
+                );
+            }
+            _ => {
+                let e = r.expect_err(what);
+                assert_eq!(e.kind(), kind, "{what}: {e}");
+                assert!(e.to_string().contains("(injected)"), "{what}: {e}");
+                // No fallback commit: the latest checkpoint is still the same id and offsets
+                // (the claim repeats it under a new number).
+                let v2 = now.checkpoint.as_v2().unwrap();
+                assert_eq!(v2.id, latest.id, "{what}: nothing committed");
+                assert_eq!(v2.input_offsets, latest.input_offsets, "{what}");
+            }
+        }
+    }
+}
+
+/// A task whose last checkpoint is a CheckpointV1 (a job migrating from a changelog backend,
+/// Samza's shape: input offsets mixed with a changelog position): the runtime resumes from
+/// the V1 input offset with empty stores (V1 names no snapshot), and its first commit is a
+/// CheckpointV2 with blobsnap's markers whose snapshot holds exactly the words after that
+/// offset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_v1_checkpoint_migrates_through_the_runtime() {
+    use blobsnap::blobstore::local::LocalStore;
+    use blobsnap::checkpoint::{Checkpoint, CheckpointV1};
+    let tmp = tempfile::tempdir().unwrap();
+    let settings = job_settings(tmp.path(), &["counts"], false);
+    blobsnap::job::wordcount::generate_input(&settings.input_dir, 1, 2000, 9).unwrap();
+    let text = std::fs::read_to_string(settings.input_dir.join("0.txt")).unwrap();
+    let from = lines_offset(&text, 700);
+    let store: Arc<dyn BlobStore> = Arc::new(LocalStore::new(tmp.path().join("store")).unwrap());
+    let cps =
+        BlobCheckpointStore::new(Arc::clone(&store), JobScope::new("wordcount", "1").unwrap());
+    let ssp = Ssp::new("files", "lines", 0);
+    let v1 = Checkpoint::V1(CheckpointV1 {
+        offsets: BTreeMap::from([
+            (ssp.clone(), from.to_string()),
+            (
+                Ssp::new("kafka", "wordcount-counts-changelog", 0),
+                "5123".into(),
+            ),
+        ]),
+    });
+    cps.write("Partition 0", 1, "samza-v1", &v1).await.unwrap();
+
+    let s = run_job(&settings, Arc::clone(&store)).await.unwrap();
+    assert_eq!(s[0].resumed_from, from, "resumed from the V1 input offset");
+    assert_eq!(s[0].processed, 2000 - 700);
+    let latest = cps.latest("Partition 0").await.unwrap().unwrap();
+    let v2 = latest.checkpoint.as_v2().expect("the first commit is a V2");
+    assert_eq!(v2.input_offsets[&ssp], text.len().to_string());
+    assert!(v2.state_checkpoint_markers[FACTORY_NAME].contains_key("counts"));
+    // The store counts exactly the words after the V1 offset: it started empty.
+    let want = word_counts(&text[from as usize..]);
+    assert_eq!(
+        blobsnap::job::wordcount::count_stores(&settings.state_dir, 1).unwrap(),
+        want
+    );
+    // And the V2 snapshot restores to that on a fresh host.
+    std::fs::remove_dir_all(&settings.state_dir).unwrap();
+    let s = run_job(&settings, Arc::clone(&store)).await.unwrap();
+    assert_eq!(s[0].resumed_from, text.len() as u64);
+    assert_eq!(
+        blobsnap::job::wordcount::count_stores(&settings.state_dir, 1).unwrap(),
+        want
+    );
+}
+
+/// A store removed from the job's configuration: the job keeps running without it; its
+/// snapshots stay while a retained checkpoint names them (a sweep with grace 0 keeps them and
+/// they still restore), and once retention has moved past them the sweep deletes them — the
+/// bucket then holds exactly what the retained checkpoints reference.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_store_is_kept_while_retained_then_swept() {
+    use blobsnap::blob::gc::{execute_sweep, plan_sweep, SweepSettings};
+    use blobsnap::blobstore::local::LocalStore;
+    use std::io::Write as _;
+    let tmp = tempfile::tempdir().unwrap();
+    let both = job_settings(tmp.path(), &["counts", "lengths"], false);
+    blobsnap::job::wordcount::generate_input(&both.input_dir, 1, 2000, 4).unwrap();
+    let store: Arc<dyn BlobStore> = Arc::new(LocalStore::new(tmp.path().join("store")).unwrap());
+    run_job(&both, Arc::clone(&store)).await.unwrap();
+    let cps =
+        BlobCheckpointStore::new(Arc::clone(&store), JobScope::new("wordcount", "1").unwrap());
+    let names_lengths = |c: &blobsnap::checkpoint::CommittedCheckpoint| {
+        c.checkpoint
+            .as_v2()
+            .is_some_and(|v| v.state_checkpoint_markers[FACTORY_NAME].contains_key("lengths"))
+    };
+    let lengths_marker = cps
+        .latest("Partition 0")
+        .await
+        .unwrap()
+        .unwrap()
+        .checkpoint
+        .as_v2()
+        .unwrap()
+        .state_checkpoint_markers[FACTORY_NAME]["lengths"]
+        .clone();
+    let input = both.input_dir.join("0.txt");
+    let append = |lines: usize| {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&input)
+            .unwrap();
+        for i in 0..lines {
+            writeln!(f, "appended words number {i}").unwrap();
+        }
+    };
+    let sweep = || {
+        let store = Arc::clone(&store);
+        async move {
+            let plan = plan_sweep(
+                &store,
+                &SweepSettings {
+                    job_name: "wordcount".into(),
+                    job_id: "1".into(),
+                    task: None,
+                    store: None,
+                    grace: std::time::Duration::ZERO,
+                },
+            )
+            .await
+            .unwrap();
+            execute_sweep(store.as_ref(), &plan).await.unwrap()
+        }
+    };
+    let lengths_keys = || async {
+        job_keys(store.as_ref())
+            .await
+            .into_iter()
+            .filter(|k| k.contains("/stores/lengths/"))
+            .count()
+    };
+
+    // Removed: one more commit (fewer new lines than commit-every: the final commit).
+    let counts_only = job_settings(tmp.path(), &["counts"], false);
+    append(100);
+    let s = run_job(&counts_only, Arc::clone(&store)).await.unwrap();
+    assert_eq!(s[0].processed, 100);
+    let history = cps.history("Partition 0", usize::MAX).await.unwrap();
+    assert!(
+        !names_lengths(&history[0]),
+        "the new checkpoint has no lengths marker"
+    );
+    assert!(
+        history.iter().any(names_lengths),
+        "a retained checkpoint still names the removed store"
+    );
+    sweep().await;
+    assert_eq!(
+        job_keys(store.as_ref()).await,
+        support::referenced(&store, "wordcount", 1).await
+    );
+    assert!(
+        lengths_keys().await > 0,
+        "the removed store's retained snapshot was kept"
+    );
+    // It still restores.
+    let ctx = TaskContext {
+        job_name: "wordcount".into(),
+        job_id: "1".into(),
+        task_name: "Partition 0".into(),
+    };
+    let spec = StoreSpec {
+        name: "lengths".into(),
+        dir: tmp.path().join("lengths-back"),
+    };
+    let r = blobsnap::blob::restore::BlobRestoreManager::new(
+        Arc::clone(&store),
+        ctx,
+        std::slice::from_ref(&spec),
+        Default::default(),
+    )
+    .unwrap();
+    let older = history.iter().find(|c| names_lengths(c)).unwrap();
+    assert_eq!(
+        older.checkpoint.as_v2().unwrap().state_checkpoint_markers[FACTORY_NAME]["lengths"],
+        lengths_marker
+    );
+    use blobsnap::backend::TaskRestoreManager as _;
+    r.init(Some(&older.checkpoint)).await.unwrap();
+    r.restore().await.unwrap();
+    assert!(RocksStore::open("lengths", &spec.dir).is_ok());
+
+    // Retention moves past it: two more commits; the sweep deletes the removed store's objects.
+    for _ in 0..2 {
+        append(100);
+        run_job(&counts_only, Arc::clone(&store)).await.unwrap();
+    }
+    let history = cps.history("Partition 0", usize::MAX).await.unwrap();
+    assert!(
+        !history.iter().any(names_lengths),
+        "retention moved past the removed store"
+    );
+    sweep().await;
+    assert_eq!(
+        job_keys(store.as_ref()).await,
+        support::referenced(&store, "wordcount", 1).await
+    );
+    assert_eq!(
+        lengths_keys().await,
+        0,
+        "the removed store's objects were swept"
+    );
+    assert_eq!(
+        blobsnap::job::wordcount::count_stores(&counts_only.state_dir, 1).unwrap(),
+        blobsnap::job::wordcount::count_input(&counts_only.input_dir, 1).unwrap()
+    );
+}

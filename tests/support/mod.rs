@@ -241,9 +241,19 @@ pub async fn external() -> Harness {
 
 /// The index of store `counts` of `ctx`'s task behind `marker`, read and checked.
 pub async fn index_of(store: &dyn BlobStore, ctx: &TaskContext, marker: &str) -> SnapshotIndex {
+    index_of_store(store, ctx, "counts", marker).await
+}
+
+/// The index of store `store_name` of `ctx`'s task behind `marker`, read and checked.
+pub async fn index_of_store(
+    store: &dyn BlobStore,
+    ctx: &TaskContext,
+    store_name: &str,
+    marker: &str,
+) -> SnapshotIndex {
     let scope = JobScope::new(&ctx.job_name, &ctx.job_id)
         .unwrap()
-        .store(&ctx.task_name, "counts")
+        .store(&ctx.task_name, store_name)
         .unwrap();
     let m: IndexMarker = marker.parse().unwrap();
     blobsnap::blob::read_index(
@@ -254,7 +264,7 @@ pub async fn index_of(store: &dyn BlobStore, ctx: &TaskContext, marker: &str) ->
             job_name: &ctx.job_name,
             job_id: &ctx.job_id,
             task_name: &ctx.task_name,
-            store_name: "counts",
+            store_name,
         },
     )
     .await
@@ -297,7 +307,10 @@ pub async fn referenced(
                 };
                 let sscope = scope.store(&task, store_name).unwrap();
                 out.insert(sscope.key(marker).unwrap().as_str().to_string());
-                for (_, f) in index_of(store.as_ref(), &ctx, marker).await.present_files() {
+                for (_, f) in index_of_store(store.as_ref(), &ctx, store_name, marker)
+                    .await
+                    .present_files()
+                {
                     out.insert(
                         sscope
                             .key(&f.blobs[0].blob_id)
