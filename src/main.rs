@@ -210,7 +210,8 @@ enum Command {
         /// Download every blob and check its SHA-256.
         #[arg(long)]
         deep: bool,
-        /// With --deep: check only this percentage of the blobs, chosen at random.
+        /// With --deep: download only this percentage of the blobs (rounded up), chosen at
+        /// random; every blob is still checked by HEAD.
         #[arg(long, default_value_t = 100.0)]
         sample: f64,
     },
@@ -862,11 +863,21 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
                 .collect();
             let up_bytes: u64 = uploaded.iter().map(|(_, f)| f.file_metadata.size).sum();
             if cli.json {
+                let checkpoint = match &checkpoint {
+                    Some(c) => serde_json::json!({
+                        "seq": c.seq,
+                        "writer": c.writer,
+                        "document": serde_json::from_slice::<serde_json::Value>(&c.checkpoint.to_json()?)
+                            .map_err(|e| Error::new(ErrorKind::Corrupt, format!("checkpoint JSON: {e}")))?,
+                    }),
+                    None => serde_json::Value::Null,
+                };
                 println!(
                     "{}",
                     serde_json::json!({
                         "schema": 1,
                         "marker": marker,
+                        "checkpoint": checkpoint,
                         "checkpoint-id": m.checkpoint_id.to_string(),
                         "prev": index.prev_snapshot_index_blob_id,
                         "files": files.iter().map(|(p, f)| serde_json::json!({
@@ -987,9 +998,35 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
             deep,
             sample,
         } => {
+            if !(sample > 0.0 && sample <= 100.0) {
+                return Err(Error::new(
+                    ErrorKind::InvalidInput,
+                    format!("--sample {sample}: a percentage in (0, 100]"),
+                ));
+            }
+            if sample < 100.0 && !deep {
+                return Err(Error::new(
+                    ErrorKind::InvalidInput,
+                    "--sample chooses blobs to download: it needs --deep",
+                ));
+            }
             let blob_store = open_store(&cli.store).await?;
             let (marker, _) = snap.resolve_marker(&blob_store, marker).await?;
             let (scope, _, index) = snap.load(blob_store.as_ref(), &marker).await?;
+            // --sample: exactly ceil(objects × pct / 100) blobs, chosen at random.
+            let objects: usize = index
+                .present_files()
+                .iter()
+                .map(|(_, f)| f.blobs.len())
+                .sum();
+            let chosen: std::collections::HashSet<usize> = if sample >= 100.0 {
+                (0..objects).collect()
+            } else {
+                let k = ((objects as f64 * sample / 100.0).ceil() as usize).min(objects);
+                rand::seq::index::sample(&mut rand::rng(), objects, k)
+                    .into_iter()
+                    .collect()
+            };
             let mut problems: Vec<(ErrorKind, String)> = Vec::new();
             let total_bytes: u64 = index
                 .present_files()
@@ -1022,7 +1059,7 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
                                 f.file_metadata.size,
                                 std::sync::atomic::Ordering::Relaxed,
                             );
-                            if deep && rand::random::<f64>() * 100.0 < sample {
+                            if deep && chosen.contains(&(checked as usize - 1)) {
                                 deep_checked += 1;
                                 match blobsnap::blob::hash_object(blob_store.as_ref(), &key).await {
                                     Ok((sha, _)) if Some(sha) != f.sha256 => problems.push((

@@ -12,7 +12,7 @@ use blobsnap::backend::{
 };
 use blobsnap::blob::backup::{BackupSettings, BlobBackupManager};
 use blobsnap::blobstore::local::LocalStore;
-use blobsnap::blobstore::{BlobStore, PutBody, PutOptions};
+use blobsnap::blobstore::{BlobKey, BlobStore, PutBody, PutOptions};
 use blobsnap::layout::JobScope;
 use blobsnap::local::rocks::RocksStore;
 
@@ -840,4 +840,223 @@ async fn an_unknown_crash_point_is_refused() {
         .push(("BLOBSNAP_CRASH_AT".into(), "commit.before-upload@2".into()));
     let (code, _, err) = run(&t, &["ls"]).await;
     assert_eq!(code, Some(0), "a known point: {err}");
+}
+
+/// The commands that take a marker default to the store's marker in the task's latest
+/// committed checkpoint (inspect, verify, restore); `index show` normalizes a real index the
+/// demo wrote (from a file and from stdin); `verify --deep --sample` downloads exactly the
+/// share asked for (rounded up) and refuses a share outside (0, 100] or without --deep; `gc
+/// --task/--store` deletes the orphans of that task and store only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latest_by_default_index_show_sample_and_scoped_gc() {
+    use blobsnap::checkpoint::{BlobCheckpointStore, CheckpointStore as _};
+    let tmp = tempfile::tempdir().unwrap();
+    let t = local_target(tmp.path());
+    let dir = tmp.path().join("demo");
+    let (code, _, err) = run(
+        &t,
+        &[
+            "demo",
+            "--dir",
+            dir.to_str().unwrap(),
+            "--partitions",
+            "2",
+            "--lines",
+            "3000",
+            "--commit-every",
+            "500",
+            "--stores",
+            "counts,lengths",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let cps = BlobCheckpointStore::new(
+        Arc::clone(&t.store),
+        JobScope::new("wordcount", "1").unwrap(),
+    );
+    let latest = cps.latest("Partition 0").await.unwrap().unwrap();
+    let v2 = latest.checkpoint.as_v2().unwrap().clone();
+    let marker = v2.state_checkpoint_markers[blobsnap::blob::FACTORY_NAME]["counts"].clone();
+    let snap = [
+        "--job",
+        "wordcount",
+        "--task",
+        "Partition 0",
+        "--store",
+        "counts",
+    ];
+
+    // inspect without a marker: the latest checkpoint's, with its offsets.
+    let (code, v, err) = run(&t, &[&["inspect"][..], &snap].concat()).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["marker"].as_str(), Some(marker.as_str()), "{v}");
+    assert_eq!(v["checkpoint"]["seq"].as_u64(), Some(latest.seq), "{v}");
+    assert_eq!(
+        v["checkpoint"]["document"]["checkpoint-id"].as_str(),
+        Some(v2.id.to_string().as_str()),
+        "{v}"
+    );
+    let files = v["files"].as_array().unwrap().len();
+    // verify without a marker checks that one.
+    let (code, v, err) = run(&t, &[&["verify"][..], &snap].concat()).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["marker"].as_str(), Some(marker.as_str()), "{v}");
+    let objects = v["objects"].as_u64().unwrap();
+    assert!(objects >= 3, "{v}");
+    // restore without a marker restores that checkpoint.
+    let to = tmp.path().join("restored");
+    let (code, _, err) = run(
+        &t,
+        &[&["restore"][..], &snap, &["--to", to.to_str().unwrap()]].concat(),
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let restored: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(to.join(blobsnap::index::RESTORED_MARKER)).unwrap())
+            .unwrap();
+    assert_eq!(
+        restored["index"].as_str(),
+        Some(marker.as_str()),
+        "{restored}"
+    );
+
+    // verify --deep --sample: exactly ceil(objects × pct / 100) downloaded.
+    for pct in [1.0, 50.0, 100.0] {
+        let (code, v, err) = run(
+            &t,
+            &[
+                &["verify", "--deep", "--sample", &pct.to_string()][..],
+                &snap,
+            ]
+            .concat(),
+        )
+        .await;
+        assert_eq!(code, Some(0), "{err}");
+        assert_eq!(v["objects"].as_u64(), Some(objects));
+        let want = (objects as f64 * pct / 100.0).ceil() as u64;
+        assert_eq!(
+            v["deep-checked"].as_u64(),
+            Some(want),
+            "--sample {pct}: {v}"
+        );
+    }
+    for bad in [
+        &["--deep", "--sample", "0"][..],
+        &["--deep", "--sample", "101"],
+        &["--sample", "10"],
+    ] {
+        let (code, _, err) = run(&t, &[&["verify"][..], bad, &snap].concat()).await;
+        assert_eq!(code, Some(5), "{bad:?}: {err}");
+        assert!(err.contains("--sample"), "{bad:?}: {err}");
+    }
+
+    // index show: the real index, from a file and from stdin, normalized and the same.
+    let key = JobScope::new("wordcount", "1")
+        .unwrap()
+        .store("Partition 0", "counts")
+        .unwrap()
+        .key(&marker)
+        .unwrap();
+    let bytes = blobsnap::blobstore::get_bytes(t.store.as_ref(), &key, 1 << 20)
+        .await
+        .unwrap();
+    let file = tmp.path().join("index.json");
+    std::fs::write(&file, &bytes).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+        .args(["index", "show"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let original: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(
+        shown["dir-index"]["files-present"].as_array().map(Vec::len),
+        Some(files),
+        "{shown}"
+    );
+    assert_eq!(shown["checkpoint-id"], original["checkpoint-id"]);
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+        .args(["index", "show", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write as _;
+        child.stdin.take().unwrap().write_all(&bytes).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap(),
+        shown
+    );
+
+    // gc --task/--store: an orphan blob in each of three stores; a scoped sweep deletes the
+    // one of its task and store only.
+    let orphan = |task: &str, store: &str| {
+        JobScope::new("wordcount", "1")
+            .unwrap()
+            .store(task, store)
+            .unwrap()
+            .key(&format!("blobs/1000-0/{}", "ab".repeat(32)))
+            .unwrap()
+    };
+    let orphans = [
+        orphan("Partition 0", "counts"),
+        orphan("Partition 0", "lengths"),
+        orphan("Partition 1", "counts"),
+    ];
+    for k in &orphans {
+        t.store
+            .put(
+                k,
+                PutBody::Bytes(b"orphan".to_vec().into()),
+                PutOptions::default(),
+            )
+            .await
+            .unwrap();
+    }
+    let exists = |k: BlobKey| {
+        let store = Arc::clone(&t.store);
+        async move { store.head(&k).await.is_ok() }
+    };
+    let gc = ["gc", "--job", "wordcount", "--grace-secs", "0", "--force"];
+    let (code, v, err) = run(
+        &t,
+        &[&gc[..], &["--task", "Partition 0", "--store", "counts"]].concat(),
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["deleted"].as_u64(), Some(1), "{v}");
+    assert!(!exists(orphans[0].clone()).await);
+    assert!(
+        exists(orphans[1].clone()).await,
+        "another store of the task is not swept"
+    );
+    assert!(
+        exists(orphans[2].clone()).await,
+        "another task is not swept"
+    );
+    let (code, v, err) = run(&t, &[&gc[..], &["--store", "counts"]].concat()).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["deleted"].as_u64(), Some(1), "{v}");
+    assert!(!exists(orphans[2].clone()).await);
+    assert!(
+        exists(orphans[1].clone()).await,
+        "--store counts keeps lengths"
+    );
+    let (code, v, err) = run(&t, &[&gc[..], &["--task", "Partition 0"]].concat()).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["deleted"].as_u64(), Some(1), "{v}");
+    assert!(!exists(orphans[1].clone()).await);
+    // Nothing any retained checkpoint references was touched: the latest still verifies deep.
+    let (code, v, err) = run(&t, &[&["verify", "--deep"][..], &snap].concat()).await;
+    assert_eq!(code, Some(0), "{err} {v}");
 }
