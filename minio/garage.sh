@@ -239,6 +239,8 @@ case "${1:-}" in
     echo "BLOBSNAP_TEST_S3_CREATE_ONLY=auto"
     echo "BLOBSNAP_TEST_S3_EXPECT_CREATE_ONLY=ignored"
     echo "BLOBSNAP_TEST_S3_TAGGING=false"
+    # Garage implements SSE-C only (customer keys), not SSE-S3/SSE-KMS.
+    echo "BLOBSNAP_TEST_S3_SSE=false"
     ;;
   *) echo "usage: $0 install|start [N]|stop|env|kill-node I|start-node I|repair|status|cli I ARGS" >&2; exit 2 ;;
 esac
