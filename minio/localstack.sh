@@ -68,6 +68,26 @@ stop() {
 
 stop_state() { LOCALSTACK_STATE=$1 bash "$0" stop; }
 
+# A CA of this instance's own and a server certificate it signed for localhost/127.0.0.1, made
+# once per state dir with openssl: LocalStack serves TLS with it on the same port
+# (CUSTOM_SSL_CERT_PATH: key, certificate, chain in one file), and the tests of `ca-bundle`
+# trust it through $STATE/tls/ca.crt. (LocalStack's own fallback certificate is self-signed,
+# not a CA, and has no IP SAN.)
+tls_certs() {
+  local d=$STATE/tls
+  [ -s "$d/server.pem" ] && [ -s "$d/ca.crt" ] && return 0
+  mkdir -p "$d"
+  openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=blobsnap test CA" \
+    -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign \
+    -keyout "$d/ca.key" -out "$d/ca.crt" 2>"$d/openssl.log"
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" \
+    -keyout "$d/srv.key" -out "$d/srv.csr" 2>>"$d/openssl.log"
+  printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' >"$d/ext"
+  openssl x509 -req -in "$d/srv.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial \
+    -days 3650 -extfile "$d/ext" -out "$d/srv.crt" 2>>"$d/openssl.log"
+  cat "$d/srv.key" "$d/srv.crt" "$d/ca.crt" >"$d/server.pem"
+}
+
 start() {
   install
   stop
@@ -79,6 +99,7 @@ start() {
     exit 1
   fi
   mkdir -p "$STATE"
+  tls_certs
   echo "$PORT" >"$STATE/port"
   write_owner "$STATE"
   register_instance localstack "$STATE"
@@ -86,6 +107,7 @@ start() {
   # working directory is the state dir (how `stop` recognizes it), its files stay in it
   # (FILESYSTEM_ROOT; the default is a dir in the venv that every instance would share).
   ( cd "$STATE"
+    CUSTOM_SSL_CERT_PATH=$STATE/tls/server.pem SKIP_SSL_CERT_DOWNLOAD=1 \
     FILESYSTEM_ROOT=$STATE/fs GATEWAY_LISTEN=127.0.0.1:$PORT SERVICES=s3 GATEWAY_SERVER=hypercorn DNS_ADDRESS=0 \
       EAGER_SERVICE_LOADING=1 setsid nohup "$VENV/bin/python" -m localstack.runtime.main \
       >"$STATE/localstack.log" 2>&1 </dev/null 8>&- 9>&- &
@@ -114,6 +136,9 @@ case "${1:-}" in
     echo "BLOBSNAP_TEST_S3_SECRET_KEY=test"
     echo "BLOBSNAP_TEST_S3_REGION=us-east-1"
     echo "BLOBSNAP_TEST_S3_EXPECT_CREATE_ONLY=atomic"
+    # The same server over TLS (same port), and the CA that signed its certificate.
+    echo "BLOBSNAP_TEST_S3_TLS_ENDPOINT=https://localhost:$(port)"
+    echo "BLOBSNAP_TEST_S3_CA_BUNDLE=$STATE/tls/ca.crt"
     ;;
   *) echo "usage: $0 install|start|stop|env" >&2; exit 2 ;;
 esac

@@ -806,12 +806,46 @@ impl PartReader {
     }
 }
 
+/// How many certificates a PEM bundle holds, each block's base64 checked; an error when
+/// there is none (the TLS layer would accept such a file and then trust nothing, so every
+/// connection would fail as "unknown issuer", far from the cause).
+fn pem_certificates(pem: &[u8]) -> std::result::Result<usize, String> {
+    use base64::Engine as _;
+    let text = std::str::from_utf8(pem).map_err(|_| "not text".to_string())?;
+    let (begin, end) = ("-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----");
+    let mut n = 0;
+    let mut rest = text;
+    while let Some(at) = rest.find(begin) {
+        let body = &rest[at + begin.len()..];
+        let stop = body
+            .find(end)
+            .ok_or_else(|| format!("certificate {} has no END line", n + 1))?;
+        let b64: String = body[..stop].split_whitespace().collect();
+        base64::engine::general_purpose::STANDARD
+            .decode(b64.as_bytes())
+            .map_err(|e| format!("certificate {}: {e}", n + 1))?;
+        n += 1;
+        rest = &body[stop + end.len()..];
+    }
+    if n == 0 {
+        return Err("no -----BEGIN CERTIFICATE----- block".into());
+    }
+    Ok(n)
+}
+
 fn http_client_with_ca(
     path: &std::path::Path,
 ) -> Result<aws_smithy_runtime_api::client::http::SharedHttpClient> {
     use aws_smithy_http_client::tls;
     let pem = std::fs::read(path)
         .map_err(|e| Error::io(format!("read CA bundle {}", path.display()), e))?;
+    let certs = pem_certificates(&pem).map_err(|why| {
+        Error::invalid(format!(
+            "CA bundle {} is not a PEM bundle of certificates: {why}",
+            path.display()
+        ))
+    })?;
+    tracing::debug!(bundle = %path.display(), certs, "CA bundle read");
     let trust = tls::TrustStore::default().with_pem_certificate(pem);
     let ctx = tls::TlsContext::builder()
         .with_trust_store(trust)
@@ -825,6 +859,19 @@ fn http_client_with_ca(
         ))
         .tls_context(ctx)
         .build_https())
+}
+
+/// Whether an error's cause chain is a TLS certificate verification failure (rustls:
+/// "invalid peer certificate: UnknownIssuer", "NotValidForName", expired, …).
+fn tls_refused(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if e.to_string().contains("invalid peer certificate") {
+            return true;
+        }
+        cur = e.source();
+    }
+    false
 }
 
 /// Map an SDK error to a classified [`Error`] (DESIGN §9).
@@ -844,6 +891,14 @@ where
         SdkError::DispatchFailure(d) => {
             if d.is_user() {
                 Error::invalid(format!("{what}: bad request setup (endpoint?)")).with_source(err)
+            } else if tls_refused(&err) {
+                // The server answered with a certificate this client does not trust: a
+                // setting to fix, not a network hiccup to retry.
+                Error::new(
+                    ErrorKind::Permanent,
+                    format!("{what}: the server's TLS certificate is not trusted (set s3.ca-bundle / BLOBSNAP_S3_CA_BUNDLE to the CA that signed it, or check the endpoint's host name)"),
+                )
+                .with_source(err)
             } else {
                 Error::transient(format!("{what}: could not reach the server")).with_source(err)
             }
@@ -1411,6 +1466,16 @@ mod tests {
     #[test]
     fn classification_table() {
         assert_eq!(kind_of_status(503, Some("SlowDown")), ErrorKind::Transient);
+        assert!(pem_certificates(b"not a certificate").is_err());
+        assert!(
+            pem_certificates(b"-----BEGIN CERTIFICATE-----\n!!!\n-----END CERTIFICATE-----\n")
+                .is_err()
+        );
+        assert!(pem_certificates(b"-----BEGIN CERTIFICATE-----\nAAAA\n").is_err());
+        assert_eq!(
+            pem_certificates(b"x\n-----BEGIN CERTIFICATE-----\nAAAA\nAAAA\n-----END CERTIFICATE-----\n-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"),
+            Ok(2)
+        );
         assert_eq!(
             kind_of_status(403, Some("AccessDenied")),
             ErrorKind::Permanent
