@@ -2062,3 +2062,83 @@ async fn a_removed_store_is_kept_while_retained_then_swept() {
         blobsnap::job::wordcount::count_input(&counts_only.input_dir, 1).unwrap()
     );
 }
+
+/// The sweep's clock is the server's: with the server's clock 2 h behind or 2 h ahead of this
+/// machine's (every LastModified it reports shifted so), a grace of 1 h keeps the orphans
+/// written just now and deletes those written 3 h ago, exactly. A cutoff taken from this
+/// machine's clock (what `gc --dry-run` uses, documented as skew-sensitive) would delete the
+/// fresh orphans of the server that is behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_uses_the_servers_clock_not_this_machines() {
+    use blobsnap::blob::gc::{plan_sweep, plan_sweep_read_only, SweepSettings};
+    use blobsnap::blobstore::{PutBody, PutOptions};
+    use std::time::{Duration, SystemTime};
+    let hour = Duration::from_secs(3600);
+    for (what, ahead) in [("server 2 h behind", false), ("server 2 h ahead", true)] {
+        let h = support::local().await;
+        let root = match &h.kind {
+            support::Kind::Local(l) => l.root().to_path_buf(),
+            support::Kind::S3(_) => unreachable!(),
+        };
+        let ctx = task(&h);
+        let sscope = JobScope::new(&ctx.job_name, "1")
+            .unwrap()
+            .store(&ctx.task_name, "counts")
+            .unwrap();
+        let orphan = |i: u32| sscope.key(&format!("blobs/1000-0/{:064x}", i)).unwrap();
+        let (old, fresh) = (
+            (0..3).map(orphan).collect::<Vec<_>>(),
+            (3..6).map(orphan).collect::<Vec<_>>(),
+        );
+        for k in old.iter().chain(&fresh) {
+            h.store
+                .put(
+                    k,
+                    PutBody::Bytes(b"orphan".to_vec().into()),
+                    PutOptions::default(),
+                )
+                .await
+                .unwrap();
+        }
+        let three_hours_ago = SystemTime::now() - 3 * hour;
+        for k in &old {
+            std::fs::File::options()
+                .write(true)
+                .open(root.join(k.as_str()))
+                .unwrap()
+                .set_modified(three_hours_ago)
+                .unwrap();
+        }
+        let skew = 2 * hour;
+        let server: Arc<dyn BlobStore> = Arc::new(
+            support::Hooked::new(Arc::clone(&h.store), Box::new(|_, _| None)).with_meta(Box::new(
+                move |mut m| {
+                    m.last_modified = m
+                        .last_modified
+                        .map(|t| if ahead { t + skew } else { t - skew });
+                    m
+                },
+            )),
+        );
+        let settings = SweepSettings {
+            job_name: ctx.job_name.clone(),
+            job_id: "1".into(),
+            task: None,
+            store: None,
+            grace: hour,
+        };
+        let plan = plan_sweep(&server, &settings).await.unwrap();
+        let planned: BTreeSet<String> = plan.delete.iter().map(|d| d.key.clone()).collect();
+        let want: BTreeSet<String> = old.iter().map(|k| k.as_str().to_string()).collect();
+        assert_eq!(planned, want, "{what}: exactly the orphans 3 h old");
+        assert_eq!(plan.kept_young as usize, fresh.len(), "{what}");
+        if !ahead {
+            let by_ours = plan_sweep_read_only(&server, &settings).await.unwrap();
+            assert_eq!(
+                by_ours.delete.len(),
+                old.len() + fresh.len(),
+                "{what}: this machine's clock would take the fresh orphans for 2 h old"
+            );
+        }
+    }
+}

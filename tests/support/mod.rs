@@ -438,15 +438,35 @@ pub type GetHook =
 pub struct Hooked {
     pub inner: Arc<dyn BlobStore>,
     pub hook: Box<GetHook>,
+    meta: Option<Box<MetaHook>>,
     blob_gets: std::sync::atomic::AtomicU64,
 }
+
+/// What a [`Hooked`] store does to the metadata HEAD and LIST return (a server whose clock is
+/// off shifts every `last_modified`).
+pub type MetaHook =
+    dyn Fn(blobsnap::blobstore::ObjectMeta) -> blobsnap::blobstore::ObjectMeta + Send + Sync;
 
 impl Hooked {
     pub fn new(inner: Arc<dyn BlobStore>, hook: Box<GetHook>) -> Self {
         Hooked {
             inner,
             hook,
+            meta: None,
             blob_gets: Default::default(),
+        }
+    }
+
+    /// Rewrite the metadata of every HEAD and LIST answer.
+    pub fn with_meta(mut self, meta: Box<MetaHook>) -> Self {
+        self.meta = Some(meta);
+        self
+    }
+
+    fn map_meta(&self, m: blobsnap::blobstore::ObjectMeta) -> blobsnap::blobstore::ObjectMeta {
+        match &self.meta {
+            Some(f) => f(m),
+            None => m,
         }
     }
 }
@@ -499,7 +519,7 @@ impl BlobStore for Hooked {
         &self,
         key: &blobsnap::blobstore::BlobKey,
     ) -> blobsnap::Result<blobsnap::blobstore::ObjectMeta> {
-        self.inner.head(key).await
+        Ok(self.map_meta(self.inner.head(key).await?))
     }
     async fn delete_many(
         &self,
@@ -511,7 +531,12 @@ impl BlobStore for Hooked {
         &'a self,
         scope: &Scope,
     ) -> futures::stream::BoxStream<'a, blobsnap::Result<blobsnap::blobstore::ObjectMeta>> {
-        self.inner.list(scope)
+        use futures::StreamExt as _;
+        Box::pin(
+            self.inner
+                .list(scope)
+                .map(move |r| r.map(|m| self.map_meta(m))),
+        )
     }
     async fn list_multipart_uploads(
         &self,
