@@ -820,3 +820,154 @@ mod s3_external {
         h.cleanup().await;
     }
 }
+
+/// What the hash cache promises, for files immutable by contract (`*.sst`): a cached digest
+/// is used only for the same name, device, inode, size and nanosecond mtime. Any rewrite that
+/// changes the size or the mtime, and any replacement by a new inode, is hashed again; a
+/// damaged cache file is ignored (everything hashed again). A rewrite in place that keeps
+/// the size *and* sets the mtime back to the nanosecond (RocksDB never does either: an SST is
+/// never rewritten) is not detected: the backup records the digest hashed before, and stays
+/// self-consistent (its blobs match its index). Documented in the README.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hash_cache_trusts_exactly_its_key() {
+    use std::os::unix::fs::MetadataExt as _;
+    let h = support::local().await;
+    let mut fx = Fixture::new(&h);
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = StoreSpec {
+        name: "c".into(),
+        dir: tmp.path().join("c"),
+    };
+    let live = &spec.dir;
+    let random = |seed: u8| -> Vec<u8> {
+        (0..65_536u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 7) as u8 ^ seed)
+            .collect()
+    };
+    write(&live.join("000001.sst"), &random(1));
+    write(&live.join("000002.sst"), &random(2));
+    write(&live.join("MANIFEST-000001"), b"manifest");
+    let mgr = fx.manager(std::slice::from_ref(&spec));
+    mgr.init(None).await.unwrap();
+    // A checkpoint the way RocksDB makes one: hard links of the live files.
+    let commit = async |fx: &mut Fixture| {
+        let id = fx.next_id();
+        let cp = spec.checkpoint_dir(id);
+        std::fs::create_dir_all(&cp).unwrap();
+        for e in std::fs::read_dir(live).unwrap().flatten() {
+            std::fs::hard_link(e.path(), cp.join(e.file_name())).unwrap();
+        }
+        let markers = mgr
+            .upload(
+                id,
+                &StoreMarkers::new(),
+                &BTreeMap::from([("c".into(), cp)]),
+            )
+            .await
+            .unwrap();
+        mgr.cleanup(id, &markers).await.unwrap();
+        let idx = fx.index("c", &markers["c"]).await;
+        fx.check_blobs("c", &idx).await;
+        let sha = idx
+            .present_files()
+            .into_iter()
+            .find(|(p, _)| p == "000001.sst")
+            .and_then(|(_, f)| f.sha256)
+            .unwrap();
+        (mgr.last_upload_stats()["c"], sha)
+    };
+    let sst = live.join("000001.sst");
+    let rewrite_in_place = |bytes: &[u8]| {
+        use std::io::Write as _;
+        let mut f = std::fs::File::options().write(true).open(&sst).unwrap();
+        f.write_all(bytes).unwrap();
+        f.sync_all().unwrap();
+    };
+    let mtime = |p: &Path| {
+        let m = std::fs::metadata(p).unwrap();
+        std::time::UNIX_EPOCH + std::time::Duration::new(m.mtime() as u64, m.mtime_nsec() as u32)
+    };
+
+    let (s, sha1) = commit(&mut fx).await;
+    assert_eq!(s.hash_cache_hits, 0, "{s:?}");
+    assert_eq!(sha1, Sha256::of(&random(1)));
+    let (s, _) = commit(&mut fx).await;
+    assert_eq!(s.hash_cache_hits, 2, "both SSTs from the cache: {s:?}");
+
+    // Rewritten in place, same size, a new mtime: hashed again.
+    let before = mtime(&sst);
+    rewrite_in_place(&random(3));
+    std::fs::File::options()
+        .write(true)
+        .open(&sst)
+        .unwrap()
+        .set_modified(before + std::time::Duration::from_secs(1))
+        .unwrap();
+    let (s, sha3) = commit(&mut fx).await;
+    assert_eq!(s.hash_cache_hits, 1, "{s:?}");
+    assert_eq!(sha3, Sha256::of(&random(3)), "the new bytes were hashed");
+    assert_eq!(s.blobs_uploaded, 1, "and uploaded: {s:?}");
+
+    // Replaced by a new inode of the same name, size and mtime: hashed again.
+    let stamp = mtime(&sst);
+    let ino = std::fs::metadata(&sst).unwrap().ino();
+    let tmpfile = live.join(".new");
+    write(&tmpfile, &random(4));
+    std::fs::rename(&tmpfile, &sst).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&sst)
+        .unwrap()
+        .set_modified(stamp)
+        .unwrap();
+    assert_ne!(std::fs::metadata(&sst).unwrap().ino(), ino);
+    let (s, sha4) = commit(&mut fx).await;
+    assert_eq!(s.hash_cache_hits, 1, "{s:?}");
+    assert_eq!(sha4, Sha256::of(&random(4)));
+
+    // The documented limit: in place, same size, the mtime set back to the nanosecond.
+    let stamp = mtime(&sst);
+    rewrite_in_place(&random(5));
+    std::fs::File::options()
+        .write(true)
+        .open(&sst)
+        .unwrap()
+        .set_modified(stamp)
+        .unwrap();
+    assert_eq!(mtime(&sst), stamp);
+    let (s, sha5) = commit(&mut fx).await;
+    assert_eq!(s.hash_cache_hits, 2, "not detected, as documented: {s:?}");
+    assert_eq!(
+        sha5, sha4,
+        "the digest hashed before (the backup stays self-consistent)"
+    );
+
+    // A damaged cache file is ignored: everything is hashed again, the true digest recorded.
+    let cache = blobsnap::local::hashcache::HashCache::path_for(&spec.dir);
+    let mut bytes = std::fs::read(&cache).unwrap();
+    let at = bytes.len() / 3;
+    bytes[at] ^= 0x20;
+    std::fs::write(&cache, bytes).unwrap();
+    drop(mgr);
+    let mgr = fx.manager(std::slice::from_ref(&spec));
+    mgr.init(None).await.unwrap();
+    let commit = async |fx: &mut Fixture| {
+        let id = fx.next_id();
+        let cp = spec.checkpoint_dir(id);
+        std::fs::create_dir_all(&cp).unwrap();
+        for e in std::fs::read_dir(live).unwrap().flatten() {
+            std::fs::hard_link(e.path(), cp.join(e.file_name())).unwrap();
+        }
+        mgr.upload(
+            id,
+            &StoreMarkers::new(),
+            &BTreeMap::from([("c".into(), cp)]),
+        )
+        .await
+        .unwrap();
+        mgr.last_upload_stats()["c"]
+    };
+    let s = commit(&mut fx).await;
+    assert_eq!(s.hash_cache_hits, 0, "the damaged cache was ignored: {s:?}");
+    assert!(s.bytes_hashed >= 2 * 65_536, "{s:?}");
+}
