@@ -97,7 +97,8 @@ enum Command {
         /// counted in blobsnap_restore_fallbacks_total) [job.restore-fallback].
         #[arg(long)]
         restore_fallback: bool,
-        /// Serve Prometheus metrics on this address while the demo runs (`127.0.0.1:9898`).
+        /// Serve Prometheus metrics on this address while the demo runs (`127.0.0.1:9898`;
+        /// port 0 picks a free one). The address bound is printed on stderr.
         #[arg(long)]
         metrics_addr: Option<std::net::SocketAddr>,
         /// Grace period of the sweep the tasks run every 20 commits, in seconds (at least 60:
@@ -352,6 +353,59 @@ enum ShowAction {
     },
 }
 
+/// Serve the metrics in Prometheus' text format at `http://<addr>/metrics` (port 0: any free
+/// port) for as long as the process runs; returns the address bound, which the demo prints.
+async fn serve_metrics(addr: std::net::SocketAddr) -> blobsnap::Result<std::net::SocketAddr> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("metrics recorder: {e}")))?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::new(ErrorKind::Io, format!("metrics endpoint {addr}: {e}")))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| Error::new(ErrorKind::Io, format!("metrics endpoint {addr}: {e}")))?;
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                continue;
+            };
+            let handle = handle.clone();
+            tokio::spawn(async move {
+                // One request per connection: read its head (bounded), answer, close.
+                let mut head = Vec::with_capacity(1024);
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 << 10 {
+                    match tokio::time::timeout(
+                        std::time::Duration::from_secs(10),
+                        conn.read(&mut buf),
+                    )
+                    .await
+                    {
+                        Ok(Ok(n)) if n > 0 => head.extend_from_slice(&buf[..n]),
+                        _ => return,
+                    }
+                }
+                let line = String::from_utf8_lossy(&head);
+                let ok = line.starts_with("GET /metrics ") || line.starts_with("GET / ");
+                let (status, body) = if ok {
+                    ("200 OK", handle.render())
+                } else {
+                    ("404 Not Found", "not found: try /metrics\n".to_string())
+                };
+                let reply = format!(
+                    "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = conn.write_all(reply.as_bytes()).await;
+                let _ = conn.shutdown().await;
+            });
+        }
+    });
+    Ok(bound)
+}
+
 /// Exit codes by error kind (clap uses 2 for usage errors).
 fn exit_code(kind: ErrorKind) -> u8 {
     match kind {
@@ -504,16 +558,8 @@ async fn run(cli: Cli) -> blobsnap::Result<()> {
             metrics_addr,
         } => {
             if let Some(addr) = metrics_addr {
-                metrics_exporter_prometheus::PrometheusBuilder::new()
-                    .with_http_listener(addr)
-                    .install()
-                    .map_err(|e| {
-                        Error::new(
-                            ErrorKind::InvalidInput,
-                            format!("metrics endpoint {addr}: {e}"),
-                        )
-                    })?;
-                eprintln!("demo: Prometheus metrics on http://{addr}/metrics");
+                let bound = serve_metrics(addr).await?;
+                eprintln!("demo: Prometheus metrics on http://{bound}/metrics");
             }
             use blobsnap::job::{wordcount, JobSettings};
             let job = Settings::load(cli.store.config.as_deref())?.job;

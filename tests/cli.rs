@@ -534,16 +534,14 @@ async fn backup_a_closed_db_dedup_restore_ls_and_a_locked_db_is_refused(t: &Targ
 }
 
 /// Scrape the demo's Prometheus endpoint while it runs.
+/// `demo --metrics-addr 127.0.0.1:0` binds a free port and prints it; scraping it while the
+/// demo runs (a scrape can only succeed while the process is alive) shows the commit, upload
+/// and request counters once the first commit is in. Events, not time: the address is read
+/// from the demo's stderr, and scrapes repeat until the counters appear or the demo exits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_endpoint_serves_counters_during_a_demo() {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
     let tmp = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
         .env("XDG_CACHE_HOME", cache_dir())
         .args(["demo", "--dir"])
@@ -556,32 +554,46 @@ async fn metrics_endpoint_serves_counters_during_a_demo() {
             "--commit-every",
             "300",
             "--metrics-addr",
-            &addr,
+            "127.0.0.1:0",
         ])
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut scraped = String::new();
-    for _ in 0..200 {
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        let Ok(mut s) = tokio::net::TcpStream::connect(&addr).await else {
-            continue;
-        };
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines
+            .next_line()
+            .await
+            .unwrap()
+            .expect("the demo prints its metrics address before it exits");
+        if let Some(rest) = line.strip_prefix("demo: Prometheus metrics on http://") {
+            break rest.trim_end_matches("/metrics").to_string();
+        }
+    };
+    // Drain the rest of stderr so the demo never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let mut scraped = None;
+    while scraped.is_none() && child.try_wait().unwrap().is_none() {
+        let mut s = tokio::net::TcpStream::connect(&addr)
+            .await
+            .expect("the endpoint accepts while the demo runs");
         s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
             .await
             .unwrap();
         let mut body = String::new();
         let _ = s.read_to_string(&mut body).await;
+        assert!(body.starts_with("HTTP/1.1 200"), "{body}");
         if body.contains("blobsnap_commits_total") {
-            scraped = body;
-            break;
+            scraped = Some(body);
+        } else {
+            // Poll, not decide by time: the next scrape comes soon either way.
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
     }
-    let still_running = child.try_wait().unwrap().is_none();
     let status = child.wait().await.unwrap();
     assert!(status.success());
-    assert!(still_running, "scraped while the demo was running");
+    let scraped = scraped.expect("a scrape while the demo ran showed its commit counters");
     for name in [
         "blobsnap_commits_total",
         "blobsnap_backup_bytes_uploaded_total",
