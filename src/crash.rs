@@ -15,6 +15,12 @@
 //! `point@N` dies the N-th time the point is reached (default 1), so a seeded crash matrix can
 //! hit a point in its 1st, 2nd, … commit. An unknown name is refused ([`check_env`]): the
 //! `blobsnap` command exits 5 naming it.
+//!
+//! The same points can **hold** a process instead: with `BLOBSNAP_HOLD_AT=point[@N]` and
+//! `BLOBSNAP_HOLD_UNTIL=<path>`, the N-th time the point is reached the calling thread prints
+//! `blobsnap: hold point <name> reached` on stderr and waits until `<path>` exists. A test
+//! pauses a real process at a named step, acts (starts a second process, waits for its claim)
+//! and lets it go on: events, not sleeps, decide the interleaving.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -38,51 +44,85 @@ pub const POINTS: &[&str] = &[
     "sweep.mid-delete",
 ];
 
-/// Check `BLOBSNAP_CRASH_AT`: a name that is not a crash point (a typo, a renamed point) is
-/// an error, never a point that is silently "not reached". The CLI calls this first.
+/// Check `BLOBSNAP_CRASH_AT` and `BLOBSNAP_HOLD_AT`: a name that is not a crash point (a
+/// typo, a renamed point) is an error, never a point that is silently "not reached"; a hold
+/// needs `BLOBSNAP_HOLD_UNTIL`. The CLI calls this first.
 pub fn check_env() -> Result<()> {
-    let Some(v) = std::env::var("BLOBSNAP_CRASH_AT")
-        .ok()
-        .filter(|s| !s.is_empty())
-    else {
-        return Ok(());
-    };
-    let (name, nth) = v.split_once('@').unwrap_or((v.as_str(), "1"));
-    if !POINTS.contains(&name) {
-        return Err(Error::invalid(format!(
-            "BLOBSNAP_CRASH_AT={v:?}: {name:?} is not a crash point (known: {})",
-            POINTS.join(", ")
-        )));
-    }
-    if nth.parse::<u64>().map_or(true, |n| n == 0) {
-        return Err(Error::invalid(format!(
-            "BLOBSNAP_CRASH_AT={v:?}: the hit number after '@' must be a positive integer"
-        )));
+    for var in ["BLOBSNAP_CRASH_AT", "BLOBSNAP_HOLD_AT"] {
+        let Some(v) = std::env::var(var).ok().filter(|s| !s.is_empty()) else {
+            continue;
+        };
+        let (name, nth) = v.split_once('@').unwrap_or((v.as_str(), "1"));
+        if !POINTS.contains(&name) {
+            return Err(Error::invalid(format!(
+                "{var}={v:?}: {name:?} is not a crash point (known: {})",
+                POINTS.join(", ")
+            )));
+        }
+        if nth.parse::<u64>().map_or(true, |n| n == 0) {
+            return Err(Error::invalid(format!(
+                "{var}={v:?}: the hit number after '@' must be a positive integer"
+            )));
+        }
+        if var == "BLOBSNAP_HOLD_AT" && std::env::var_os("BLOBSNAP_HOLD_UNTIL").is_none() {
+            return Err(Error::invalid(format!(
+                "{var}={v:?} needs BLOBSNAP_HOLD_UNTIL=<path>: the file whose existence releases the hold"
+            )));
+        }
     }
     Ok(())
 }
 
-fn target() -> Option<&'static (String, u64)> {
-    static TARGET: OnceLock<Option<(String, u64)>> = OnceLock::new();
-    TARGET
-        .get_or_init(|| {
-            let v = std::env::var("BLOBSNAP_CRASH_AT")
-                .ok()
-                .filter(|s| !s.is_empty())?;
-            Some(match v.split_once('@') {
-                Some((p, n)) => (p.to_string(), n.parse().unwrap_or(1).max(1)),
-                None => (v, 1),
-            })
-        })
-        .as_ref()
+fn parse(var: &str) -> Option<(String, u64)> {
+    let v = std::env::var(var).ok().filter(|s| !s.is_empty())?;
+    Some(match v.split_once('@') {
+        Some((p, n)) => (p.to_string(), n.parse().unwrap_or(1).max(1)),
+        None => (v, 1),
+    })
 }
 
-/// Die here with SIGKILL if `BLOBSNAP_CRASH_AT` names this point (and this is the N-th hit).
+fn target() -> Option<&'static (String, u64)> {
+    static TARGET: OnceLock<Option<(String, u64)>> = OnceLock::new();
+    TARGET.get_or_init(|| parse("BLOBSNAP_CRASH_AT")).as_ref()
+}
+
+fn hold_target() -> Option<&'static (String, u64, std::path::PathBuf)> {
+    static HOLD: OnceLock<Option<(String, u64, std::path::PathBuf)>> = OnceLock::new();
+    HOLD.get_or_init(|| {
+        let (name, nth) = parse("BLOBSNAP_HOLD_AT")?;
+        let until = std::env::var_os("BLOBSNAP_HOLD_UNTIL")?;
+        Some((name, nth, until.into()))
+    })
+    .as_ref()
+}
+
+/// Hold here if `BLOBSNAP_HOLD_AT` names this point (and this is the N-th hit) until the
+/// file `BLOBSNAP_HOLD_UNTIL` exists.
+fn hold(name: &str) {
+    static HITS: AtomicU64 = AtomicU64::new(0);
+    let Some((target, nth, until)) = hold_target() else {
+        return;
+    };
+    if target == name && HITS.fetch_add(1, Ordering::Relaxed) + 1 == *nth {
+        eprintln!(
+            "blobsnap: hold point {name} reached: waiting for {} (BLOBSNAP_HOLD_AT)",
+            until.display()
+        );
+        while !until.exists() {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        eprintln!("blobsnap: hold point {name} released");
+    }
+}
+
+/// Die here with SIGKILL if `BLOBSNAP_CRASH_AT` names this point (and this is the N-th hit);
+/// first hold here if `BLOBSNAP_HOLD_AT` names it.
 pub fn point(name: &str) {
     debug_assert!(
         POINTS.contains(&name),
         "crash point {name:?} is not in POINTS"
     );
+    hold(name);
     static HITS: AtomicU64 = AtomicU64::new(0);
     let Some((target, nth)) = target() else {
         return;

@@ -1474,17 +1474,69 @@ async fn two_process_zombie_case(
     };
     let job_scope = JobScope::new("wordcount", "1").unwrap();
     let cps = BlobCheckpointStore::new(Arc::clone(&store), job_scope.clone());
-    // The same generated input for both (same parameters, same seed). The second starts once
-    // the first has committed.
+    // The same generated input for both (same parameters, same seed). The first holds right
+    // after its first checkpoint write; the second starts then; the first goes on once the
+    // second has claimed both tasks (their latest checkpoints are no longer the first's).
+    // Events, not timing, make the first a zombie.
+    let go = tmp.path().join("go");
     let mut first = demo("a")
+        .env("BLOBSNAP_HOLD_AT", "commit.after-checkpoint")
+        .env("BLOBSNAP_HOLD_UNTIL", &go)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    support::wait_first_commit(&cps, "Partition 0", &mut first).await;
-    let second = demo("b").output();
-    let (a, b) = tokio::join!(first.wait_with_output(), second);
-    let (a, b) = (a.unwrap(), b.unwrap());
+    let mut first_err = tokio::io::BufReader::new(first.stderr.take().unwrap());
+    let mut first_log = String::new();
+    loop {
+        use tokio::io::AsyncBufReadExt as _;
+        let mut line = String::new();
+        let n = first_err.read_line(&mut line).await.unwrap();
+        assert!(
+            n > 0,
+            "the first process ended before its first commit: {first_log}"
+        );
+        first_log.push_str(&line);
+        if line.contains("hold point commit.after-checkpoint reached") {
+            break;
+        }
+    }
+    let drain = tokio::spawn(async move {
+        use tokio::io::AsyncReadExt as _;
+        let mut rest = String::new();
+        let _ = first_err.read_to_string(&mut rest).await;
+        first_log + &rest
+    });
+    let mut firsts = BTreeSet::new();
+    for t in ["Partition 0", "Partition 1"] {
+        if let Some(c) = cps.latest(t).await.unwrap() {
+            firsts.insert(c.writer);
+        }
+    }
+    let second = tokio::spawn(demo("b").output());
+    'claimed: loop {
+        for t in ["Partition 0", "Partition 1"] {
+            let latest = cps.latest(t).await.unwrap();
+            if latest.is_none_or(|c| firsts.contains(&c.writer)) {
+                assert!(
+                    !second.is_finished(),
+                    "the second process ended before it claimed {t}"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                continue 'claimed;
+            }
+        }
+        break;
+    }
+    std::fs::write(&go, b"go").unwrap();
+    let a = first.wait().await.unwrap();
+    let a_err = drain.await.unwrap();
+    let b = second.await.unwrap().unwrap();
+    let a = std::process::Output {
+        status: a,
+        stdout: Vec::new(),
+        stderr: a_err.into_bytes(),
+    };
     assert_eq!(
         a.status.code(),
         Some(6),
