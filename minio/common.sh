@@ -32,11 +32,14 @@ stop_pid() {
   for _ in $(seq 1 50); do [ -n "$(proc_start "$pid")" ] || return 0; sleep 0.1; done
 }
 
-# Is TCP port P on 127.0.0.1 free to bind?
+# Whether a server could listen on 127.0.0.1:PORT. SO_REUSEADDR, as servers bind (tokio,
+# hypercorn): connections of a killed server left in TIME_WAIT on its port do not make the port
+# "taken" for its restart (they did, for 60 s, when a node was restarted soon after a kill).
 port_free() {
   python3 - "$1" <<'PY' 2>/dev/null
 import socket, sys
 s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 try:
     s.bind(("127.0.0.1", int(sys.argv[1])))
 except OSError:

@@ -15,6 +15,11 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
+/// Open descriptors at once during a backup and a restore: the bound README's "Reliability,
+/// tested" states (the transfer budgets of 8 uploads and 8 downloads, RocksDB's and the
+/// runtime's own, with room): independent of the file count and the file size.
+const FD_BOUND: u64 = 128;
+
 use blobsnap::backend::{
     StoreMarkers, StoreSpec, SystemClock, TaskBackupManager as _, TaskContext,
     TaskRestoreManager as _,
@@ -183,7 +188,9 @@ async fn many_small_files() {
             "{}: peak RSS grew {grown} KiB for {n} files",
             h.name
         );
-        assert!(fds < 512, "{}: {fds} descriptors open at once", h.name);
+        // The documented bound (README): fewer than FD_BOUND at once, whatever the file
+        // count (measured: 31 local, 48 through s3s-fs at 100,000 files).
+        assert!(fds < FD_BOUND, "{}: {fds} descriptors open at once", h.name);
         // No per-key cleanup: both stores live in the harness's temp dir, gone with it (s3s-fs
         // lists in O(objects) per page: deleting 100,000 keys one page at a time took longer
         // than the round trip).
@@ -232,7 +239,7 @@ async fn one_large_file() {
             "{}: peak RSS grew {grown} KiB for a {mib} MiB file",
             h.name
         );
-        assert!(fds < 512, "{}: {fds} descriptors", h.name);
+        assert!(fds < FD_BOUND, "{}: {fds} descriptors", h.name);
         h.cleanup().await;
     }
 }

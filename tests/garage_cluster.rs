@@ -184,27 +184,49 @@ fn ok_summary(out: &Output) -> serde_json::Value {
 }
 
 /// Run the demo in the background and kill `nodes` while it commits; returns its output.
+/// The demo holds right after its first checkpoint write (`BLOBSNAP_HOLD_AT`) until the
+/// nodes are dead, so they die mid-job whatever the machine's speed.
 fn demo_losing_nodes(
     cluster: &Cluster,
     mut cmd: Command,
     nodes: &[u32],
 ) -> (Output, Option<Instant>) {
-    let child = cmd
+    use std::io::{BufRead as _, Read as _};
+    let go = tempfile::NamedTempFile::new().unwrap().into_temp_path();
+    let go_path = go.to_path_buf();
+    drop(go); // the hold waits for this path to exist again
+    let mut child = cmd
+        .env("BLOBSNAP_HOLD_AT", "commit.after-checkpoint")
+        .env("BLOBSNAP_HOLD_UNTIL", &go_path)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(2500));
-    let mut child = child;
-    assert!(
-        child.try_wait().unwrap().is_none(),
-        "the demo ended before the nodes were killed: give it more input"
-    );
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut log = String::new();
+    loop {
+        let mut line = String::new();
+        let n = stderr.read_line(&mut line).unwrap();
+        assert!(n > 0, "the demo ended before its first commit: {log}");
+        log.push_str(&line);
+        if line.contains("hold point commit.after-checkpoint reached") {
+            break;
+        }
+    }
     for &n in nodes {
         cluster.kill(n);
     }
     let killed_at = Instant::now();
-    (child.wait_with_output().unwrap(), Some(killed_at))
+    std::fs::write(&go_path, b"go").unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = stderr.read_to_string(&mut rest);
+        log + &rest
+    });
+    let mut out = child.wait_with_output().unwrap();
+    out.stderr = reader.join().unwrap().into_bytes();
+    let _ = std::fs::remove_file(&go_path);
+    (out, Some(killed_at))
 }
 
 async fn store(endpoint: String) -> Arc<dyn BlobStore> {
