@@ -431,14 +431,7 @@ mod external {
             .env("AWS_SECRET_ACCESS_KEY", &sk);
             cmd
         };
-        let mut child = run()
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
-        let _ = child.start_kill();
-        let _ = child.wait().await;
+        kill_when_held(run(), "commit.after-checkpoint").await;
         demo_counts_ok(&run().output().await.unwrap());
         h.cleanup().await;
     }
@@ -592,6 +585,41 @@ async fn sweep_killed_at(
     let out = gc.env("BLOBSNAP_CRASH_AT", at).output().await.unwrap();
     assert_eq!(out.status.signal(), Some(9), "the sweep was killed at {at}");
     job_keys(store.as_ref()).await
+}
+
+/// Run `cmd` (a demo) until it reaches hold point `point` (`BLOBSNAP_HOLD_AT`, never
+/// released), then SIGKILL it there: a kill that lands mid-job, after a commit, whatever the
+/// machine's speed. Fails if the demo ends first or is not killed by the signal.
+async fn kill_when_held(mut cmd: tokio::process::Command, point: &str) {
+    use std::os::unix::process::ExitStatusExt as _;
+    use tokio::io::AsyncBufReadExt as _;
+    let never = tempfile::tempdir().unwrap();
+    let mut child = cmd
+        .env("BLOBSNAP_HOLD_AT", point)
+        .env("BLOBSNAP_HOLD_UNTIL", never.path().join("never"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut log = String::new();
+    loop {
+        let Some(line) = lines.next_line().await.unwrap() else {
+            panic!("the demo ended before it reached {point}: {log}");
+        };
+        log.push_str(&line);
+        log.push('\n');
+        if line.contains(&format!("hold point {point} reached")) {
+            break;
+        }
+    }
+    child.start_kill().unwrap();
+    let status = child.wait().await.unwrap();
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "killed at {point}: {status:?} {log}"
+    );
 }
 
 fn demo_counts_ok(out: &std::process::Output) -> serde_json::Value {
@@ -1616,14 +1644,7 @@ async fn adding_a_store_then_crashing_recovers() {
         ]);
         cmd
     };
-    let mut child = demo("counts")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    let _ = child.start_kill();
-    let _ = child.wait().await;
+    kill_when_held(demo("counts"), "commit.after-checkpoint").await;
     for point in ["task.after-restore", "commit.after-checkpoint"] {
         let out = demo("counts,lengths")
             .env("BLOBSNAP_CRASH_AT", point)
