@@ -148,7 +148,7 @@ mod external {
             set("BLOBSNAP_TEST_S3_TLS_ENDPOINT"),
             set("BLOBSNAP_TEST_S3_CA_BUNDLE"),
         ) else {
-            return h.lacks("a TLS endpoint with a CA bundle (LocalStack runs this case)");
+            return h.lacks("a TLS endpoint with a CA bundle");
         };
         let support::Kind::S3(s3) = &h.kind else {
             unreachable!()

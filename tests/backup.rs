@@ -667,7 +667,7 @@ mod s3_external {
         use aws_sdk_s3::types::{ChecksumMode, ServerSideEncryption};
         let h = support::external().await;
         if std::env::var("BLOBSNAP_TEST_S3_SSE").as_deref() == Ok("false") {
-            return h.lacks("SSE-S3 / SSE-KMS (LocalStack runs this case)");
+            return h.lacks("SSE-S3 / SSE-KMS");
         }
         let Kind::S3(base) = &h.kind else {
             unreachable!("external() is S3")
