@@ -238,6 +238,7 @@ case "${1:-}" in
     echo "BLOBSNAP_TEST_S3_BUCKET=$BUCKET"
     echo "BLOBSNAP_TEST_S3_CREATE_ONLY=auto"
     echo "BLOBSNAP_TEST_S3_EXPECT_CREATE_ONLY=ignored"
+    echo "BLOBSNAP_TEST_S3_SERVER=garage"
     echo "BLOBSNAP_TEST_S3_TAGGING=false"
     # Garage implements SSE-C only (customer keys), not SSE-S3/SSE-KMS.
     echo "BLOBSNAP_TEST_S3_SSE=false"

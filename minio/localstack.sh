@@ -137,7 +137,8 @@ case "${1:-}" in
     echo "BLOBSNAP_TEST_S3_REGION=us-east-1"
     echo "BLOBSNAP_TEST_S3_EXPECT_CREATE_ONLY=atomic"
     # The same server over TLS (same port), and the CA that signed its certificate.
-    echo "BLOBSNAP_TEST_S3_TLS_ENDPOINT=https://localhost:$(port)"
+    echo "BLOBSNAP_TEST_S3_SERVER=localstack"
+    echo "BLOBSNAP_TEST_S3_TLS_ENDPOINT=https://127.0.0.1:$(port)"
     echo "BLOBSNAP_TEST_S3_CA_BUNDLE=$STATE/tls/ca.crt"
     ;;
   *) echo "usage: $0 install|start|stop|env" >&2; exit 2 ;;

@@ -12,7 +12,8 @@
 #    point against LocalStack, 5 seeded runs each (BLOBSNAP_CRASH_POINTS=a,b repeats chosen
 #    points only);
 # 3. fuzzing: 10 minutes per target (checkpoint reader, index reader, marker/id/key/scope
-#    parsers) with a counting allocator;
+#    parsers) with the seeded mutational fuzzer and its counting allocator, then 10 more per
+#    target coverage-guided (libFuzzer, scripts/fuzz.sh) from the seeds in fuzz/corpus/;
 # 4. the GC model: 10,000 randomized interleavings of commits (with retention cleanup and
 #    abandon-after-grace/2) and sweeps over a virtual-clock object store;
 # 5. bounded resources: 100,000 small files and one 8 GiB file through backup and restore
@@ -28,6 +29,7 @@ source scripts/stage.sh
 
 stage "build prerequisites"
 bash scripts/prereqs.sh
+bash scripts/prereqs.sh --tools curl python3 flock setsid cksum openssl
 
 stage "LocalStack"
 bash minio/localstack.sh install
@@ -58,6 +60,9 @@ stage "crash matrix against LocalStack: every point, 5 seeded runs per point"
 
 stage "fuzzing: 10 minutes per target"
 BLOBSNAP_FUZZ_SECS=${BLOBSNAP_FUZZ_SECS:-600} cargo test --locked --release --test fuzz -- --nocapture
+
+stage "coverage-guided fuzzing (libFuzzer via cargo-fuzz): 10 minutes per target"
+bash scripts/fuzz.sh "${BLOBSNAP_LIBFUZZER_SECS:-600}"
 
 stage "GC model: 10,000 randomized interleavings of commits, cleanups and sweeps"
 BLOBSNAP_GC_INTERLEAVINGS=${BLOBSNAP_GC_INTERLEAVINGS:-10000} cargo test --locked --release --test gc_model -- --nocapture

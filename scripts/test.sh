@@ -30,7 +30,7 @@ source scripts/stage.sh
 
 stage "build prerequisites"
 bash scripts/prereqs.sh
-bash scripts/prereqs.sh --tools curl python3 flock setsid cksum ldb
+bash scripts/prereqs.sh --tools curl python3 flock setsid cksum ldb openssl
 
 TOOLS=${BLOBSNAP_TOOLS:-$HOME/.cache/blobsnap}
 export BLOBSNAP_OWNER_PID=$$

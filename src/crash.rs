@@ -18,7 +18,8 @@
 //!
 //! The same points can **hold** a process instead: with `BLOBSNAP_HOLD_AT=point[@N]` and
 //! `BLOBSNAP_HOLD_UNTIL=<path>`, the N-th time the point is reached the calling thread prints
-//! `blobsnap: hold point <name> reached` on stderr and waits until `<path>` exists. A test
+//! `blobsnap: hold point <name> reached` on stderr and waits until `<path>` exists (at most
+//! `BLOBSNAP_HOLD_MAX_SECS`, default 300, then it aborts). A test
 //! pauses a real process at a named step, acts (starts a second process, waits for its claim)
 //! and lets it go on: events, not sleeps, decide the interleaving.
 
@@ -64,7 +65,9 @@ pub fn check_env() -> Result<()> {
                 "{var}={v:?}: the hit number after '@' must be a positive integer"
             )));
         }
-        if var == "BLOBSNAP_HOLD_AT" && std::env::var_os("BLOBSNAP_HOLD_UNTIL").is_none() {
+        if var == "BLOBSNAP_HOLD_AT"
+            && std::env::var_os("BLOBSNAP_HOLD_UNTIL").is_none_or(|v| v.is_empty())
+        {
             return Err(Error::invalid(format!(
                 "{var}={v:?} needs BLOBSNAP_HOLD_UNTIL=<path>: the file whose existence releases the hold"
             )));
@@ -90,7 +93,7 @@ fn hold_target() -> Option<&'static (String, u64, std::path::PathBuf)> {
     static HOLD: OnceLock<Option<(String, u64, std::path::PathBuf)>> = OnceLock::new();
     HOLD.get_or_init(|| {
         let (name, nth) = parse("BLOBSNAP_HOLD_AT")?;
-        let until = std::env::var_os("BLOBSNAP_HOLD_UNTIL")?;
+        let until = std::env::var_os("BLOBSNAP_HOLD_UNTIL").filter(|v| !v.is_empty())?;
         Some((name, nth, until.into()))
     })
     .as_ref()
@@ -108,8 +111,26 @@ fn hold(name: &str) {
             "blobsnap: hold point {name} reached: waiting for {} (BLOBSNAP_HOLD_AT)",
             until.display()
         );
-        while !until.exists() {
-            std::thread::sleep(std::time::Duration::from_millis(10));
+        // A hold never outlives the test that set it: after BLOBSNAP_HOLD_MAX_SECS (default
+        // 300) unreleased, the process aborts.
+        let max = std::env::var("BLOBSNAP_HOLD_MAX_SECS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(300u64);
+        let wait = || {
+            let started = std::time::Instant::now();
+            while !until.exists() {
+                if started.elapsed().as_secs() >= max {
+                    eprintln!("blobsnap: hold point {name} not released within {max} s: aborting");
+                    std::process::abort();
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        };
+        // On a runtime worker, hand its other tasks to another thread while this one waits.
+        match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(wait),
+            _ => wait(),
         }
         eprintln!("blobsnap: hold point {name} released");
     }

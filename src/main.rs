@@ -366,23 +366,46 @@ async fn serve_metrics(addr: std::net::SocketAddr) -> blobsnap::Result<std::net:
     let bound = listener
         .local_addr()
         .map_err(|e| Error::new(ErrorKind::Io, format!("metrics endpoint {addr}: {e}")))?;
+    // The exporter's histograms are drained by its upkeep, which `install_recorder` leaves to
+    // the caller.
+    {
+        let handle = handle.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                handle.run_upkeep();
+            }
+        });
+    }
+    // At most 16 scrapes at once, each with 10 s for its whole request head: a slow or
+    // hostile client cannot hold the process's descriptors.
+    let slots = Arc::new(tokio::sync::Semaphore::new(16));
     tokio::spawn(async move {
         loop {
-            let Ok((mut conn, _)) = listener.accept().await else {
-                continue;
+            let (mut conn, _) = match listener.accept().await {
+                Ok(c) => c,
+                Err(e) => {
+                    // Out of descriptors, say: back off rather than spin.
+                    tracing::warn!(error = %e, "metrics endpoint: accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+                continue; // busy: drop the connection
             };
             let handle = handle.clone();
             tokio::spawn(async move {
+                let _slot = slot;
                 // One request per connection: read its head (bounded), answer, close.
                 let mut head = Vec::with_capacity(1024);
                 let mut buf = [0u8; 1024];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 << 10 {
-                    match tokio::time::timeout(
-                        std::time::Duration::from_secs(10),
-                        conn.read(&mut buf),
-                    )
-                    .await
-                    {
+                let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+                while !head.windows(4).any(|w| w == b"\r\n\r\n")
+                    && !head.windows(2).any(|w| w == b"\n\n")
+                    && head.len() < 16 << 10
+                {
+                    match tokio::time::timeout_at(deadline, conn.read(&mut buf)).await {
                         Ok(Ok(n)) if n > 0 => head.extend_from_slice(&buf[..n]),
                         _ => return,
                     }

@@ -148,6 +148,11 @@ mod external {
             set("BLOBSNAP_TEST_S3_TLS_ENDPOINT"),
             set("BLOBSNAP_TEST_S3_CA_BUNDLE"),
         ) else {
+            assert_ne!(
+                set("BLOBSNAP_TEST_S3_SERVER").as_deref(),
+                Some("localstack"),
+                "minio/localstack.sh env names a TLS endpoint and its CA bundle: they are missing"
+            );
             return h.lacks("a TLS endpoint with a CA bundle");
         };
         let support::Kind::S3(s3) = &h.kind else {

@@ -667,6 +667,11 @@ mod s3_external {
         use aws_sdk_s3::types::{ChecksumMode, ServerSideEncryption};
         let h = support::external().await;
         if std::env::var("BLOBSNAP_TEST_S3_SSE").as_deref() == Ok("false") {
+            assert_ne!(
+                std::env::var("BLOBSNAP_TEST_S3_SERVER").as_deref(),
+                Ok("localstack"),
+                "LocalStack runs the SSE case"
+            );
             return h.lacks("SSE-S3 / SSE-KMS");
         }
         let Kind::S3(base) = &h.kind else {

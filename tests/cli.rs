@@ -534,23 +534,28 @@ async fn backup_a_closed_db_dedup_restore_ls_and_a_locked_db_is_refused(t: &Targ
 }
 
 /// Scrape the demo's Prometheus endpoint while it runs.
-/// `demo --metrics-addr 127.0.0.1:0` binds a free port and prints it; scraping it while the
-/// demo runs (a scrape can only succeed while the process is alive) shows the commit, upload
-/// and request counters once the first commit is in. Events, not time: the address is read
-/// from the demo's stderr, and scrapes repeat until the counters appear or the demo exits.
+/// `demo --metrics-addr 127.0.0.1:0` binds a free port and prints it; scraped while the demo
+/// is held at its third checkpoint write (`BLOBSNAP_HOLD_AT`: alive by construction, whatever
+/// the machine's speed; of three, two are one task's, so that task's first commit has ended
+/// and counted), it shows the commit, upload and request counters; released, the demo ends
+/// well.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_endpoint_serves_counters_during_a_demo() {
     use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
     let tmp = tempfile::tempdir().unwrap();
+    let go = tmp.path().join("go");
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
         .env("XDG_CACHE_HOME", cache_dir())
+        .env("BLOBSNAP_HOLD_AT", "commit.after-checkpoint@3")
+        .env("BLOBSNAP_HOLD_UNTIL", &go)
+        .kill_on_drop(true)
         .args(["demo", "--dir"])
-        .arg(tmp.path())
+        .arg(tmp.path().join("demo"))
         .args([
             "--partitions",
             "2",
             "--lines",
-            "60000",
+            "6000",
             "--commit-every",
             "300",
             "--metrics-addr",
@@ -561,39 +566,30 @@ async fn metrics_endpoint_serves_counters_during_a_demo() {
         .spawn()
         .unwrap();
     let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = loop {
+    let mut addr = None;
+    loop {
         let line = lines
             .next_line()
             .await
             .unwrap()
-            .expect("the demo prints its metrics address before it exits");
+            .expect("the demo prints its metrics address and reaches its second commit");
         if let Some(rest) = line.strip_prefix("demo: Prometheus metrics on http://") {
-            break rest.trim_end_matches("/metrics").to_string();
+            addr = Some(rest.trim_end_matches("/metrics").to_string());
         }
-    };
-    // Drain the rest of stderr so the demo never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    let mut scraped = None;
-    while scraped.is_none() && child.try_wait().unwrap().is_none() {
-        let mut s = tokio::net::TcpStream::connect(&addr)
-            .await
-            .expect("the endpoint accepts while the demo runs");
-        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
-            .await
-            .unwrap();
-        let mut body = String::new();
-        let _ = s.read_to_string(&mut body).await;
-        assert!(body.starts_with("HTTP/1.1 200"), "{body}");
-        if body.contains("blobsnap_commits_total") {
-            scraped = Some(body);
-        } else {
-            // Poll, not decide by time: the next scrape comes soon either way.
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        if line.contains("hold point commit.after-checkpoint reached") {
+            break;
         }
     }
-    let status = child.wait().await.unwrap();
-    assert!(status.success());
-    let scraped = scraped.expect("a scrape while the demo ran showed its commit counters");
+    let addr = addr.expect("the address came before the first commit");
+    // Drain the rest of stderr so the demo never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut scraped = String::new();
+    s.read_to_string(&mut scraped).await.unwrap();
+    assert!(scraped.starts_with("HTTP/1.1 200"), "{scraped}");
     for name in [
         "blobsnap_commits_total",
         "blobsnap_backup_bytes_uploaded_total",
@@ -603,6 +599,15 @@ async fn metrics_endpoint_serves_counters_during_a_demo() {
     ] {
         assert!(scraped.contains(name), "{name} missing from:\n{scraped}");
     }
+    // Another path is a 404.
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    s.write_all(b"GET /other HTTP/1.0\r\n\r\n").await.unwrap();
+    let mut other = String::new();
+    s.read_to_string(&mut other).await.unwrap();
+    assert!(other.starts_with("HTTP/1.1 404"), "{other}");
+    std::fs::write(&go, b"go").unwrap();
+    let status = child.wait().await.unwrap();
+    assert!(status.success(), "{status:?}");
 }
 
 /// `blobsnap probe` finds s3s-fs's create-only check racy (more than one of 16 concurrent

@@ -198,6 +198,8 @@ fn demo_losing_nodes(
     let mut child = cmd
         .env("BLOBSNAP_HOLD_AT", "commit.after-checkpoint")
         .env("BLOBSNAP_HOLD_UNTIL", &go_path)
+        // If this test dies while the demo is held, the hold ends the demo itself.
+        .env("BLOBSNAP_HOLD_MAX_SECS", "600")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

@@ -595,6 +595,7 @@ async fn kill_when_held(mut cmd: tokio::process::Command, point: &str) {
     use tokio::io::AsyncBufReadExt as _;
     let never = tempfile::tempdir().unwrap();
     let mut child = cmd
+        .kill_on_drop(true)
         .env("BLOBSNAP_HOLD_AT", point)
         .env("BLOBSNAP_HOLD_UNTIL", never.path().join("never"))
         .stdout(std::process::Stdio::null())
@@ -1508,6 +1509,7 @@ async fn two_process_zombie_case(
     // Events, not timing, make the first a zombie.
     let go = tmp.path().join("go");
     let mut first = demo("a")
+        .kill_on_drop(true)
         .env("BLOBSNAP_HOLD_AT", "commit.after-checkpoint")
         .env("BLOBSNAP_HOLD_UNTIL", &go)
         .stdout(std::process::Stdio::piped())
@@ -1535,11 +1537,21 @@ async fn two_process_zombie_case(
         let _ = first_err.read_to_string(&mut rest).await;
         first_log + &rest
     });
+    // The first's writers: each task's claim is its first checkpoint (wait for both claims;
+    // the task not held may still be starting).
     let mut firsts = BTreeSet::new();
     for t in ["Partition 0", "Partition 1"] {
-        if let Some(c) = cps.latest(t).await.unwrap() {
-            firsts.insert(c.writer);
-        }
+        let c = loop {
+            if let Some(c) = cps.history(t, usize::MAX).await.unwrap().pop() {
+                break c;
+            }
+            assert!(
+                first.try_wait().unwrap().is_none(),
+                "the first ended before claiming {t}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        };
+        firsts.insert(c.writer);
     }
     let second = tokio::spawn(demo("b").output());
     'claimed: loop {

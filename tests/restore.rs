@@ -897,11 +897,40 @@ async fn a_full_disk_during_a_restore_keeps_the_old_state() {
         name: "counts".into(),
         dir: tiny.path.join("counts"),
     };
-    let e = restore(&fx, &tiny_dst, Some(&big)).await.unwrap_err();
+    let gets = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = {
+        let gets = Arc::clone(&gets);
+        support::Hooked::new(
+            Arc::clone(&fx.store),
+            Box::new(move |key, _| {
+                if key.as_str().contains("/blobs/") {
+                    gets.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+                None
+            }),
+        )
+    };
+    let r = BlobRestoreManager::new(
+        Arc::new(counted),
+        fx.task.clone(),
+        std::slice::from_ref(&tiny_dst),
+        RestoreSettings::default(),
+    )
+    .unwrap();
+    r.init(Some(&big)).await.unwrap();
+    let e = r.restore().await.unwrap_err();
     eprintln!("restore larger than the disk: {e}");
     assert!(
-        e.is_no_space() || e.to_string().contains("are free"),
-        "refused for lack of space: {e}"
+        e.to_string().contains("are free"),
+        "refused by the free-space check: {e}"
     );
-    assert!(snapshot_of(&tiny.path).is_empty(), "nothing written");
+    assert_eq!(
+        gets.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "no blob fetched"
+    );
+    assert!(
+        std::fs::read_dir(&tiny.path).unwrap().next().is_none(),
+        "nothing written, not even a directory"
+    );
 }

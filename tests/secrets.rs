@@ -130,8 +130,9 @@ async fn credentials_appear_in_no_log_error_debug_or_cli_output() {
         "{errors}"
     );
 
-    // The clients go first, so that whatever they log on the way out (connection pools
-    // closing) is in the capture too: their end is the event, not a pause.
+    // Every request above has returned, and the subscriber writes synchronously: what they
+    // logged is in the capture. The clients are dropped first; what their pools' background
+    // tasks might still log after that is not waited for (no event marks its end).
     drop(bad);
     drop(store);
     let logged = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();

@@ -1,0 +1,14 @@
+//! The snapshot-index reader: any bytes give `Ok` or a classified error, never a panic; an
+//! accepted index writes back to bytes that read as the same index.
+#![no_main]
+
+use blobsnap::index::SnapshotIndex;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(idx) = SnapshotIndex::from_slice(data) {
+        let bytes = idx.to_bytes().expect("an accepted index serializes");
+        let again = SnapshotIndex::from_slice(&bytes).expect("its own bytes read back");
+        assert_eq!(again, idx, "round trip");
+    }
+});
