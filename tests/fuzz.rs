@@ -237,3 +237,40 @@ fn hostile_input_never_panics_and_allocation_stays_bounded() {
         "{allocated} bytes allocated to refuse it"
     );
 }
+
+/// The coverage-guided fuzzer's seeds (fuzz/corpus/, scripts/fuzz.sh) are documents the
+/// readers accept — Samza's V1/V2 checkpoints, one the demo wrote, real indexes — so
+/// libFuzzer starts inside the parsers, not at their first byte.
+#[test]
+fn the_libfuzzer_seeds_parse() {
+    let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus");
+    let files = |t: &str| -> Vec<(String, Vec<u8>)> {
+        let mut v: Vec<_> = std::fs::read_dir(corpus.join(t))
+            .unwrap()
+            .flatten()
+            .map(|e| {
+                (
+                    e.file_name().to_string_lossy().into_owned(),
+                    std::fs::read(e.path()).unwrap(),
+                )
+            })
+            .collect();
+        v.sort();
+        assert!(v.len() >= 2, "{t}: seeds {v:?}");
+        v
+    };
+    for (name, bytes) in files("checkpoint") {
+        Checkpoint::from_json(&bytes).unwrap_or_else(|e| panic!("checkpoint seed {name}: {e}"));
+    }
+    for (name, bytes) in files("index") {
+        SnapshotIndex::from_slice(&bytes).unwrap_or_else(|e| panic!("index seed {name}: {e}"));
+    }
+    let parsers = files("parsers");
+    let text = |n: &str| {
+        String::from_utf8(parsers.iter().find(|(f, _)| f == n).unwrap().1.clone()).unwrap()
+    };
+    text("marker").parse::<IndexMarker>().unwrap();
+    text("id").parse::<CheckpointId>().unwrap();
+    blobsnap::blobstore::BlobKey::new(text("key")).unwrap();
+    blobsnap::blobstore::Scope::new(text("scope")).unwrap();
+}

@@ -11,10 +11,18 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     if let Ok(m) = s.parse::<IndexMarker>() {
-        assert_eq!(m.to_string().parse::<IndexMarker>().ok(), Some(m), "marker {s:?}");
+        assert_eq!(
+            m.to_string().parse::<IndexMarker>().ok(),
+            Some(m),
+            "marker {s:?}"
+        );
     }
     if let Ok(id) = s.parse::<CheckpointId>() {
-        assert_eq!(id.to_string().parse::<CheckpointId>().ok(), Some(id), "id {s:?}");
+        assert_eq!(
+            id.to_string().parse::<CheckpointId>().ok(),
+            Some(id),
+            "id {s:?}"
+        );
     }
     let _ = blobsnap::blobstore::BlobKey::new(s.to_string());
     let _ = blobsnap::blobstore::Scope::new(s.to_string());
