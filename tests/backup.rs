@@ -826,6 +826,15 @@ mod s3_external {
     }
 }
 
+/// A checkpoint the way RocksDB makes one: `cp` holds hard links of the files of `live`.
+fn link_checkpoint(live: &Path, cp: &Path) -> std::path::PathBuf {
+    std::fs::create_dir_all(cp).unwrap();
+    for e in std::fs::read_dir(live).unwrap().flatten() {
+        std::fs::hard_link(e.path(), cp.join(e.file_name())).unwrap();
+    }
+    cp.to_path_buf()
+}
+
 /// What the hash cache promises, for files immutable by contract (`*.sst`): a cached digest
 /// is used only for the same name, device, inode, size and nanosecond mtime. Any rewrite that
 /// changes the size or the mtime, and any replacement by a new inode, is hashed again; a
@@ -854,14 +863,9 @@ async fn the_hash_cache_trusts_exactly_its_key() {
     write(&live.join("MANIFEST-000001"), b"manifest");
     let mgr = fx.manager(std::slice::from_ref(&spec));
     mgr.init(None).await.unwrap();
-    // A checkpoint the way RocksDB makes one: hard links of the live files.
     let commit = async |fx: &mut Fixture| {
         let id = fx.next_id();
-        let cp = spec.checkpoint_dir(id);
-        std::fs::create_dir_all(&cp).unwrap();
-        for e in std::fs::read_dir(live).unwrap().flatten() {
-            std::fs::hard_link(e.path(), cp.join(e.file_name())).unwrap();
-        }
+        let cp = link_checkpoint(live, &spec.checkpoint_dir(id));
         let markers = mgr
             .upload(
                 id,
@@ -958,11 +962,7 @@ async fn the_hash_cache_trusts_exactly_its_key() {
     mgr.init(None).await.unwrap();
     let commit = async |fx: &mut Fixture| {
         let id = fx.next_id();
-        let cp = spec.checkpoint_dir(id);
-        std::fs::create_dir_all(&cp).unwrap();
-        for e in std::fs::read_dir(live).unwrap().flatten() {
-            std::fs::hard_link(e.path(), cp.join(e.file_name())).unwrap();
-        }
+        let cp = link_checkpoint(live, &spec.checkpoint_dir(id));
         mgr.upload(
             id,
             &StoreMarkers::new(),
