@@ -240,6 +240,8 @@ case "${1:-}" in
     echo "BLOBSNAP_TEST_S3_EXPECT_CREATE_ONLY=ignored"
     echo "BLOBSNAP_TEST_S3_SERVER=garage"
     echo "BLOBSNAP_TEST_S3_TAGGING=false"
+    # Virtual-hosted addressing under the root_domain of the config above.
+    echo "BLOBSNAP_TEST_S3_VHOST_DOMAIN=s3.garage.localhost"
     # Garage implements SSE-C only (customer keys), not SSE-S3/SSE-KMS.
     echo "BLOBSNAP_TEST_S3_SSE=false"
     ;;

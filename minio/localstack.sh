@@ -140,6 +140,9 @@ case "${1:-}" in
     echo "BLOBSNAP_TEST_S3_SERVER=localstack"
     echo "BLOBSNAP_TEST_S3_TLS_ENDPOINT=https://127.0.0.1:$(port)"
     echo "BLOBSNAP_TEST_S3_CA_BUNDLE=$STATE/tls/ca.crt"
+    # Virtual-hosted addressing: LocalStack takes <bucket>.s3.<any domain> as the bucket's
+    # host (.test never resolves: the tests map the name to 127.0.0.1 with s3.resolve).
+    echo "BLOBSNAP_TEST_S3_VHOST_DOMAIN=s3.blobsnap.test"
     ;;
   *) echo "usage: $0 install|start|stop|env" >&2; exit 2 ;;
 esac

@@ -70,7 +70,7 @@ stage "external-endpoint suites on a single Garage node"
 bash minio/garage.sh start 1
 (
   # LocalStack's variables that Garage's env does not replace (its TLS port) must not leak in.
-  unset BLOBSNAP_TEST_S3_TLS_ENDPOINT BLOBSNAP_TEST_S3_CA_BUNDLE
+  unset BLOBSNAP_TEST_S3_TLS_ENDPOINT BLOBSNAP_TEST_S3_CA_BUNDLE BLOBSNAP_TEST_S3_VHOST_DOMAIN
   eval "export $(bash minio/garage.sh env | tr '\n' ' ')"
   cargo test --locked --tests -- --ignored external::
 )

@@ -32,6 +32,7 @@
 //! | `BLOBSNAP_S3_BUCKET`, `BLOBSNAP_S3_PREFIX`, `BLOBSNAP_S3_ENDPOINT`, `BLOBSNAP_S3_REGION` | `s3.bucket`, `s3.prefix`, `s3.endpoint`, `s3.region` |
 //! | `BLOBSNAP_S3_PATH_STYLE` | `s3.path-style` (`true`/`false`) |
 //! | `BLOBSNAP_S3_CA_BUNDLE` | `s3.ca-bundle` |
+//! | `BLOBSNAP_S3_RESOLVE` | `s3.resolve`, as `name=ip,*.name=ip` (replaces the file's table) |
 //! | `BLOBSNAP_S3_CREATE_ONLY` | `s3.create-only` (`auto` = probe, the default; `atomic`, `racy`, `ignored`) |
 //! | `BLOBSNAP_S3_MULTIPART_LISTING` | `s3.multipart-listing` (`false` where ListMultipartUploads is missing) |
 //! | `BLOBSNAP_JOB_PARTITIONS`, `BLOBSNAP_JOB_COMMIT_EVERY` | `job.partitions`, `job.commit-every` |
@@ -209,6 +210,9 @@ impl Settings {
         if let Some(v) = get("BLOBSNAP_S3_CA_BUNDLE") {
             self.s3.ca_bundle = Some(v.into());
         }
+        if let Some(v) = get("BLOBSNAP_S3_RESOLVE") {
+            self.s3.resolve = parse_resolve(&v)?;
+        }
         if let Some(v) = get("BLOBSNAP_S3_PATH_STYLE") {
             self.s3.path_style = parse_bool("BLOBSNAP_S3_PATH_STYLE", &v)?;
         }
@@ -248,6 +252,23 @@ impl Settings {
     }
 }
 
+/// `name=ip,name=ip` of `BLOBSNAP_S3_RESOLVE` (names are checked with the rest of `[s3]`).
+fn parse_resolve(v: &str) -> Result<std::collections::BTreeMap<String, std::net::IpAddr>> {
+    let mut map = std::collections::BTreeMap::new();
+    for entry in v.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let parsed = entry
+            .split_once('=')
+            .and_then(|(name, ip)| Some((name.trim(), ip.trim().parse().ok()?)));
+        let Some((name, ip)) = parsed else {
+            return Err(Error::invalid(format!(
+                "BLOBSNAP_S3_RESOLVE: {entry:?} is not name=ip (an IPv4 or IPv6 address)"
+            )));
+        };
+        map.insert(name.to_owned(), ip);
+    }
+    Ok(map)
+}
+
 fn parse_bool(name: &str, v: &str) -> Result<bool> {
     match v {
         "1" | "true" | "yes" => Ok(true),
@@ -282,5 +303,43 @@ mod tests {
         assert!(s
             .apply_env(|k| (k == "BLOBSNAP_STORE").then(|| "ftp".to_string()))
             .is_err());
+    }
+
+    #[test]
+    fn resolve_from_toml_and_env() {
+        let mut s = Settings::from_toml(
+            "[s3]\nbucket = \"b-1\"\n[s3.resolve]\n\"s3.internal\" = \"10.0.0.5\"\n\"*.s3.internal\" = \"::1\"\n",
+        )
+        .unwrap();
+        assert_eq!(s.s3.resolve.len(), 2);
+        assert_eq!(s.s3.resolve["*.s3.internal"].to_string(), "::1");
+        s.s3.validate().unwrap();
+        s.apply_env(|k| {
+            (k == "BLOBSNAP_S3_RESOLVE").then(|| "a.test=127.0.0.1, *.a.test=127.0.0.2".into())
+        })
+        .unwrap();
+        assert_eq!(
+            s.s3.resolve
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>(),
+            ["*.a.test=127.0.0.2", "a.test=127.0.0.1"]
+        );
+        for bad in ["a.test", "a.test=localhost", "=1.2.3.4x"] {
+            let err = s
+                .apply_env(|k| (k == "BLOBSNAP_S3_RESOLVE").then(|| bad.into()))
+                .unwrap_err();
+            assert!(
+                err.to_string().contains("BLOBSNAP_S3_RESOLVE"),
+                "{bad}: {err}"
+            );
+        }
+        for bad in ["Upper.test", "a..b", "*.", "a.*.b", "*"] {
+            let mut c = s.s3.clone();
+            c.resolve = [(bad.to_owned(), "127.0.0.1".parse().unwrap())].into();
+            let err = c.validate().unwrap_err();
+            assert!(err.to_string().contains("s3 resolve"), "{bad}: {err}");
+        }
+        assert!(Settings::from_toml("[s3.resolve]\n\"a.test\" = \"not-an-ip\"\n").is_err());
     }
 }

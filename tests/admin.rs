@@ -236,6 +236,155 @@ mod external {
         h.cleanup().await;
     }
 
+    /// Virtual-hosted-style addressing (`path-style = false`, the S3 default): requests go to
+    /// `<bucket>.<domain>`. The server's own name (BLOBSNAP_TEST_S3_VHOST_DOMAIN) never
+    /// resolves here, so `s3.resolve` maps the bucket's host name to the server; the bare
+    /// domain is mapped to an unroutable address, so only requests addressed by the bucket's
+    /// name can reach the server. A put, a listing, a multipart upload and the demo job go
+    /// through virtual-hosted; the same settings with path-style cannot connect.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs BLOBSNAP_TEST_S3_ENDPOINT; run by scripts/test.sh"]
+    async fn virtual_hosted_addressing_through_fixed_addresses() {
+        use blobsnap::blobstore::{get_bytes, BlobKey, PutBody, PutOptions};
+        let h = support::external().await;
+        let Some(domain) = std::env::var("BLOBSNAP_TEST_S3_VHOST_DOMAIN")
+            .ok()
+            .filter(|s| !s.is_empty())
+        else {
+            assert_ne!(
+                std::env::var("BLOBSNAP_TEST_S3_SERVER").as_deref(),
+                Ok("localstack"),
+                "minio/localstack.sh env names the virtual-host domain: it is missing"
+            );
+            return h.lacks("virtual-hosted addressing (BLOBSNAP_TEST_S3_VHOST_DOMAIN)");
+        };
+        let support::Kind::S3(s3) = &h.kind else {
+            unreachable!()
+        };
+        let ak = std::env::var("BLOBSNAP_TEST_S3_ACCESS_KEY").unwrap_or_else(|_| "test".into());
+        let sk = std::env::var("BLOBSNAP_TEST_S3_SECRET_KEY").unwrap_or_else(|_| "test".into());
+        let mut cfg = s3.config().clone();
+        let base = cfg.endpoint.clone().expect("an external endpoint");
+        let url = split_endpoint(&base);
+        let endpoint = format!("{}://{domain}:{}", url.0, url.2);
+        let bucket_host = format!("{}.{domain}", cfg.bucket);
+        let server_ip: std::net::IpAddr = url.1.parse().expect("the endpoint is an IP address");
+        let unroutable: std::net::IpAddr = "192.0.2.1".parse().unwrap(); // RFC 5737 TEST-NET-1
+        cfg.endpoint = Some(endpoint.clone());
+        cfg.path_style = false;
+        cfg.connect_timeout_ms = 500;
+        cfg.resolve = [
+            (bucket_host.clone(), server_ip),
+            (domain.clone(), unroutable),
+        ]
+        .into();
+        cfg.multipart_threshold = 5 << 20;
+        cfg.part_size = 5 << 20;
+        let vh = S3Store::connect_with_credentials(cfg.clone(), &ak, &sk, None)
+            .await
+            .unwrap();
+        let small = BlobKey::new(format!("{}vh/small", h.scope.as_str())).unwrap();
+        vh.put(
+            &small,
+            PutBody::Bytes(b"virtual-hosted".to_vec().into()),
+            PutOptions::default(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            &get_bytes(&vh, &small, 1 << 10).await.unwrap()[..],
+            b"virtual-hosted"
+        );
+        let tmp = tempfile::tempdir().unwrap();
+        let big_path = tmp.path().join("big");
+        let big: Vec<u8> = (0..(11u32 << 20)).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&big_path, &big).unwrap();
+        let big_key = BlobKey::new(format!("{}vh/big", h.scope.as_str())).unwrap();
+        vh.put(
+            &big_key,
+            PutBody::File {
+                path: big_path.clone(),
+                len: big.len() as u64,
+            },
+            PutOptions::default(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(get_bytes(&vh, &big_key, 32 << 20).await.unwrap(), big);
+        let vh_scope = blobsnap::blobstore::Scope::new(format!("{}vh/", h.scope.as_str())).unwrap();
+        let listed = blobsnap::blobstore::list_all(&vh, &vh_scope).await.unwrap();
+        assert_eq!(listed.len(), 2, "{listed:?}");
+
+        // Path-style with the same map goes to the bare domain: unroutable, so it fails.
+        let mut path_cfg = cfg.clone();
+        path_cfg.path_style = true;
+        let path = S3Store::connect_with_credentials(path_cfg, &ak, &sk, None)
+            .await
+            .unwrap();
+        let e = get_bytes(&RetryStore::new(path, quick_retry()), &small, 1 << 10)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e.kind(),
+            ErrorKind::Transient,
+            "path-style must not reach it: {e}"
+        );
+
+        // The CLI, configured from the environment: the demo job commits, restores and
+        // checks over virtual-hosted addressing.
+        let resolve = format!("{bucket_host}={server_ip},{domain}={unroutable}");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+            .args([
+                "--json",
+                "--bucket",
+                &cfg.bucket,
+                "--s3-endpoint",
+                &endpoint,
+            ])
+            .args([
+                "--s3-prefix",
+                &format!("{}demo/", h.scope.as_str()),
+                "demo",
+                "--dir",
+            ])
+            .arg(tmp.path().join("demo"))
+            .args([
+                "--partitions",
+                "2",
+                "--lines",
+                "2000",
+                "--commit-every",
+                "500",
+            ])
+            .args(
+                (h.store.capabilities().create_only != blobsnap::blobstore::CreateOnly::Atomic)
+                    .then_some("--unsafe-no-fencing"),
+            )
+            .env("BLOBSNAP_S3_RESOLVE", &resolve)
+            .env_remove("BLOBSNAP_S3_PATH_STYLE")
+            .env("AWS_ACCESS_KEY_ID", &ak)
+            .env("AWS_SECRET_ACCESS_KEY", &sk)
+            .env("AWS_REGION", cfg.region.as_deref().unwrap_or("us-east-1"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "demo over virtual-hosted addressing: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["check"], "ok", "{v}");
+        h.cleanup().await;
+    }
+
+    /// (scheme, host, port) of an endpoint URL `scheme://host:port`.
+    fn split_endpoint(url: &str) -> (String, String, u16) {
+        let (scheme, rest) = url.split_once("://").expect("scheme://");
+        let rest = rest.trim_end_matches('/');
+        let (host, port) = rest.rsplit_once(':').expect("host:port");
+        (scheme.into(), host.into(), port.parse().expect("a port"))
+    }
+
     /// The bucket's lifecycle configuration is one document: the tests that rewrite it take
     /// turns (run at once, one replaced the other's rules).
     static LIFECYCLE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

@@ -22,8 +22,10 @@
 //!   bucket, a wrong region → `Permanent`; 5xx, 503 SlowDown, timeouts, connection failures →
 //!   `Transient`; a checksum mismatch → `Corrupt`.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::io::Read as _;
+use std::net::IpAddr;
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -137,6 +139,12 @@ pub struct S3Config {
     pub path_style: bool,
     /// A PEM file of CA certificates to trust, in addition to the system roots.
     pub ca_bundle: Option<PathBuf>,
+    /// Host names to connect to at a fixed address instead of asking DNS, like curl's
+    /// `--resolve`: `"s3.internal" = "10.0.0.5"`; a key `"*.s3.internal"` covers every name
+    /// under it (the `<bucket>.<host>` names of virtual-hosted addressing). An exact name wins
+    /// over a wildcard; a name not listed is resolved by the system as usual. TLS still
+    /// checks the certificate against the name, not the address.
+    pub resolve: BTreeMap<String, IpAddr>,
     /// Server-side encryption.
     pub sse: Sse,
     /// TCP connect timeout, ms.
@@ -186,6 +194,7 @@ impl Default for S3Config {
             endpoint: None,
             path_style: false,
             ca_bundle: None,
+            resolve: BTreeMap::new(),
             sse: Sse::None,
             connect_timeout_ms: 3_000,
             read_timeout_ms: 30_000,
@@ -219,6 +228,22 @@ impl S3Config {
                 "s3 bucket {:?} is not a valid bucket name (3-63 of a-z 0-9 . -)",
                 self.bucket
             )));
+        }
+        for name in self.resolve.keys() {
+            let bare = name.strip_prefix("*.").unwrap_or(name);
+            let ok = !bare.is_empty()
+                && bare.split('.').all(|label| {
+                    !label.is_empty()
+                        && label.len() <= 63
+                        && label
+                            .bytes()
+                            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                });
+            if !ok {
+                return Err(Error::invalid(format!(
+                    "s3 resolve: {name:?} is not a lowercase host name (or \"*.\" and one)"
+                )));
+            }
         }
         if !self.prefix.is_empty() {
             Scope::new(self.prefix.clone())
@@ -363,8 +388,8 @@ impl S3Store {
             }
             loader = loader.credentials_provider(creds);
         }
-        if let Some(ca) = &config.ca_bundle {
-            loader = loader.http_client(http_client_with_ca(ca)?);
+        if let Some(client) = http_client(&config)? {
+            loader = loader.http_client(client);
         }
         let sdk = loader.load().await;
         let mut b = aws_sdk_s3::config::Builder::from(&sdk);
@@ -828,32 +853,90 @@ fn pem_certificates(pem: &[u8]) -> std::result::Result<usize, String> {
     Ok(certs.len())
 }
 
-fn http_client_with_ca(
-    path: &std::path::Path,
-) -> Result<aws_smithy_runtime_api::client::http::SharedHttpClient> {
+/// The HTTP client when a setting needs one of our own (a CA bundle, fixed addresses);
+/// `None`: the SDK's default.
+fn http_client(
+    config: &S3Config,
+) -> Result<Option<aws_smithy_runtime_api::client::http::SharedHttpClient>> {
     use aws_smithy_http_client::tls;
-    let pem = std::fs::read(path)
-        .map_err(|e| Error::io(format!("read CA bundle {}", path.display()), e))?;
-    let certs = pem_certificates(&pem).map_err(|why| {
-        Error::invalid(format!(
-            "CA bundle {} is not a PEM bundle of certificates: {why}",
-            path.display()
-        ))
-    })?;
-    tracing::debug!(bundle = %path.display(), certs, "CA bundle read");
-    let trust = tls::TrustStore::default().with_pem_certificate(pem);
+    if config.ca_bundle.is_none() && config.resolve.is_empty() {
+        return Ok(None);
+    }
+    let mut trust = tls::TrustStore::default();
+    if let Some(path) = &config.ca_bundle {
+        let pem = std::fs::read(path)
+            .map_err(|e| Error::io(format!("read CA bundle {}", path.display()), e))?;
+        let certs = pem_certificates(&pem).map_err(|why| {
+            Error::invalid(format!(
+                "CA bundle {} is not a PEM bundle of certificates: {why}",
+                path.display()
+            ))
+        })?;
+        tracing::debug!(bundle = %path.display(), certs, "CA bundle read");
+        trust = trust.with_pem_certificate(pem);
+    }
     let ctx = tls::TlsContext::builder()
         .with_trust_store(trust)
         .build()
         .map_err(|e| {
-            Error::invalid(format!("CA bundle {} is not usable", path.display())).with_source(e)
+            let what = match &config.ca_bundle {
+                Some(p) => format!("CA bundle {} is not usable", p.display()),
+                None => "the system's TLS roots are not usable".to_owned(),
+            };
+            Error::invalid(what).with_source(e)
         })?;
-    Ok(aws_smithy_http_client::Builder::new()
+    let builder = aws_smithy_http_client::Builder::new()
         .tls_provider(tls::Provider::Rustls(
             tls::rustls_provider::CryptoMode::AwsLc,
         ))
-        .tls_context(ctx)
-        .build_https())
+        .tls_context(ctx);
+    Ok(Some(if config.resolve.is_empty() {
+        builder.build_https()
+    } else {
+        builder.build_with_resolver(FixedAddresses(Arc::new(config.resolve.clone())))
+    }))
+}
+
+/// The DNS resolver of [`S3Config::resolve`]: listed names at their fixed address, the rest
+/// through the system's resolver.
+#[derive(Clone, Debug)]
+struct FixedAddresses(Arc<BTreeMap<String, IpAddr>>);
+
+impl FixedAddresses {
+    fn lookup(&self, name: &str) -> Option<IpAddr> {
+        let name = name.trim_end_matches('.').to_ascii_lowercase();
+        if let Some(ip) = self.0.get(&name) {
+            return Some(*ip);
+        }
+        // The nearest wildcard: for a.b.c, `*.b.c` before `*.c`.
+        let mut rest = name.as_str();
+        while let Some((_, parent)) = rest.split_once('.') {
+            if let Some(ip) = self.0.get(&format!("*.{parent}")) {
+                return Some(*ip);
+            }
+            rest = parent;
+        }
+        None
+    }
+}
+
+impl aws_smithy_runtime_api::client::dns::ResolveDns for FixedAddresses {
+    fn resolve_dns<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> aws_smithy_runtime_api::client::dns::DnsFuture<'a> {
+        use aws_smithy_runtime_api::client::dns::{DnsFuture, ResolveDnsError};
+        if let Some(ip) = self.lookup(name) {
+            tracing::trace!(name, %ip, "s3.resolve");
+            return DnsFuture::ready(Ok(vec![ip]));
+        }
+        DnsFuture::new(async move {
+            tokio::net::lookup_host((name, 0))
+                .await
+                .map(|addrs| addrs.map(|a| a.ip()).collect())
+                .map_err(ResolveDnsError::new)
+        })
+    }
 }
 
 /// Whether an error's cause chain is a TLS certificate verification failure (rustls:
@@ -1440,6 +1523,30 @@ impl BlobStore for S3Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fixed_addresses_exact_before_the_nearest_wildcard() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let r = FixedAddresses(Arc::new(
+            [
+                ("s3.internal".to_owned(), ip("10.0.0.1")),
+                ("*.s3.internal".to_owned(), ip("10.0.0.2")),
+                ("*.eu.s3.internal".to_owned(), ip("10.0.0.3")),
+                ("state.eu.s3.internal".to_owned(), ip("10.0.0.4")),
+            ]
+            .into(),
+        ));
+        let at = |n: &str| r.lookup(n).map(|i| i.to_string());
+        assert_eq!(at("s3.internal").as_deref(), Some("10.0.0.1"));
+        assert_eq!(at("S3.Internal.").as_deref(), Some("10.0.0.1"));
+        assert_eq!(at("bucket.s3.internal").as_deref(), Some("10.0.0.2"));
+        assert_eq!(at("a.b.s3.internal").as_deref(), Some("10.0.0.2"));
+        assert_eq!(at("bucket.eu.s3.internal").as_deref(), Some("10.0.0.3"));
+        assert_eq!(at("state.eu.s3.internal").as_deref(), Some("10.0.0.4"));
+        assert_eq!(at("internal"), None);
+        assert_eq!(at("other.example"), None);
+        assert_eq!(at("xs3.internal"), None);
+    }
 
     #[test]
     fn s3_size_limits() {
