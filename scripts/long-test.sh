@@ -38,40 +38,41 @@ trap 'bash minio/localstack.sh stop' EXIT
 
 stage "faults on the wire: >= 500 commits through 10 % faulty requests (s3s-fs in-process)"
 BLOBSNAP_SOAK_COMMITS=${BLOBSNAP_SOAK_COMMITS:-500} \
-  cargo test --locked --release --test faults -- --nocapture demo_commits_through_a_faulty_wire_s3s
+  cargo test --locked --release --test it -- --nocapture faults::demo_commits_through_a_faulty_wire_s3s
 
 stage "faults on the wire: >= 500 commits through 10 % faulty requests (LocalStack)"
 (
   eval "export $(bash minio/localstack.sh env | tr '\n' ' ')"
   BLOBSNAP_SOAK_COMMITS=${BLOBSNAP_SOAK_COMMITS:-500} \
-    cargo test --locked --release --test faults -- --ignored --nocapture external::
+    cargo test --locked --release --test it -- --ignored --nocapture faults::external::
 )
 
 stage "crash matrix: 25 seeded runs per point"
 BLOBSNAP_CRASH_RUNS=${BLOBSNAP_CRASH_RUNS:-25} \
-  cargo test --locked --release --test lifecycle -- --nocapture demo_survives_kill_9_local sweep_after_kills_leaves_exactly_the_referenced_objects
+  cargo test --locked --release --test it -- --nocapture lifecycle::demo_survives_kill_9_local lifecycle::sweep_after_kills_leaves_exactly_the_referenced_objects
 
 stage "crash matrix against LocalStack: every point, 5 seeded runs per point"
 (
   eval "export $(bash minio/localstack.sh env | tr '\n' ' ')"
   BLOBSNAP_CRASH_POINTS=${BLOBSNAP_CRASH_POINTS:-all} BLOBSNAP_CRASH_RUNS=${BLOBSNAP_LOCALSTACK_CRASH_RUNS:-5} \
-    cargo test --locked --release --test lifecycle -- --ignored --nocapture external::demo_survives_the_crash_matrix
+    cargo test --locked --release --test it -- --ignored --nocapture lifecycle::external::demo_survives_the_crash_matrix
 )
 
 stage "fuzzing: 10 minutes per target"
-BLOBSNAP_FUZZ_SECS=${BLOBSNAP_FUZZ_SECS:-600} cargo test --locked --release --test fuzz -- --nocapture
+BLOBSNAP_FUZZ_SECS=${BLOBSNAP_FUZZ_SECS:-600} cargo test --locked --release --test it -- --nocapture fuzz::
 
 stage "coverage-guided fuzzing (libFuzzer via cargo-fuzz): 10 minutes per target"
 bash scripts/fuzz.sh "${BLOBSNAP_LIBFUZZER_SECS:-600}"
 
 stage "GC model: 10,000 randomized interleavings of commits, cleanups and sweeps"
-BLOBSNAP_GC_INTERLEAVINGS=${BLOBSNAP_GC_INTERLEAVINGS:-10000} cargo test --locked --release --test gc_model -- --nocapture
+BLOBSNAP_GC_INTERLEAVINGS=${BLOBSNAP_GC_INTERLEAVINGS:-10000} cargo test --locked --release --test it -- --nocapture gc_model::
 
 stage "bounded resources: 100,000 small files and one 8 GiB file, backed up and restored"
 BLOBSNAP_BOUNDED_FILES=${BLOBSNAP_BOUNDED_FILES:-100000} BLOBSNAP_BOUNDED_BIG_MIB=${BLOBSNAP_BOUNDED_BIG_MIB:-8192} \
   cargo test --locked --release --test bounded -- --ignored --nocapture
 
 stage "property tests with 100x cases"
-PROPTEST_CASES=${PROPTEST_CASES:-25600} cargo test --locked --release --lib --test formats
+PROPTEST_CASES=${PROPTEST_CASES:-25600} cargo test --locked --release --lib
+PROPTEST_CASES=${PROPTEST_CASES:-25600} cargo test --locked --release --test it -- formats::
 
 stage "done"

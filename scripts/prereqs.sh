@@ -12,7 +12,7 @@
 # dirs. `libclang-cpp.so.N` (Debian's libclang-cpp14, present on a fresh machine) is the C++
 # interface library, which bindgen never loads: it does not count. When nothing matches, the
 # script installs libclang-dev. BLOBSNAP_PREREQS_ROOT (default /) is the root the dirs are
-# looked for under (tests/prereqs.rs points it at a temporary tree).
+# looked for under (tests/it/prereqs.rs points it at a temporary tree).
 set -euo pipefail
 
 ROOT=${BLOBSNAP_PREREQS_ROOT:-}

@@ -80,7 +80,7 @@ stage "Garage 3-node cluster: node loss under the demo job"
 cargo test --locked --test garage_cluster -- --ignored --nocapture
 
 stage "interoperability: a RocksDB 7.8 database (Debian rocksdb-tools' ldb) through backup --db and restore"
-cargo test --locked --test interop -- --ignored --nocapture
+cargo test --locked --test it -- --ignored --nocapture interop::
 
 stage "bounded resources at the default sizes (5,000 small files, one 256 MiB file; no server)"
 cargo test --locked --test bounded -- --ignored --nocapture

@@ -67,7 +67,7 @@ pub struct BackupSettings {
     /// backup --db` of a closed database passes its live files ([`crate::local::rocks::ClosedDb::live_files`]).
     pub only: Option<std::collections::BTreeSet<String>>,
     /// The abandon rule (DESIGN §7: an upload older than half the grace is abandoned). On
-    /// unless a test turns it off to show what it prevents (tests/gc_model.rs finds a
+    /// unless a test turns it off to show what it prevents (tests/it/gc_model.rs finds a
     /// committed snapshot with a swept blob then). Never off in a job.
     #[doc(hidden)]
     pub abandon_rule: bool,

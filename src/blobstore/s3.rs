@@ -1667,7 +1667,7 @@ mod tests {
     }
 
     /// The body of a server that ignored `Range` is cut to the range (a trickling body is
-    /// tested through the proxy in `tests/faults.rs`).
+    /// tested through the proxy in `tests/it/faults.rs`).
     #[tokio::test]
     async fn bodies_are_cut_to_the_range() {
         use futures::TryStreamExt as _;

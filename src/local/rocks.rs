@@ -248,7 +248,7 @@ mod tests {
             assert!(!live.contains(n), "{n} in {live:?}");
         }
         // The record-lock conflict with a RocksDB of another process is checked through the
-        // CLI (tests/cli.rs) and against RocksDB 7.8's ldb (tests/interop.rs).
+        // CLI (tests/it/cli.rs) and against RocksDB 7.8's ldb (tests/it/interop.rs).
         drop(closed);
         assert!(ClosedDb::lock(dir.path()).is_ok());
     }

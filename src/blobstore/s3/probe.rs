@@ -17,7 +17,10 @@
 
 use aws_sdk_s3::error::ProvideErrorMetadata;
 use aws_sdk_s3::primitives::ByteStream;
+use std::sync::Arc;
+
 use bytes::Bytes;
+use futures::StreamExt as _;
 use serde::Serialize;
 
 use super::{classify, CreateOnly, S3Store};
@@ -113,6 +116,65 @@ where
     }
 }
 
+/// How long a writer of a race waits at the [`Gate`] for the others (a server that takes
+/// fewer connections at once than there are writers must not stall the probe).
+const GATE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Where the writers of one race meet: each has sent the first half of its body and waits
+/// until all have (or [`GATE_WAIT`] passed) before it sends the rest. Then every put of the
+/// round is in flight on the server at once, however loaded this machine is (without it, a
+/// busy machine sent the 16 puts one after another and a server that checks `If-None-Match`
+/// before it writes, such as s3s-fs, looked atomic).
+struct Gate {
+    writers: usize,
+    arrived: std::sync::atomic::AtomicUsize,
+    all: tokio::sync::Notify,
+}
+
+impl Gate {
+    fn new(writers: usize) -> Self {
+        Gate {
+            writers,
+            arrived: std::sync::atomic::AtomicUsize::new(0),
+            all: tokio::sync::Notify::new(),
+        }
+    }
+
+    async fn arrive_and_wait(&self) {
+        let all = self.all.notified();
+        tokio::pin!(all);
+        all.as_mut().enable();
+        let n = self
+            .arrived
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1;
+        if n >= self.writers {
+            self.all.notify_waiters();
+            return;
+        }
+        if tokio::time::timeout(GATE_WAIT, all).await.is_err() {
+            tracing::debug!(
+                arrived = n,
+                writers = self.writers,
+                "probe gate opened by its timeout"
+            );
+        }
+    }
+}
+
+/// `body` as a stream of two halves with `gate` between them.
+fn gated_body(body: Bytes, gate: Arc<Gate>) -> ByteStream {
+    use http_body::Frame;
+    let half = body.len() / 2;
+    let (first, second) = (body.slice(..half), body.slice(half..));
+    let frames = futures::stream::iter([Ok::<_, std::convert::Infallible>(Frame::data(first))])
+        .chain(futures::stream::once(async move {
+            gate.arrive_and_wait().await;
+            Ok(Frame::data(second))
+        }));
+    ByteStream::from_body_1_x(http_body_util::StreamBody::new(frames))
+}
+
 impl S3Store {
     fn scratch_prefix(&self) -> String {
         format!(
@@ -126,18 +188,36 @@ impl S3Store {
     /// for a conditional write that lost a race), `Ok(None)` unknown (a transient failure: it
     /// may or may not have been stored), `Err` anything else.
     async fn probe_put_once(&self, key: &str, body: Bytes) -> Result<Option<bool>> {
-        let sha = Sha256::of(&body);
-        let r = self
+        self.probe_put_once_with(key, &body, None).await
+    }
+
+    async fn probe_put_once_with(
+        &self,
+        key: &str,
+        body: &Bytes,
+        gate: Option<Arc<Gate>>,
+    ) -> Result<Option<bool>> {
+        let sha = Sha256::of(body);
+        let req = self
             .client
             .put_object()
             .bucket(&self.config.bucket)
             .key(key)
             .content_length(body.len() as i64)
             .checksum_sha256(sha.to_base64())
-            .if_none_match("*")
-            .body(ByteStream::from(body))
-            .send()
-            .await;
+            .if_none_match("*");
+        let r = match gate {
+            None => req.body(ByteStream::from(body.clone())).send().await,
+            // A streamed body cannot be signed before it is sent; the SHA-256 header still
+            // lets the server check it.
+            Some(gate) => {
+                req.body(gated_body(body.clone(), gate))
+                    .customize()
+                    .disable_payload_signing()
+                    .send()
+                    .await
+            }
+        };
         match r {
             Ok(_) => Ok(Some(true)),
             Err(e) => {
@@ -153,6 +233,15 @@ impl S3Store {
                     }
                 }
             }
+        }
+    }
+
+    /// [`Self::probe_put`] of one writer of a race: its body waits at `gate` halfway.
+    async fn probe_put_gated(&self, key: &str, body: Bytes, gate: Arc<Gate>) -> Result<bool> {
+        match self.probe_put_once_with(key, &body, Some(gate)).await? {
+            Some(won) => Ok(won),
+            // Unknown: settled by the retries of the plain put (the gate is open by then).
+            None => self.probe_put(key, body).await,
         }
     }
 
@@ -266,9 +355,13 @@ impl S3Store {
                     Bytes::from(b)
                 })
                 .collect();
-            let results =
-                futures::future::join_all(bodies.iter().map(|b| self.probe_put(&key, b.clone())))
-                    .await;
+            let gate = Arc::new(Gate::new(WRITERS));
+            let results = futures::future::join_all(
+                bodies
+                    .iter()
+                    .map(|b| self.probe_put_gated(&key, b.clone(), Arc::clone(&gate))),
+            )
+            .await;
             let mut won = Vec::new();
             for (w, r) in results.into_iter().enumerate() {
                 if r? {

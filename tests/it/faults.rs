@@ -10,7 +10,7 @@
 //!   `BLOBSNAP_SOAK_COMMITS` (default 40) sets how many commits; the long-test command runs
 //!   ≥ 500, and the same against LocalStack (`external::`).
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! The commit lifecycle: checkpoint store fencing, the commit manager, retention cleanup; and
 //! the demo job end to end, killed with SIGKILL and restarted.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::process::ExitStatusExt as _;

@@ -11,8 +11,7 @@
 //! - after a restore fallback the next commit builds on the checkpoint restored, never on the
 //!   newer broken one (whose blobs may be the broken ones).
 
-#[macro_use]
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::fmt;

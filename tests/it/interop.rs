@@ -9,7 +9,7 @@
 //! `#[ignore]`d (needs `ldb`): scripts/test.sh installs rocksdb-tools and runs it. Without
 //! `ldb` the test fails, naming the package.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! bucket, bad credentials, a dead endpoint, a scope owned by another deployment, and an
 //! expiration rule over the prefix.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 

@@ -2,8 +2,7 @@
 //! server and (ignored here, run by scripts/test.sh) LocalStack. Bytes fetched are counted by
 //! a `CountingStore` layer.
 
-#[macro_use]
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -3,7 +3,7 @@
 //! or the complete new one — never a mix — and a rerun must complete, fetching at most what
 //! was still missing.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt as _;

@@ -7,8 +7,7 @@
 //! A case that needs a capability the store lacks prints a `CAPABILITY:` line naming the store
 //! and returns; LocalStack has every capability, so every case runs somewhere in CI.
 
-#[macro_use]
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 

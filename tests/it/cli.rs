@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-mod support;
+use crate::support;
 
 use blobsnap::backend::{
     StoreEngine, StoreMarkers, StoreSpec, SystemClock, TaskBackupManager as _, TaskContext,
