@@ -1,0 +1,323 @@
+//! The command line: its argument types and the store it names.
+
+use std::io::Read as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use blobsnap::blob::FACTORY_NAME;
+use blobsnap::blobstore::BlobStore;
+use blobsnap::config::{Settings, StoreKind};
+use blobsnap::index::IndexMarker;
+use blobsnap::{Error, ErrorKind};
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Subcommand)]
+pub(crate) enum Command {
+    /// Run the demo job (word count over generated text, one task per partition, RocksDB
+    /// state backed up at every commit). State lives under --dir; without store flags the
+    /// blob store is --dir/store. Kill it at any moment and run it again: it resumes from the
+    /// last checkpoint and ends with counts equal to an independent count of the input.
+    Demo(super::demo::DemoArgs),
+    /// Restore one store from a snapshot marker into a directory: the plan is printed first;
+    /// only files missing locally are downloaded, every byte is verified, and the new tree is
+    /// swapped in atomically.
+    Restore(super::restore::RestoreArgs),
+    /// Ask the S3 server what it really enforces: concurrent create-only puts to a scratch key
+    /// (the fence of a job's checkpoints), SHA-256 verification, multipart listing, tagging,
+    /// lifecycle. Prints the `[s3]` settings that describe it; writes and deletes a few
+    /// objects under `<prefix>.blobsnap-probe/`.
+    Probe,
+    /// Sweep a job's scope: delete blobs and indexes that no retained checkpoint of any task
+    /// references and that are older than the grace period; abort stale multipart uploads.
+    /// Fails closed: if any root cannot be read, nothing is deleted.
+    Gc(super::gc::GcArgs),
+    /// Create or validate a job deployment's resources. The job itself creates them (unless
+    /// job.create-resources = false) and validates them before its first commit.
+    Admin {
+        #[command(subcommand)]
+        action: AdminAction,
+    },
+    /// Back up a closed RocksDB directory (or a RocksDB checkpoint directory) into its own
+    /// scope, `manual/<name>/`, deduplicated against the previous backup of that name. Each
+    /// backup is pinned by a checkpoint record, so `gc --job manual --job-id NAME` keeps it.
+    /// A database locked by a running job is refused (exit 6).
+    Backup(super::backup::BackupArgs),
+    /// List what the store holds: jobs, tasks with their latest checkpoints, stores with their
+    /// snapshots and sizes.
+    Ls,
+    /// Show a snapshot: its files, sizes and blobs, totals, and what it cost to upload and
+    /// would cost to restore.
+    Inspect(super::inspect::InspectArgs),
+    /// What changed between two snapshots of one store: files added, removed, changed and
+    /// retained, with bytes.
+    Diff(super::diff::DiffArgs),
+    /// Check that every object a snapshot references exists with the right size (HEAD);
+    /// `--deep` downloads and checks every SHA-256 (`--sample PCT` for a random share).
+    /// Exit code 3 if an object is missing, 4 if one is corrupt.
+    Verify(super::verify::VerifyArgs),
+    /// Parse a CheckpointV2/V1 JSON document (ours or Samza's) and print it normalized.
+    Checkpoint {
+        #[command(subcommand)]
+        action: ShowAction,
+    },
+    /// Parse and validate a snapshot index JSON document and print it normalized.
+    Index {
+        #[command(subcommand)]
+        action: ShowAction,
+    },
+}
+
+/// blobsnap: blob-store state backend for CheckpointV2 stream jobs.
+///
+/// Exit codes: 0 ok, 2 usage, 3 not found, 4 corrupt, 5 invalid input, 6 conflict,
+/// 7 transient, 8 permanent, 9 I/O, 10 cancelled.
+#[derive(Parser)]
+#[command(version, about)]
+pub(crate) struct Cli {
+    #[command(flatten)]
+    pub(crate) store: StoreArgs,
+    /// Print machine-readable JSON on stdout (documents carry a `schema` number).
+    #[arg(long, global = true, help_heading = "Output (every command)")]
+    pub(crate) json: bool,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+/// Where the blob store is: a settings file, `BLOBSNAP_*`/`AWS_*` environment, or these flags
+/// (flags win).
+#[derive(Args)]
+pub(crate) struct StoreArgs {
+    /// A TOML settings file (see the README).
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Blob store (every command)",
+        env = "BLOBSNAP_CONFIG"
+    )]
+    pub(crate) config: Option<PathBuf>,
+    /// Use the local directory store at DIR.
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Blob store (every command)",
+        value_name = "DIR"
+    )]
+    pub(crate) local: Option<PathBuf>,
+    /// Use S3 (or an S3-compatible server) with this bucket.
+    #[arg(long, global = true, help_heading = "Blob store (every command)")]
+    pub(crate) bucket: Option<String>,
+    /// S3 endpoint URL (MinIO, LocalStack, Garage: http://127.0.0.1:PORT).
+    #[arg(long, global = true, help_heading = "Blob store (every command)")]
+    pub(crate) s3_endpoint: Option<String>,
+    /// S3 region.
+    #[arg(long, global = true, help_heading = "Blob store (every command)")]
+    pub(crate) s3_region: Option<String>,
+    /// Key prefix inside the bucket ("" or ending in "/").
+    #[arg(long, global = true, help_heading = "Blob store (every command)")]
+    pub(crate) s3_prefix: Option<String>,
+    /// Path-style addressing (most S3-compatible servers need it).
+    #[arg(long, global = true, help_heading = "Blob store (every command)")]
+    pub(crate) s3_path_style: bool,
+}
+
+/// Which store's snapshots: job, job id, task, store.
+#[derive(Args)]
+pub(crate) struct SnapshotArgs {
+    /// The job's name.
+    #[arg(long)]
+    pub(crate) job: String,
+    /// The job's id.
+    #[arg(long, default_value = "1")]
+    pub(crate) job_id: String,
+    /// The task's name.
+    #[arg(long)]
+    pub(crate) task: String,
+    /// The store's name.
+    #[arg(long)]
+    pub(crate) store: String,
+}
+
+impl SnapshotArgs {
+    pub(crate) async fn load(
+        &self,
+        blob_store: &dyn BlobStore,
+        marker: &str,
+    ) -> blobsnap::Result<(
+        blobsnap::layout::StoreScope,
+        IndexMarker,
+        blobsnap::index::SnapshotIndex,
+    )> {
+        let m: IndexMarker = marker.parse()?;
+        let scope = blobsnap::layout::JobScope::new(&self.job, &self.job_id)?
+            .store(&self.task, &self.store)?;
+        let expected = blobsnap::blob::Expected {
+            job_name: &self.job,
+            job_id: &self.job_id,
+            task_name: &self.task,
+            store_name: &self.store,
+        };
+        let index = blobsnap::blob::read_index(blob_store, &scope, &m, &expected).await?;
+        Ok((scope, m, index))
+    }
+}
+
+impl SnapshotArgs {
+    /// The marker to use: the one given, or the store's marker in the task's latest checkpoint.
+    pub(crate) async fn resolve_marker(
+        &self,
+        blob_store: &Arc<dyn BlobStore>,
+        marker: Option<String>,
+    ) -> blobsnap::Result<(String, Option<blobsnap::checkpoint::CommittedCheckpoint>)> {
+        use blobsnap::checkpoint::CheckpointStore as _;
+        let (job, job_id, task, store) = (&self.job, &self.job_id, &self.task, &self.store);
+        if let Some(m) = marker {
+            return Ok((m, None));
+        }
+        let cps = blobsnap::checkpoint::BlobCheckpointStore::new(
+            Arc::clone(blob_store),
+            blobsnap::layout::JobScope::new(job, job_id)?,
+        );
+        let latest = cps.latest(task).await?.ok_or_else(|| {
+            Error::new(
+                ErrorKind::NotFound,
+                format!("task {task:?} of {job}/{job_id} has no checkpoint"),
+            )
+        })?;
+        let m = latest
+            .checkpoint
+            .as_v2()
+            .and_then(|c| c.marker(FACTORY_NAME, store))
+            .map(str::to_string)
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::NotFound,
+                    format!(
+                        "the latest checkpoint of task {task:?} has no snapshot of store {store:?}"
+                    ),
+                )
+            })?;
+        Ok((m, Some(latest)))
+    }
+}
+
+/// The job deployment an admin command is about.
+#[derive(Args)]
+pub(crate) struct DeploymentArgs {
+    /// The job's name.
+    #[arg(long)]
+    pub(crate) job: String,
+    /// The job's id.
+    #[arg(long, default_value = "1")]
+    pub(crate) job_id: String,
+    /// The deployment's id [job.deployment-id, default "default"].
+    #[arg(long)]
+    pub(crate) deployment: Option<String>,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum AdminAction {
+    /// Create what the deployment needs: on S3 the bucket (if missing and allowed) and a
+    /// lifecycle rule that aborts incomplete multipart uploads under the job's prefix (merged
+    /// into the bucket's rules, never replacing them); then the owner record scope.json.
+    Create {
+        #[command(flatten)]
+        d: DeploymentArgs,
+        /// Record this as the job's sweep grace (`gc` refuses a shorter one unless forced)
+        /// [job.gc-grace-secs].
+        #[arg(long)]
+        gc_grace_secs: Option<u64>,
+    },
+    /// Validate the deployment's resources: PUT/GET/LIST/DELETE a probe, a missing key
+    /// answers 404 (not 403), the owner record names this deployment, and on S3 no
+    /// expiration or transition rule covers the prefix. Exit 0 when all hold.
+    Validate {
+        #[command(flatten)]
+        d: DeploymentArgs,
+    },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum ShowAction {
+    /// Read FILE (or `-` for stdin), validate, print normalized JSON on stdout.
+    Show {
+        /// The document, or `-` for standard input.
+        file: String,
+    },
+}
+
+pub(crate) fn read_input(file: &str) -> blobsnap::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    if file == "-" {
+        std::io::stdin()
+            .read_to_end(&mut buf)
+            .map_err(|e| Error::new(ErrorKind::Io, format!("read stdin: {e}")))?;
+    } else {
+        buf = std::fs::read(file)
+            .map_err(|e| Error::new(ErrorKind::Io, format!("read {file}: {e}")))?;
+    }
+    Ok(buf)
+}
+
+pub(crate) async fn open_store(args: &StoreArgs) -> blobsnap::Result<Arc<dyn BlobStore>> {
+    store_settings(args)?.open_store().await
+}
+
+/// The admin of a job deployment on `store` (opened from `args`; `None`: the demo's default
+/// local store): on S3 it also gets the raw client for the bucket and lifecycle calls.
+pub(crate) async fn open_admin(
+    args: Option<&StoreArgs>,
+    store: Arc<dyn BlobStore>,
+    job: &str,
+    job_id: &str,
+    deployment: &str,
+) -> blobsnap::Result<blobsnap::blob::admin::BlobStoreAdmin> {
+    let s3 = match args.map(store_settings).transpose()? {
+        Some(st) if st.store.kind == StoreKind::S3 => {
+            Some(blobsnap::blobstore::s3::S3Store::connect(st.s3.clone()).await?)
+        }
+        _ => None,
+    };
+    blobsnap::blob::admin::BlobStoreAdmin::new(store, s3, job, job_id, deployment)
+}
+
+/// `$XDG_CACHE_HOME/blobsnap`, else `~/.cache/blobsnap`, else a temp dir.
+pub(crate) fn user_cache_dir() -> std::path::PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("blobsnap")
+}
+
+/// The settings file and environment, with the store flags on top.
+pub(crate) fn store_settings(args: &StoreArgs) -> blobsnap::Result<Settings> {
+    let mut settings = Settings::load(args.config.as_deref())?;
+    if let Some(dir) = &args.local {
+        settings.store.kind = StoreKind::Local;
+        settings.store.local_dir = dir.clone();
+    }
+    if let Some(b) = &args.bucket {
+        settings.store.kind = StoreKind::S3;
+        settings.s3.bucket = b.clone();
+    }
+    if let Some(v) = &args.s3_endpoint {
+        settings.s3.endpoint = Some(v.clone());
+    }
+    if let Some(v) = &args.s3_region {
+        settings.s3.region = Some(v.clone());
+    }
+    if let Some(v) = &args.s3_prefix {
+        settings.s3.prefix = v.clone();
+    }
+    if args.s3_path_style {
+        settings.s3.path_style = true;
+    }
+    if settings.store.kind == StoreKind::Local && args.local.is_none() && args.config.is_none() {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            "no blob store given: use --local DIR, --bucket B (S3), --config FILE or BLOBSNAP_STORE",
+        ));
+    }
+    Ok(settings)
+}

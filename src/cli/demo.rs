@@ -1,0 +1,296 @@
+//! `blobsnap demo`: the word-count job on RocksDB, backed up at every commit.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::args::{open_admin, open_store, StoreArgs};
+use super::progress::mib;
+use blobsnap::blobstore::local::LocalStore;
+use blobsnap::blobstore::retry::RetryStore;
+use blobsnap::blobstore::BlobStore;
+use blobsnap::config::Settings;
+use blobsnap::{Error, ErrorKind};
+use clap::Args;
+
+#[derive(Args)]
+pub(crate) struct DemoArgs {
+    /// Where the input, the state and (by default) the blob store live.
+    #[arg(long, default_value = "blobsnap-demo")]
+    pub(crate) dir: PathBuf,
+    /// Partitions (= tasks) [settings: job.partitions, default 4].
+    #[arg(long)]
+    pub(crate) partitions: Option<u32>,
+    /// Lines of input per partition.
+    #[arg(long, default_value_t = 20_000)]
+    pub(crate) lines: u64,
+    /// The stores of each task, comma-separated: `counts` (required) and optionally
+    /// `lengths`. Adding a store to a job that already committed starts it empty.
+    #[arg(long, default_value = "counts", value_delimiter = ',')]
+    pub(crate) stores: Vec<String>,
+    /// Commit every this many messages [job.commit-every, default 2500].
+    #[arg(long)]
+    pub(crate) commit_every: Option<u64>,
+    /// Also commit every this many milliseconds [job.commit-ms, default 0: off].
+    #[arg(long)]
+    pub(crate) commit_ms: Option<u64>,
+    /// Committed snapshots kept per store [job.retention, default 2].
+    #[arg(long)]
+    pub(crate) retention: Option<usize>,
+    /// Run on a store that cannot fence a second writer (Garage, s3s-fs).
+    #[arg(long)]
+    pub(crate) unsafe_no_fencing: bool,
+    /// If the last checkpoint's snapshot is corrupt or missing, restore the newest
+    /// retained checkpoint that restores and resume from its offsets (logged loudly,
+    /// counted in blobsnap_restore_fallbacks_total) [job.restore-fallback].
+    #[arg(long)]
+    pub(crate) restore_fallback: bool,
+    /// Serve Prometheus metrics on this address while the demo runs (`127.0.0.1:9898`;
+    /// port 0 picks a free one). The address bound is printed on stderr.
+    #[arg(long)]
+    pub(crate) metrics_addr: Option<std::net::SocketAddr>,
+    /// Grace period of the sweep the tasks run every 20 commits, in seconds (at least 60:
+    /// an upload running longer than half of it is abandoned) [job.gc-grace-secs].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(60..))]
+    pub(crate) gc_grace_secs: Option<u64>,
+}
+
+pub(crate) async fn run(
+    store_args: &StoreArgs,
+    json: bool,
+    args: DemoArgs,
+) -> blobsnap::Result<()> {
+    let DemoArgs {
+        dir,
+        partitions,
+        lines,
+        stores,
+        commit_every,
+        commit_ms,
+        retention,
+        unsafe_no_fencing,
+        restore_fallback,
+        metrics_addr,
+        gc_grace_secs,
+    } = args;
+    if let Some(addr) = metrics_addr {
+        let bound = serve_metrics(addr).await?;
+        eprintln!("demo: Prometheus metrics on http://{bound}/metrics");
+    }
+    use blobsnap::job::{wordcount, JobSettings};
+    let job = Settings::load(store_args.config.as_deref())?.job;
+    let partitions = partitions.unwrap_or(job.partitions).max(1);
+    let commit_every = commit_every.unwrap_or(job.commit_every);
+    let commit_ms = commit_ms.unwrap_or(job.commit_ms);
+    let retention = retention.unwrap_or(job.retention);
+    let unsafe_no_fencing = unsafe_no_fencing || job.unsafe_no_fencing;
+    let gc_grace_secs = gc_grace_secs.unwrap_or(job.gc_grace_secs);
+    if gc_grace_secs < 60 {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!("job.gc-grace-secs = {gc_grace_secs}: a running job needs at least 60"),
+        ));
+    }
+    let has_store_flags = store_args.local.is_some()
+        || store_args.bucket.is_some()
+        || store_args.config.is_some()
+        || std::env::var_os("BLOBSNAP_STORE").is_some();
+    let blob_store: Arc<dyn BlobStore> = if has_store_flags {
+        open_store(store_args).await?
+    } else {
+        Arc::new(RetryStore::new(
+            blobsnap::blobstore::counting::CountingStore::new(LocalStore::new(dir.join("store"))?),
+            Default::default(),
+        ))
+    };
+    let settings = JobSettings {
+        job_name: job.name.clone(),
+        job_id: job.id.clone(),
+        state_dir: dir.join("state"),
+        input_dir: dir.join("input"),
+        stream: "lines".into(),
+        stores,
+        partitions,
+        commit_every: commit_every.max(1),
+        commit_interval: std::time::Duration::from_millis(commit_ms),
+        retention,
+        unsafe_no_fencing,
+        commit_max_delay: std::time::Duration::from_millis(job.commit_max_delay_ms),
+        sweep_every_commits: job.sweep_every_commits,
+        gc_grace: std::time::Duration::from_secs(gc_grace_secs),
+        restore_fallback: restore_fallback || job.restore_fallback,
+        deployment_id: job.deployment_id.clone(),
+        create_resources: job.create_resources,
+    };
+    let admin = open_admin(
+        has_store_flags.then_some(store_args),
+        Arc::clone(&blob_store),
+        &settings.job_name,
+        &settings.job_id,
+        &settings.deployment_id,
+    )
+    .await?
+    .with_gc_grace(settings.gc_grace);
+    wordcount::generate_input(&settings.input_dir, partitions, lines, 42)?;
+    eprintln!(
+        "demo: {partitions} partitions x {lines} lines in {}, blob store {blob_store}",
+        settings.input_dir.display()
+    );
+    let on_commit: Arc<blobsnap::job::CommitObserver> = Arc::new(move |task, report, backup| {
+        if json {
+            return;
+        }
+        let s = backup
+            .last_upload_stats()
+            .get("counts")
+            .copied()
+            .unwrap_or_default();
+        println!(
+                "{task:<12} checkpoint {} (#{}): uploaded {} files / {:.2} MiB, reused {} files / {:.2} MiB, {} ms",
+                report.checkpoint.id,
+                report.seq,
+                s.blobs_uploaded,
+                mib(s.bytes_uploaded),
+                s.files_retained + s.blobs_deduplicated,
+                mib(s.bytes - s.bytes_uploaded),
+                report.sync_ms + report.upload_ms + report.write_ms + report.cleanup_ms
+            );
+    });
+    let clock: Arc<dyn blobsnap::backend::Clock> = Arc::new(blobsnap::backend::SystemClock);
+    let summaries = wordcount::run(&settings, blob_store, &admin, clock, on_commit).await?;
+    let stored = wordcount::count_stores(&settings.state_dir, partitions)?;
+    let expected = wordcount::count_input(&settings.input_dir, partitions)?;
+    let ok = stored == expected;
+    let mut top: Vec<(&String, &u64)> = stored.iter().collect();
+    top.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    let total: u64 = stored.values().sum();
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "schema": 1,
+                "tasks": summaries.iter().map(|s| serde_json::json!({
+                    "task": s.task, "resumed-from": s.resumed_from,
+                    "processed": s.processed, "commits": s.commits.len(),
+                    "commits-skipped": s.commits_skipped, "commits-failed": s.commits_failed,
+                    "sweeps": s.sweeps, "swept": s.swept,
+                    "fell-back-to": s.fell_back_to,
+                })).collect::<Vec<_>>(),
+                "words": stored.len(),
+                "total": total,
+                "check": if ok { "ok" } else { "mismatch" },
+            })
+        );
+    } else {
+        for s in &summaries {
+            println!(
+                    "{}: resumed from offset {}, processed {} messages, {} commits ({} skipped while one was in flight, {} failed and retried), {} sweeps",
+                    s.task,
+                    s.resumed_from,
+                    s.processed,
+                    s.commits.len(),
+                    s.commits_skipped,
+                    s.commits_failed,
+                    s.sweeps
+                );
+            if let Some(f) = &s.fell_back_to {
+                println!(
+                    "{}: RESTORE FALLBACK: the last checkpoint did not restore; restored {f}",
+                    s.task
+                );
+            }
+        }
+        println!("top words:");
+        for (w, n) in top.iter().take(10) {
+            println!("  {n:>8}  {w}");
+        }
+        println!(
+            "check: {total} words in the stores {} an independent count of the input",
+            if ok { "equal" } else { "DIFFER FROM" }
+        );
+    }
+    if !ok {
+        return Err(Error::new(
+                ErrorKind::Corrupt,
+                "the stored counts differ from the input: state and offsets were not committed together",
+            ));
+    }
+    Ok(())
+}
+
+/// Serve the metrics in Prometheus' text format at `http://<addr>/metrics` (port 0: any free
+/// port) for as long as the process runs; returns the address bound, which the demo prints.
+pub(crate) async fn serve_metrics(
+    addr: std::net::SocketAddr,
+) -> blobsnap::Result<std::net::SocketAddr> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("metrics recorder: {e}")))?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::new(ErrorKind::Io, format!("metrics endpoint {addr}: {e}")))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| Error::new(ErrorKind::Io, format!("metrics endpoint {addr}: {e}")))?;
+    // The exporter's histograms are drained by its upkeep, which `install_recorder` leaves to
+    // the caller.
+    {
+        let handle = handle.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                handle.run_upkeep();
+            }
+        });
+    }
+    // At most 16 scrapes at once, each with 10 s for its whole request head: a slow or
+    // hostile client cannot hold the process's descriptors.
+    let slots = Arc::new(tokio::sync::Semaphore::new(16));
+    tokio::spawn(async move {
+        loop {
+            let (mut conn, _) = match listener.accept().await {
+                Ok(c) => c,
+                Err(e) => {
+                    // Out of descriptors, say: back off rather than spin.
+                    tracing::warn!(error = %e, "metrics endpoint: accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+                continue; // busy: drop the connection
+            };
+            let handle = handle.clone();
+            tokio::spawn(async move {
+                let _slot = slot;
+                // One request per connection: read its head (bounded), answer, close.
+                let mut head = Vec::with_capacity(1024);
+                let mut buf = [0u8; 1024];
+                let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+                while !head.windows(4).any(|w| w == b"\r\n\r\n")
+                    && !head.windows(2).any(|w| w == b"\n\n")
+                    && head.len() < 16 << 10
+                {
+                    match tokio::time::timeout_at(deadline, conn.read(&mut buf)).await {
+                        Ok(Ok(n)) if n > 0 => head.extend_from_slice(&buf[..n]),
+                        _ => return,
+                    }
+                }
+                let line = String::from_utf8_lossy(&head);
+                let ok = line.starts_with("GET /metrics ") || line.starts_with("GET / ");
+                let (status, body) = if ok {
+                    ("200 OK", handle.render())
+                } else {
+                    ("404 Not Found", "not found: try /metrics\n".to_string())
+                };
+                let reply = format!(
+                    "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = conn.write_all(reply.as_bytes()).await;
+                let _ = conn.shutdown().await;
+            });
+        }
+    });
+    Ok(bound)
+}

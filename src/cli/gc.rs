@@ -1,0 +1,122 @@
+//! `blobsnap gc`: the sweep of a job's scope.
+
+use std::sync::Arc;
+
+use super::args::{open_store, StoreArgs};
+use super::progress::Bar;
+use clap::Args;
+
+#[derive(Args)]
+pub(crate) struct GcArgs {
+    /// The job's name.
+    #[arg(long)]
+    pub(crate) job: String,
+    /// The job's id.
+    #[arg(long, default_value = "1")]
+    pub(crate) job_id: String,
+    /// Only this task.
+    #[arg(long)]
+    pub(crate) task: Option<String>,
+    /// Only this store.
+    #[arg(long)]
+    pub(crate) store: Option<String>,
+    /// Grace period in seconds: younger objects are never deleted.
+    #[arg(long, default_value_t = 86_400)]
+    pub(crate) grace_secs: u64,
+    /// Print the plan (exactly what a real run deletes) and stop.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+    /// Allow a grace shorter than the job's (recorded in its scope.json; 60 s if none):
+    /// still refused while a task of the job holds a writer lease younger than its grace.
+    #[arg(long)]
+    pub(crate) force: bool,
+}
+
+pub(crate) async fn run(store_args: &StoreArgs, json: bool, args: GcArgs) -> blobsnap::Result<()> {
+    let GcArgs {
+        job,
+        job_id,
+        task,
+        store,
+        grace_secs,
+        dry_run,
+        force,
+    } = args;
+    use blobsnap::blob::{admin, gc};
+    let blob_store = open_store(store_args).await?;
+    {
+        // A grace under the job's is refused unless forced, and while a task of the
+        // job runs even then (a dry run deletes nothing: it only warns).
+        let scope = blobsnap::layout::JobScope::new(&job, &job_id)?;
+        let record = admin::read_scope_record(blob_store.as_ref(), &scope).await?;
+        let active =
+            admin::active_writers(blob_store.as_ref(), &scope, std::time::SystemTime::now())
+                .await?;
+        match admin::sweep_guard(
+            std::time::Duration::from_secs(grace_secs),
+            record.as_ref(),
+            &active,
+            force,
+        ) {
+            Err(e) if dry_run => eprintln!("gc: a real run would be refused: {e}"),
+            r => r?,
+        }
+    }
+    let settings = gc::SweepSettings {
+        job_name: job,
+        job_id,
+        task,
+        store,
+        grace: std::time::Duration::from_secs(grace_secs),
+    };
+    // A dry run writes nothing: not even the probe that reads the server's clock.
+    let plan = if dry_run {
+        gc::plan_sweep_read_only(&blob_store, &settings).await?
+    } else {
+        gc::plan_sweep(&blob_store, &settings).await?
+    };
+    let deleted = if dry_run {
+        0
+    } else {
+        let total = plan.bytes;
+        let freed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let f = Arc::clone(&freed);
+        let bar = Bar::start("gc", move || {
+            (f.load(std::sync::atomic::Ordering::Relaxed), total)
+        });
+        let n = gc::execute_sweep_with_progress(blob_store.as_ref(), &plan, &freed).await?;
+        drop(bar);
+        n
+    };
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"schema": 1, "dry-run": dry_run, "plan": plan, "deleted": deleted})
+        );
+    } else {
+        println!(
+                "sweep of {}/{}: {} roots, {} live objects; {} objects ({} bytes) to delete, {} kept (younger than the grace), {} unknown keys, {} stale uploads",
+                settings.job_name,
+                settings.job_id,
+                plan.roots,
+                plan.live,
+                plan.delete.len(),
+                plan.bytes,
+                plan.kept_young,
+                plan.unknown.len(),
+                plan.uploads.len()
+            );
+        for d in &plan.delete {
+            println!("  delete {:>12}  {}", d.size, d.key);
+        }
+        for u in &plan.unknown {
+            println!("  unknown (kept)  {u}");
+        }
+        if dry_run {
+            println!("dry run: nothing deleted");
+        } else {
+            println!("deleted {deleted} objects, freed {} bytes", plan.bytes);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,106 @@
+//! `blobsnap inspect`: one snapshot's files, blobs and costs.
+
+use super::args::{open_store, SnapshotArgs, StoreArgs};
+use blobsnap::{Error, ErrorKind};
+use clap::Args;
+
+#[derive(Args)]
+pub(crate) struct InspectArgs {
+    #[command(flatten)]
+    pub(crate) snap: SnapshotArgs,
+    /// The marker (`index/<checkpoint-id>.<sha256>.json`); omitted: the task's latest
+    /// checkpoint (its offsets and markers are shown too).
+    pub(crate) marker: Option<String>,
+}
+
+pub(crate) async fn run(
+    store_args: &StoreArgs,
+    json: bool,
+    args: InspectArgs,
+) -> blobsnap::Result<()> {
+    let InspectArgs { snap, marker } = args;
+    let blob_store = open_store(store_args).await?;
+    let (marker, checkpoint) = snap.resolve_marker(&blob_store, marker).await?;
+    if let (Some(c), false) = (&checkpoint, json) {
+        println!(
+            "checkpoint #{} of task {} (writer {}):",
+            c.seq, snap.task, c.writer
+        );
+        println!("  {}", String::from_utf8_lossy(&c.checkpoint.to_json()?));
+    }
+    let (_, m, index) = snap.load(blob_store.as_ref(), &marker).await?;
+    let own = format!("blobs/{}/", m.checkpoint_id);
+    let files = index.present_files();
+    let bytes: u64 = files.iter().map(|(_, f)| f.file_metadata.size).sum();
+    let uploaded: Vec<_> = files
+        .iter()
+        .filter(|(_, f)| f.blobs.iter().any(|b| b.blob_id.starts_with(&own)))
+        .collect();
+    let up_bytes: u64 = uploaded.iter().map(|(_, f)| f.file_metadata.size).sum();
+    if json {
+        let checkpoint = match &checkpoint {
+            Some(c) => serde_json::json!({
+                "seq": c.seq,
+                "writer": c.writer,
+                "document": serde_json::from_slice::<serde_json::Value>(&c.checkpoint.to_json()?)
+                    .map_err(|e| Error::new(ErrorKind::Corrupt, format!("checkpoint JSON: {e}")))?,
+            }),
+            None => serde_json::Value::Null,
+        };
+        println!(
+            "{}",
+            serde_json::json!({
+                "schema": 1,
+                "marker": marker,
+                "checkpoint": checkpoint,
+                "checkpoint-id": m.checkpoint_id.to_string(),
+                "prev": index.prev_snapshot_index_blob_id,
+                "files": files.iter().map(|(p, f)| serde_json::json!({
+                    "path": p, "size": f.file_metadata.size,
+                    "sha256": f.sha256.map(|s| s.to_hex()),
+                    "blob": f.blobs.first().map(|b| b.blob_id.clone()),
+                })).collect::<Vec<_>>(),
+                "total-files": files.len(),
+                "total-bytes": bytes,
+                "uploaded-files": uploaded.len(),
+                "uploaded-bytes": up_bytes,
+                "upload-requests": uploaded.len() + 1,
+                "restore-requests": files.len() + 1,
+                "restore-bytes": bytes,
+            })
+        );
+    } else {
+        let md = &index.snapshot_metadata;
+        println!(
+            "snapshot {marker}\n  job {} / {}, task {}, store {}, checkpoint {}",
+            md.job_name, md.job_id, md.task_name, md.store_name, md.checkpoint_id
+        );
+        println!(
+            "  previous: {}",
+            index
+                .prev_snapshot_index_blob_id
+                .as_deref()
+                .unwrap_or("(none)")
+        );
+        for (p, f) in &files {
+            let blob = f.blobs.first().map(|b| b.blob_id.as_str()).unwrap_or("-");
+            let new = if blob.starts_with(&own) {
+                "new"
+            } else {
+                "reused"
+            };
+            println!("  {:>12}  {p}  {new} {blob}", f.file_metadata.size);
+        }
+        println!(
+                "  {} files, {} bytes; uploaded by this checkpoint: {} files, {} bytes, about {} requests (single PUTs + the index); a restore into an empty dir: {} GETs, {} bytes",
+                files.len(),
+                bytes,
+                uploaded.len(),
+                up_bytes,
+                uploaded.len() + 1,
+                files.len() + 1,
+                bytes
+            );
+    }
+    Ok(())
+}

@@ -1,0 +1,175 @@
+//! `blobsnap restore`: one store from a snapshot marker into a directory.
+
+use std::path::PathBuf;
+
+use super::args::{open_store, SnapshotArgs, StoreArgs};
+use super::progress::Bar;
+use blobsnap::backend::{StoreSpec, TaskContext, TaskRestoreManager as _};
+use blobsnap::blob::restore::{BlobRestoreManager, RestoreSettings};
+use blobsnap::blob::FACTORY_NAME;
+use blobsnap::checkpoint::{Checkpoint, CheckpointV2};
+use blobsnap::index::IndexMarker;
+use blobsnap::{Error, ErrorKind};
+use clap::Args;
+
+#[derive(Args)]
+pub(crate) struct RestoreArgs {
+    /// The marker (`index/<checkpoint-id>.<sha256>.json`); omitted: the store's marker in
+    /// the task's latest committed checkpoint.
+    pub(crate) marker: Option<String>,
+    #[command(flatten)]
+    pub(crate) snap: SnapshotArgs,
+    /// The directory to restore into (created if missing). Its files are replaced by the
+    /// snapshot's (those with the right bytes are reused): a non-empty directory that
+    /// blobsnap did not restore (no `RESTORED` marker) is refused unless `--force`.
+    #[arg(long)]
+    pub(crate) to: PathBuf,
+    /// Print the plan and stop.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+    /// Replace the contents of a non-empty `--to` that blobsnap did not restore.
+    #[arg(long)]
+    pub(crate) force: bool,
+}
+
+pub(crate) async fn run(
+    store_args: &StoreArgs,
+    json: bool,
+    args: RestoreArgs,
+) -> blobsnap::Result<()> {
+    let RestoreArgs {
+        marker,
+        snap,
+        to,
+        dry_run,
+        force,
+    } = args;
+    refuse_foreign_dir(&to, force)?;
+    let blob_store = open_store(store_args).await?;
+    let (marker, _) = snap.resolve_marker(&blob_store, marker).await?;
+    let SnapshotArgs {
+        job,
+        job_id,
+        task,
+        store,
+    } = snap;
+    let parsed: IndexMarker = marker.parse()?;
+    let ctx = TaskContext {
+        job_name: job,
+        job_id,
+        task_name: task,
+    };
+    let spec = StoreSpec {
+        name: store.clone(),
+        dir: to,
+    };
+    // Nobody else may restore into the dir or have its database open meanwhile.
+    let _lock = blobsnap::local::lock::StoreDirLock::acquire(&spec.dir)?;
+    let mgr = BlobRestoreManager::new(
+        blob_store,
+        ctx,
+        std::slice::from_ref(&spec),
+        RestoreSettings::default(),
+    )?;
+    let checkpoint = Checkpoint::V2(CheckpointV2 {
+        id: parsed.checkpoint_id,
+        input_offsets: Default::default(),
+        state_checkpoint_markers: [(
+            FACTORY_NAME.to_string(),
+            [(store.clone(), marker.clone())].into(),
+        )]
+        .into(),
+    });
+    mgr.init(Some(&checkpoint)).await?;
+    // The plan printed is the plan carried out: an interrupted earlier restore is
+    // finished first (a dry run changes nothing, so it plans the dir as it is).
+    if !dry_run {
+        mgr.recover().await?;
+    }
+    let plans = mgr.plan().await?;
+    if !json {
+        for p in &plans {
+            print!("{p}");
+        }
+    }
+    if dry_run {
+        if json {
+            let totals: Vec<_> = plans.iter().map(|p| (&p.store, p.totals)).collect();
+            println!(
+                "{}",
+                serde_json::json!({"schema": 1, "dry-run": true, "plans": totals})
+            );
+        }
+        return Ok(());
+    }
+    let bar = mgr.progress(&store).map(|p| {
+        Bar::start("restore", move || {
+            use std::sync::atomic::Ordering::Relaxed;
+            (
+                p.bytes_fetched.load(Relaxed),
+                p.bytes_to_fetch.load(Relaxed),
+            )
+        })
+    });
+    mgr.execute(plans).await?;
+    drop(bar);
+    let totals = mgr.plan_totals();
+    let progress = mgr.progress(&store);
+    let fetched = progress
+        .as_ref()
+        .map(|p| p.bytes_fetched.load(std::sync::atomic::Ordering::Relaxed))
+        .unwrap_or(0);
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "schema": 1,
+                "store": store,
+                "marker": marker,
+                "plan": totals.get(&store),
+                "bytes-fetched": fetched,
+                "bytes-hashed": blobsnap::digest::bytes_hashed(),
+            })
+        );
+    } else {
+        println!("restored {store} from {marker}: {fetched} bytes downloaded");
+    }
+    Ok(())
+}
+
+/// `restore --to DIR` replaces DIR's contents: a non-empty DIR that is not a store blobsnap
+/// restored (its `RESTORED` marker) is someone's data, refused unless `--force`. A symlink as
+/// DIR is refused too (a restore never follows one out of the place it was given).
+pub(crate) fn refuse_foreign_dir(dir: &std::path::Path, force: bool) -> blobsnap::Result<()> {
+    let md = match std::fs::symlink_metadata(dir) {
+        Ok(md) => md,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!("stat {}: {e}", dir.display()),
+            ))
+        }
+    };
+    if !md.is_dir() {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "--to {} is not a directory (a symlink or a file): nothing restored",
+                dir.display()
+            ),
+        ));
+    }
+    if force || dir.join(blobsnap::index::RESTORED_MARKER).is_file() {
+        return Ok(());
+    }
+    let mut entries = std::fs::read_dir(dir)
+        .map_err(|e| Error::new(ErrorKind::Io, format!("list {}: {e}", dir.display())))?;
+    if entries.next().is_some() {
+        return Err(Error::new(ErrorKind::InvalidInput, format!(
+            "--to {} is not empty and blobsnap did not restore it (no RESTORED marker): its files would be replaced; give --force to do that, or restore into an empty or new directory",
+            dir.display()
+        )));
+    }
+    Ok(())
+}
