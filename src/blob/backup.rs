@@ -34,7 +34,7 @@ use futures::{StreamExt as _, TryStreamExt as _};
 use tokio::sync::Semaphore;
 
 use super::diff::{diff, DirDiff};
-use super::{hash_object, read_index, Expected, FACTORY_NAME};
+use super::{hash_object, load_snapshot, Expected, LoadedSnapshot, FACTORY_NAME};
 use crate::backend::{Clock, StoreMarkers, StoreSpec, TaskBackupManager, TaskContext};
 use crate::blobstore::{BlobStore, PutBody, PutOptions};
 use crate::checkpoint::{Checkpoint, CheckpointId};
@@ -159,18 +159,12 @@ impl BackupProgress {
     }
 }
 
-#[derive(Clone)]
-struct Snapshot {
-    marker: IndexMarker,
-    index: Arc<SnapshotIndex>,
-}
-
 #[derive(Default)]
 struct StoreState {
-    committed: Option<Snapshot>,
+    committed: Option<LoadedSnapshot>,
     /// Committed snapshots still retained, oldest first (the last is `committed`).
-    retained: std::collections::VecDeque<Snapshot>,
-    uploaded: HashMap<IndexMarker, Snapshot>,
+    retained: std::collections::VecDeque<LoadedSnapshot>,
+    uploaded: HashMap<IndexMarker, LoadedSnapshot>,
 }
 
 /// What cleanup deleted.
@@ -310,26 +304,10 @@ impl BlobBackupManager {
         }
     }
 
-    async fn load_committed(
-        &self,
-        spec: &StoreSpec,
-        scope: &StoreScope,
-        marker: &str,
-    ) -> Result<Snapshot> {
-        let marker: IndexMarker = marker
-            .parse()
-            .map_err(|e: Error| e.context(format!("store {}", spec.name)))?;
-        let index = read_index(
-            self.blob_store.as_ref(),
-            scope,
-            &marker,
-            &self.expected(&spec.name),
-        )
-        .await?;
-        Ok(Snapshot {
-            marker,
-            index: Arc::new(index),
-        })
+    async fn load_committed(&self, spec: &StoreSpec, marker: &str) -> Result<LoadedSnapshot> {
+        load_snapshot(self.blob_store.as_ref(), &self.expected(&spec.name), marker)
+            .await
+            .map_err(|e| e.context(format!("store {}", spec.name)))
     }
 
     #[tracing::instrument(level = "info", skip_all, fields(task = %self.task.task_name, store = %spec.name, checkpoint = %id))]
@@ -528,7 +506,8 @@ impl BlobBackupManager {
             .uploaded
             .insert(
                 marker,
-                Snapshot {
+                LoadedSnapshot {
+                    scope: scope.clone(),
                     marker,
                     index: Arc::new(index),
                 },
@@ -652,9 +631,9 @@ impl TaskBackupManager for BlobBackupManager {
         if last.is_some() && v2.is_none() {
             tracing::warn!(task = %self.task.task_name, "last checkpoint is V1: no blob snapshots to build on");
         }
-        for (spec, scope, _) in &self.stores {
+        for (spec, _, _) in &self.stores {
             let committed = match v2.and_then(|c| c.marker(FACTORY_NAME, &spec.name)) {
-                Some(marker) => Some(self.load_committed(spec, scope, marker).await?),
+                Some(marker) => Some(self.load_committed(spec, marker).await?),
                 None => None,
             };
             // The retention window: the committed snapshot and the ones before it, followed
@@ -666,7 +645,7 @@ impl TaskBackupManager for BlobBackupManager {
                 let mut prev = c.index.prev_snapshot_index_blob_id.clone();
                 while retained.len() < self.settings.retention.max(1) {
                     let Some(p) = prev.take() else { break };
-                    match self.load_committed(spec, scope, &p).await {
+                    match self.load_committed(spec, &p).await {
                         Ok(s) => {
                             prev = s.index.prev_snapshot_index_blob_id.clone();
                             retained.push_front(s);
@@ -727,7 +706,7 @@ impl TaskBackupManager for BlobBackupManager {
     async fn cleanup(&self, id: CheckpointId, markers: &StoreMarkers) -> Result<()> {
         // Uploads up to this one will never commit now: their clocks are done.
         lock(&self.first_put)?.retain(|k, _| *k > id);
-        for (spec, scope, _) in &self.stores {
+        for (spec, _, _) in &self.stores {
             let Some(marker_str) = markers.get(&spec.name) else {
                 continue;
             };
@@ -748,7 +727,7 @@ impl TaskBackupManager for BlobBackupManager {
             };
             let snap = match known {
                 Some(s) => s,
-                None => self.load_committed(spec, scope, marker_str).await?,
+                None => self.load_committed(spec, marker_str).await?,
             };
             tracing::debug!(store = %spec.name, checkpoint = %id, marker = %snap.marker, "committed");
             let mut state = lock(&self.state)?;

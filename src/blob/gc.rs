@@ -28,7 +28,7 @@ use std::time::{Duration, SystemTime};
 use futures::TryStreamExt as _;
 use serde::Serialize;
 
-use super::{read_index, Expected, FACTORY_NAME};
+use super::{load_snapshot, Expected, FACTORY_NAME};
 use crate::blobstore::{
     unescape_segment, BlobKey, BlobStore, MultipartUpload, PutBody, PutOptions,
 };
@@ -208,20 +208,18 @@ async fn plan_sweep_at(
             };
             for (store_name, marker) in markers {
                 let scope = job.store(task, store_name)?;
-                let m: IndexMarker = marker.parse().map_err(|e: Error| {
-                    e.context(format!(
-                        "sweep: root of task {task:?} store {store_name:?} (nothing deleted)"
-                    ))
-                })?;
-                let expected = Expected {
+                let who = Expected {
                     job_name: &settings.job_name,
                     job_id: &settings.job_id,
                     task_name: task,
                     store_name,
                 };
-                let index = read_index(store, &scope, &m, &expected).await.map_err(|e| {
-                    e.context(format!("sweep: root index of task {task:?} store {store_name:?} (nothing deleted)"))
+                let snap = load_snapshot(store, &who, marker).await.map_err(|e| {
+                    e.context(format!(
+                        "sweep: root of task {task:?} store {store_name:?} (nothing deleted)"
+                    ))
                 })?;
+                let (m, index) = (snap.marker, snap.index);
                 live.insert(scope.index_key(&m)?);
                 for (_, f) in index.present_files() {
                     for b in &f.blobs {

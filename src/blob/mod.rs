@@ -17,12 +17,14 @@ pub mod factory;
 pub mod gc;
 pub mod restore;
 
+use std::sync::Arc;
+
 pub use crate::blobstore::hash_object;
 use crate::blobstore::{get_bytes, BlobStore};
 use crate::digest::Sha256;
 use crate::error::{Error, Result};
 use crate::index::{IndexMarker, SnapshotIndex, MAX_INDEX_BYTES};
-use crate::layout::StoreScope;
+use crate::layout::{JobScope, StoreScope};
 
 /// The key of the blob backend in `state-checkpoint-markers`. Fixed forever: changing it
 /// orphans every checkpoint.
@@ -41,11 +43,65 @@ pub struct Expected<'a> {
     pub store_name: &'a str,
 }
 
+/// A store's snapshot, loaded and checked by [`load_snapshot`] (or just written by a backup).
+#[derive(Clone, Debug)]
+pub struct LoadedSnapshot {
+    /// The store's scope: where its index and blobs live.
+    pub scope: StoreScope,
+    /// The snapshot's marker.
+    pub marker: IndexMarker,
+    /// Its index.
+    pub index: Arc<SnapshotIndex>,
+}
+
+/// The one way a snapshot is read, by backup, restore, GC, verify and the CLI: parse
+/// `marker`, GET its index in the scope of `who` and check it — the SHA-256 of its bytes
+/// against the marker, its format, its names and checkpoint id (see [`read_index`]), and
+/// that every file it lists has a SHA-256 and blobs inside the store's `blobs/` (`Corrupt`
+/// naming the entry). Never returns someone else's snapshot, nor one a restore could not
+/// verify.
+pub async fn load_snapshot(
+    store: &dyn BlobStore,
+    who: &Expected<'_>,
+    marker: &str,
+) -> Result<LoadedSnapshot> {
+    let scope = JobScope::new(who.job_name, who.job_id)?.store(who.task_name, who.store_name)?;
+    let marker: IndexMarker = marker.parse()?;
+    let index = read_index(store, &scope, &marker, who).await?;
+    for (path, f) in index.present_files() {
+        if f.sha256.is_none() {
+            return Err(Error::corrupt(format!(
+                "index {marker}: entry {path} has no sha256; cannot verify a restore"
+            )));
+        }
+        for b in &f.blobs {
+            let key = scope.key(&b.blob_id).map_err(|e| {
+                Error::corrupt(format!(
+                    "index {marker}: entry {path}: bad blob id {:?}: {}",
+                    b.blob_id,
+                    e.message()
+                ))
+            })?;
+            if !b.blob_id.starts_with("blobs/") || !key.is_in(scope.scope()) {
+                return Err(Error::corrupt(format!(
+                    "index {marker}: entry {path}: blob {:?} is outside the store's blobs/",
+                    b.blob_id
+                )));
+            }
+        }
+    }
+    Ok(LoadedSnapshot {
+        scope,
+        marker,
+        index: Arc::new(index),
+    })
+}
+
 /// GET the index named by `marker` in `scope` and check it: the SHA-256 of its bytes against
 /// the marker (`Corrupt`), its format and names (`Corrupt`/`InvalidInput`), its metadata
 /// against `expected` and its checkpoint id against the marker's (`Corrupt`, naming both
 /// values). Never returns someone else's snapshot.
-pub async fn read_index(
+async fn read_index(
     store: &dyn BlobStore,
     scope: &StoreScope,
     marker: &IndexMarker,

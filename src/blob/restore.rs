@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use super::{read_index, Expected, FACTORY_NAME};
+use super::{load_snapshot, Expected, LoadedSnapshot, FACTORY_NAME};
 use crate::backend::{StoreSpec, TaskContext, TaskRestoreManager};
 use crate::blobstore::{download_to_file, BlobStore, DownloadOptions};
 use crate::checkpoint::{Checkpoint, CheckpointId};
@@ -487,19 +487,13 @@ fn swap_in(store_dir: &Path, staging: &Path) -> Result<()> {
     }
 }
 
-#[derive(Clone)]
-struct Loaded {
-    marker: IndexMarker,
-    index: Arc<SnapshotIndex>,
-}
-
 /// The blob backend's restore manager for one task.
 pub struct BlobRestoreManager {
     blob_store: Arc<dyn BlobStore>,
     task: TaskContext,
     stores: Vec<(StoreSpec, StoreScope)>,
     settings: RestoreSettings,
-    loaded: Mutex<Option<HashMap<String, Option<Loaded>>>>,
+    loaded: Mutex<Option<HashMap<String, Option<LoadedSnapshot>>>>,
     progress: HashMap<String, Arc<RestoreProgress>>,
     plans: Mutex<BTreeMap<String, PlanTotals>>,
 }
@@ -574,7 +568,7 @@ impl BlobRestoreManager {
         Ok(plans)
     }
 
-    fn loaded(&self) -> Result<HashMap<String, Option<Loaded>>> {
+    fn loaded(&self) -> Result<HashMap<String, Option<LoadedSnapshot>>> {
         lock(&self.loaded)?
             .clone()
             .ok_or_else(|| Error::invalid("restore manager used before init"))
@@ -622,7 +616,7 @@ impl BlobRestoreManager {
         &self,
         spec: &StoreSpec,
         scope: &StoreScope,
-        loaded: Option<Loaded>,
+        loaded: Option<LoadedSnapshot>,
     ) -> Result<()> {
         let spec_c = spec.clone();
         tokio::task::spawn_blocking(move || roll_forward(&spec_c.dir))
@@ -648,7 +642,7 @@ impl BlobRestoreManager {
         &self,
         spec: &StoreSpec,
         scope: &StoreScope,
-        loaded: Option<Loaded>,
+        loaded: Option<LoadedSnapshot>,
         plan: RestorePlan,
     ) -> Result<()> {
         tracing::info!(store = %spec.name, plan = ?plan.totals, "restore plan");
@@ -970,52 +964,23 @@ impl TaskRestoreManager for BlobRestoreManager {
             {
                 None => None,
                 Some((cp_id, m)) => {
-                    let marker: IndexMarker = m
-                        .parse()
-                        .map_err(|e: Error| e.context(format!("store {}", spec.name)))?;
-                    let expected = Expected {
+                    let who = Expected {
                         job_name: &self.task.job_name,
                         job_id: &self.task.job_id,
                         task_name: &self.task.task_name,
                         store_name: &spec.name,
                     };
-                    let index = read_index(self.blob_store.as_ref(), scope, &marker, &expected)
+                    let snap = load_snapshot(self.blob_store.as_ref(), &who, m)
                         .await
                         .map_err(|e| e.context(format!("store {}", spec.name)))?;
-                    if index.snapshot_metadata.checkpoint_id != cp_id {
+                    debug_assert_eq!(&snap.scope, scope);
+                    if snap.index.snapshot_metadata.checkpoint_id != cp_id {
                         return Err(Error::corrupt(format!(
-                            "store {}: index {marker} belongs to checkpoint {}, the checkpoint is {cp_id}",
-                            spec.name, index.snapshot_metadata.checkpoint_id
+                            "store {}: index {} belongs to checkpoint {}, the checkpoint is {cp_id}",
+                            spec.name, snap.marker, snap.index.snapshot_metadata.checkpoint_id
                         )));
                     }
-                    for (path, f) in index.present_files() {
-                        if f.sha256.is_none() {
-                            return Err(Error::corrupt(format!(
-                                "store {}: index entry {path} has no sha256; cannot verify a restore",
-                                spec.name
-                            )));
-                        }
-                        for b in &f.blobs {
-                            let key = scope.key(&b.blob_id).map_err(|e| {
-                                Error::corrupt(format!(
-                                    "store {}: index entry {path}: bad blob id {:?}: {}",
-                                    spec.name,
-                                    b.blob_id,
-                                    e.message()
-                                ))
-                            })?;
-                            if !b.blob_id.starts_with("blobs/") || !key.is_in(scope.scope()) {
-                                return Err(Error::corrupt(format!(
-                                    "store {}: index entry {path}: blob {:?} is outside the store's blobs/",
-                                    spec.name, b.blob_id
-                                )));
-                            }
-                        }
-                    }
-                    Some(Loaded {
-                        marker,
-                        index: Arc::new(index),
-                    })
+                    Some(snap)
                 }
             };
             loaded.insert(spec.name.clone(), entry);

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use blobsnap::blob::FACTORY_NAME;
 use blobsnap::blobstore::BlobStore;
 use blobsnap::config::{Settings, StoreKind};
-use blobsnap::index::IndexMarker;
 use blobsnap::{Error, ErrorKind};
 use clap::{Args, Parser, Subcommand};
 
@@ -138,26 +137,23 @@ pub(crate) struct SnapshotArgs {
 }
 
 impl SnapshotArgs {
-    pub(crate) async fn load(
-        &self,
-        blob_store: &dyn BlobStore,
-        marker: &str,
-    ) -> blobsnap::Result<(
-        blobsnap::layout::StoreScope,
-        IndexMarker,
-        blobsnap::index::SnapshotIndex,
-    )> {
-        let m: IndexMarker = marker.parse()?;
-        let scope = blobsnap::layout::JobScope::new(&self.job, &self.job_id)?
-            .store(&self.task, &self.store)?;
-        let expected = blobsnap::blob::Expected {
+    /// Whose snapshots these are.
+    pub(crate) fn who(&self) -> blobsnap::blob::Expected<'_> {
+        blobsnap::blob::Expected {
             job_name: &self.job,
             job_id: &self.job_id,
             task_name: &self.task,
             store_name: &self.store,
-        };
-        let index = blobsnap::blob::read_index(blob_store, &scope, &m, &expected).await?;
-        Ok((scope, m, index))
+        }
+    }
+
+    /// Load and check the snapshot `marker` names ([`blobsnap::blob::load_snapshot`]).
+    pub(crate) async fn load(
+        &self,
+        blob_store: &dyn BlobStore,
+        marker: &str,
+    ) -> blobsnap::Result<blobsnap::blob::LoadedSnapshot> {
+        blobsnap::blob::load_snapshot(blob_store, &self.who(), marker).await
     }
 }
 

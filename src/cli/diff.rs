@@ -20,8 +20,8 @@ pub(crate) async fn run(
 ) -> blobsnap::Result<()> {
     let DiffArgs { snap, a, b } = args;
     let blob_store = open_store(store_args).await?;
-    let (_, _, ia) = snap.load(blob_store.as_ref(), &a).await?;
-    let (_, _, ib) = snap.load(blob_store.as_ref(), &b).await?;
+    let ia = snap.load(blob_store.as_ref(), &a).await?.index;
+    let ib = snap.load(blob_store.as_ref(), &b).await?.index;
     let fa: std::collections::BTreeMap<String, (Option<blobsnap::digest::Sha256>, u64)> = ia
         .present_files()
         .into_iter()

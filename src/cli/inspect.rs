@@ -28,7 +28,9 @@ pub(crate) async fn run(
         );
         println!("  {}", String::from_utf8_lossy(&c.checkpoint.to_json()?));
     }
-    let (_, m, index) = snap.load(blob_store.as_ref(), &marker).await?;
+    let blobsnap::blob::LoadedSnapshot {
+        marker: m, index, ..
+    } = snap.load(blob_store.as_ref(), &marker).await?;
     let own = format!("blobs/{}/", m.checkpoint_id);
     let files = index.present_files();
     let bytes: u64 = files.iter().map(|(_, f)| f.file_metadata.size).sum();

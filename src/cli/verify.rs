@@ -49,7 +49,8 @@ pub(crate) async fn run(
     }
     let blob_store = open_store(store_args).await?;
     let (marker, _) = snap.resolve_marker(&blob_store, marker).await?;
-    let (scope, _, index) = snap.load(blob_store.as_ref(), &marker).await?;
+    let blobsnap::blob::LoadedSnapshot { scope, index, .. } =
+        snap.load(blob_store.as_ref(), &marker).await?;
     // --sample: exactly ceil(objects × pct / 100) blobs, chosen at random.
     let objects: usize = index
         .present_files()

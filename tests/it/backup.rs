@@ -12,7 +12,7 @@ use blobsnap::backend::{
     Clock, StoreEngine, StoreMarkers, StoreSpec, SystemClock, TaskBackupManager, TaskContext,
 };
 use blobsnap::blob::backup::{BackupSettings, BlobBackupManager, UploadStats};
-use blobsnap::blob::{read_index, Expected, FACTORY_NAME};
+use blobsnap::blob::FACTORY_NAME;
 use blobsnap::blobstore::counting::{Counters, CountingStore};
 use blobsnap::blobstore::fault::{FaultConfig, FaultStore, OpRates};
 use blobsnap::blobstore::{get_bytes, BlobStore};
@@ -66,23 +66,7 @@ impl Fixture {
     }
 
     async fn index(&self, store: &str, marker: &str) -> SnapshotIndex {
-        let scope = JobScope::new(&self.task.job_name, &self.task.job_id)
-            .unwrap()
-            .store(&self.task.task_name, store)
-            .unwrap();
-        read_index(
-            self.store.as_ref(),
-            &scope,
-            &marker.parse().unwrap(),
-            &Expected {
-                job_name: &self.task.job_name,
-                job_id: &self.task.job_id,
-                task_name: &self.task.task_name,
-                store_name: store,
-            },
-        )
-        .await
-        .unwrap()
+        support::index_of_store(self.store.as_ref(), &self.task, store, marker).await
     }
 
     /// Every present file of the index: its blob's bytes hash to the file's SHA-256.

@@ -28,7 +28,7 @@ use async_trait::async_trait;
 use blobsnap::backend::{Clock, StoreEngine, StoreSpec, TaskBackupManager as _, TaskContext};
 use blobsnap::blob::backup::{BackupSettings, BlobBackupManager};
 use blobsnap::blob::gc::{execute_sweep, plan_sweep, SweepSettings};
-use blobsnap::blob::{read_index, Expected, FACTORY_NAME};
+use blobsnap::blob::{load_snapshot, Expected, FACTORY_NAME};
 use blobsnap::blobstore::{
     BlobKey, BlobStore, Capabilities, CreateOnly, DeleteFailures, GetResult, MultipartUpload,
     ObjectMeta, PutBody, PutMode, PutOptions, PutResult, Scope,
@@ -36,7 +36,6 @@ use blobsnap::blobstore::{
 use blobsnap::checkpoint::{BlobCheckpointStore, CheckpointStore, Ssp};
 use blobsnap::commit::{Backend, TaskCommitManager};
 use blobsnap::digest::Sha256;
-use blobsnap::index::IndexMarker;
 use blobsnap::layout::JobScope;
 use blobsnap::{Error, ErrorKind, Result};
 use bytes::Bytes;
@@ -360,20 +359,16 @@ async fn retained_intact(
             .unwrap_or_default();
         for (store_name, marker) in &markers {
             let sscope = scope.store(&ctx.task_name, store_name).unwrap();
-            let m: IndexMarker = marker.parse().map_err(|e: Error| e.to_string())?;
-            let idx = read_index(
-                store.as_ref(),
-                &sscope,
-                &m,
-                &Expected {
-                    job_name: &ctx.job_name,
-                    job_id: &ctx.job_id,
-                    task_name: &ctx.task_name,
-                    store_name,
-                },
-            )
-            .await
-            .map_err(|e| format!("checkpoint #{} store {store_name}: {e}", c.seq))?;
+            let who = Expected {
+                job_name: &ctx.job_name,
+                job_id: &ctx.job_id,
+                task_name: &ctx.task_name,
+                store_name,
+            };
+            let idx = load_snapshot(store.as_ref(), &who, marker)
+                .await
+                .map_err(|e| format!("checkpoint #{} store {store_name}: {e}", c.seq))?
+                .index;
             for (name, f) in idx.present_files() {
                 for b in &f.blobs {
                     let key = sscope.key(&b.blob_id).unwrap();

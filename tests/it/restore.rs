@@ -16,7 +16,7 @@ use blobsnap::blob::backup::{BackupSettings, BlobBackupManager};
 use blobsnap::blob::restore::{
     BlobRestoreManager, RestoreSettings, RestoredMarker, RESTORED_MARKER,
 };
-use blobsnap::blob::{read_index, Expected, FACTORY_NAME};
+use blobsnap::blob::FACTORY_NAME;
 use blobsnap::blobstore::counting::{Counters, CountingStore};
 use blobsnap::blobstore::{BlobStore, PutBody, PutOptions};
 use blobsnap::checkpoint::{Checkpoint, CheckpointId, CheckpointIdGen, CheckpointV2};
@@ -114,26 +114,8 @@ impl Fx {
     }
 
     async fn index(&self, cp: &Checkpoint) -> SnapshotIndex {
-        let marker: IndexMarker = cp
-            .as_v2()
-            .unwrap()
-            .marker(FACTORY_NAME, "counts")
-            .unwrap()
-            .parse()
-            .unwrap();
-        read_index(
-            self.store.as_ref(),
-            &self.scope(),
-            &marker,
-            &Expected {
-                job_name: &self.task.job_name,
-                job_id: &self.task.job_id,
-                task_name: &self.task.task_name,
-                store_name: "counts",
-            },
-        )
-        .await
-        .unwrap()
+        let marker = cp.as_v2().unwrap().marker(FACTORY_NAME, "counts").unwrap();
+        support::index_of_store(self.store.as_ref(), &self.task, "counts", marker).await
     }
 
     fn fetched(&self) -> u64 {

@@ -16,11 +16,10 @@ use blobsnap::backend::{
 };
 use blobsnap::blob::backup::{BackupSettings, BlobBackupManager};
 use blobsnap::blob::restore::{staging_dir, BlobRestoreManager, RestoreSettings, RESTORED_MARKER};
-use blobsnap::blob::{read_index, Expected, FACTORY_NAME};
+use blobsnap::blob::FACTORY_NAME;
 use blobsnap::checkpoint::{Checkpoint, CheckpointIdGen, CheckpointV2};
 use blobsnap::digest::Sha256;
-use blobsnap::index::{IndexMarker, SnapshotIndex};
-use blobsnap::layout::JobScope;
+use blobsnap::index::SnapshotIndex;
 use blobsnap::local::rocks::RocksStore;
 
 const POINTS: &[&str] = &[
@@ -156,24 +155,9 @@ async fn run_matrix(
             .unwrap()
             .to_string()
     };
-    let scope = JobScope::new(&task.job_name, "1")
-        .unwrap()
-        .store(&task.task_name, "counts")
-        .unwrap();
-    let expected = Expected {
-        job_name: &task.job_name,
-        job_id: "1",
-        task_name: &task.task_name,
-        store_name: "counts",
-    };
     let mut indexes = Vec::new();
     for cp in &checkpoints {
-        let m: IndexMarker = marker(cp).parse().unwrap();
-        indexes.push(
-            read_index(h.store.as_ref(), &scope, &m, &expected)
-                .await
-                .unwrap(),
-        );
+        indexes.push(support::index_of_store(h.store.as_ref(), &task, "counts", &marker(cp)).await);
     }
     let (old, new) = (index_tree(&indexes[0]), index_tree(&indexes[1]));
     let old_shas: std::collections::HashSet<Sha256> = old.values().copied().collect();

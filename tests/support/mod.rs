@@ -20,7 +20,7 @@ use blobsnap::blobstore::local::LocalStore;
 use blobsnap::blobstore::s3::{CreateOnlySetting, S3Config, S3Store};
 use blobsnap::blobstore::{BlobStore, CreateOnly, Scope};
 use blobsnap::checkpoint::{BlobCheckpointStore, CheckpointStore as _};
-use blobsnap::index::{IndexMarker, SnapshotIndex};
+use blobsnap::index::SnapshotIndex;
 use blobsnap::layout::JobScope;
 
 pub const S3S_ACCESS_KEY: &str = "AKIAS3SFSTEST";
@@ -251,24 +251,16 @@ pub async fn index_of_store(
     store_name: &str,
     marker: &str,
 ) -> SnapshotIndex {
-    let scope = JobScope::new(&ctx.job_name, &ctx.job_id)
-        .unwrap()
-        .store(&ctx.task_name, store_name)
+    let who = blobsnap::blob::Expected {
+        job_name: &ctx.job_name,
+        job_id: &ctx.job_id,
+        task_name: &ctx.task_name,
+        store_name,
+    };
+    let snap = blobsnap::blob::load_snapshot(store, &who, marker)
+        .await
         .unwrap();
-    let m: IndexMarker = marker.parse().unwrap();
-    blobsnap::blob::read_index(
-        store,
-        &scope,
-        &m,
-        &blobsnap::blob::Expected {
-            job_name: &ctx.job_name,
-            job_id: &ctx.job_id,
-            task_name: &ctx.task_name,
-            store_name,
-        },
-    )
-    .await
-    .unwrap()
+    Arc::unwrap_or_clone(snap.index)
 }
 
 /// Every object under the job scope that the retained checkpoints reference: checkpoint
