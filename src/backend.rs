@@ -33,6 +33,11 @@ pub type StoreMarkers = BTreeMap<String, String>;
 pub trait Clock: Send + Sync + std::fmt::Debug {
     /// Milliseconds since the Unix epoch.
     fn now_millis(&self) -> u64;
+
+    /// The same instant as a [`SystemTime`].
+    fn now(&self) -> SystemTime {
+        UNIX_EPOCH + std::time::Duration::from_millis(self.now_millis())
+    }
 }
 
 /// The system clock.

@@ -94,6 +94,11 @@ impl Error {
         self.kind
     }
 
+    /// The underlying error this one was built from, if any (already part of `Display`).
+    pub fn cause(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
+        self.source.as_deref()
+    }
+
     /// The message without context.
     pub fn message(&self) -> &str {
         &self.message
@@ -141,6 +146,16 @@ impl Error {
     }
 
     /// A local I/O error about `what` (a path or an operation).
+    /// A background task (`spawn`, `spawn_blocking`) that did not return: cancelled (the
+    /// runtime is shutting down) is `Cancelled`, a panic is `Io` with the panic's message.
+    pub(crate) fn task(what: &str, err: tokio::task::JoinError) -> Self {
+        if err.is_cancelled() {
+            Self::new(ErrorKind::Cancelled, format!("{what} task was cancelled"))
+        } else {
+            Self::new(ErrorKind::Io, format!("{what} task panicked: {err}"))
+        }
+    }
+
     pub(crate) fn io(what: impl fmt::Display, err: std::io::Error) -> Self {
         let kind = match err.kind() {
             std::io::ErrorKind::NotFound => ErrorKind::NotFound,
@@ -180,13 +195,10 @@ impl fmt::Debug for Error {
     }
 }
 
-impl std::error::Error for Error {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source
-            .as_ref()
-            .map(|s| s.as_ref() as &(dyn std::error::Error + 'static))
-    }
-}
+/// `Display` prints the whole chain (context, message, every cause, kind), so `source()`
+/// returns `None`: a reporter that walks sources (anyhow, eyre, tracing's error fields)
+/// prints each cause once. Code that needs the cause itself uses [`Error::cause`].
+impl std::error::Error for Error {}
 
 /// Extension to add context to a `Result` without changing its kind.
 pub trait ResultExt<T> {
@@ -203,6 +215,26 @@ impl<T> ResultExt<T> for Result<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_chain_is_printed_once() {
+        let io = std::io::Error::other("disk on fire");
+        let e = Error::io("write 000007.sst", io).context("store counts");
+        let shown = e.to_string();
+        assert_eq!(shown.matches("disk on fire").count(), 1, "{shown}");
+        // A reporter that prints Display and then walks source() repeats nothing.
+        let mut report = shown.clone();
+        let mut next = std::error::Error::source(&e);
+        while let Some(s) = next {
+            report.push_str(&format!(": {s}"));
+            next = s.source();
+        }
+        assert_eq!(report, shown);
+        assert_eq!(
+            e.cause().map(|c| c.to_string()).as_deref(),
+            Some("disk on fire")
+        );
+    }
 
     #[test]
     fn context_keeps_kind_and_reads_outermost_first() {

@@ -94,7 +94,10 @@ impl Drop for Cluster {
 }
 
 fn now() -> String {
-    format!("{:?}", std::time::SystemTime::now())
+    format!(
+        "{:?}",
+        blobsnap::backend::Clock::now(&blobsnap::backend::SystemClock)
+    )
 }
 
 /// The block hashes stored in a node's data dir (`ab/cd/<hash>[.zst]`).

@@ -340,7 +340,7 @@ impl BlobBackupManager {
                 Ok::<_, Error>(tree)
             })
             .await
-            .map_err(|e| Error::new(ErrorKind::Io, format!("scan task failed: {e}")))??
+            .map_err(|e| Error::task("scan", e))??
         };
         let scan_ms = started.elapsed().as_millis() as u64;
 

@@ -154,7 +154,12 @@ pub async fn plan_sweep_read_only(
     shared: &std::sync::Arc<dyn BlobStore>,
     settings: &SweepSettings,
 ) -> Result<SweepPlan> {
-    plan_sweep_at(shared, settings, SystemTime::now()).await
+    plan_sweep_at(
+        shared,
+        settings,
+        crate::backend::Clock::now(&crate::backend::SystemClock),
+    )
+    .await
 }
 
 async fn plan_sweep_at(

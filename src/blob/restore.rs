@@ -562,7 +562,7 @@ impl BlobRestoreManager {
                 )
             })
             .await
-            .map_err(|e| Error::new(ErrorKind::Io, format!("plan task: {e}")))??;
+            .map_err(|e| Error::task("plan", e))??;
             plans.push(plan);
         }
         Ok(plans)
@@ -582,7 +582,7 @@ impl BlobRestoreManager {
             let dir = spec.dir.clone();
             tokio::task::spawn_blocking(move || roll_forward(&dir))
                 .await
-                .map_err(|e| Error::new(ErrorKind::Io, format!("recovery task: {e}")))??;
+                .map_err(|e| Error::task("recovery", e))??;
         }
         Ok(())
     }
@@ -621,7 +621,7 @@ impl BlobRestoreManager {
         let spec_c = spec.clone();
         tokio::task::spawn_blocking(move || roll_forward(&spec_c.dir))
             .await
-            .map_err(|e| Error::new(ErrorKind::Io, format!("recovery task: {e}")))??;
+            .map_err(|e| Error::task("recovery", e))??;
         let plan = {
             let spec = spec.clone();
             let l = loaded.clone();
@@ -633,7 +633,7 @@ impl BlobRestoreManager {
                 )
             })
             .await
-            .map_err(|e| Error::new(ErrorKind::Io, format!("plan task: {e}")))??
+            .map_err(|e| Error::task("plan", e))??
         };
         self.execute_store(spec, scope, loaded, plan).await
     }
@@ -724,7 +724,7 @@ impl BlobRestoreManager {
             let (staging, plan) = (staging.clone(), plan.clone());
             tokio::task::spawn_blocking(move || prepare_staging(&staging, &plan))
                 .await
-                .map_err(|e| Error::new(ErrorKind::Io, format!("staging task: {e}")))??;
+                .map_err(|e| Error::task("staging", e))??;
         }
 
         let downloads: Vec<PlannedFile> = plan
@@ -775,7 +775,7 @@ impl BlobRestoreManager {
             swap_in(&dir, &staging)
         })
         .await
-        .map_err(|e| Error::new(ErrorKind::Io, format!("swap task: {e}")))??;
+        .map_err(|e| Error::task("swap", e))??;
         tracing::info!(store = %spec.name, files = t.files, downloaded = t.bytes_to_download, reused = t.bytes_reused, "store restored");
         let labels = [
             ("task", self.task.task_name.clone()),

@@ -330,7 +330,7 @@ fn walk(dir: &Path, temps: bool, out: &mut Vec<(PathBuf, std::fs::Metadata)>) ->
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| Error::new(ErrorKind::Io, format!("blocking task failed: {e}")))?
+        .map_err(|e| Error::task("blocking", e))?
 }
 
 #[async_trait]

@@ -187,7 +187,7 @@ impl<S: BlobStore> BlobStore for RetryStore<S> {
                     let p = path.clone();
                     tokio::task::spawn_blocking(move || hash_file(&p))
                         .await
-                        .map_err(|e| Error::new(ErrorKind::Io, format!("hash task: {e}")))??
+                        .map_err(|e| Error::task("hash", e))??
                         .sha256
                 }
             });

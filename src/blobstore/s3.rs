@@ -470,7 +470,7 @@ impl S3Store {
                         let p = path.clone();
                         let d = tokio::task::spawn_blocking(move || crate::digest::hash_file(&p))
                             .await
-                            .map_err(|e| Error::new(ErrorKind::Io, format!("hash task: {e}")))??;
+                            .map_err(|e| Error::task("hash", e))??;
                         d.sha256
                     }
                 };
@@ -612,7 +612,7 @@ impl S3Store {
                         r.next_part(want)
                     })
                     .await
-                    .map_err(|e| Error::new(ErrorKind::Io, format!("read task: {e}")))?
+                    .map_err(|e| Error::task("read", e))?
                     .map(|(offset, sum)| (n, offset, want, sum, permit))
                 }
             })

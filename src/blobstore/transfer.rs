@@ -119,7 +119,7 @@ async fn write_range(
                     .map_err(|e| Error::io(format!("write {}", dest.display()), e))
             })
             .await
-            .map_err(|e| Error::new(crate::ErrorKind::Io, format!("write task failed: {e}")))?
+            .map_err(|e| Error::task("write", e))?
         }
     };
     loop {
@@ -270,7 +270,7 @@ async fn download_ranges(
         hash_file(&dest_owned)
     })
     .await
-    .map_err(|e| Error::new(crate::ErrorKind::Io, format!("hash task failed: {e}")))??;
+    .map_err(|e| Error::task("hash", e))??;
     check_size(key, digest.size, size)?;
     check_sha(key, digest.sha256, opts.expected_sha256)?;
     Ok(DownloadStats {

@@ -49,9 +49,12 @@ pub(crate) async fn run(store_args: &StoreArgs, json: bool, args: GcArgs) -> blo
         // job runs even then (a dry run deletes nothing: it only warns).
         let scope = blobsnap::layout::JobScope::new(&job, &job_id)?;
         let record = admin::read_scope_record(blob_store.as_ref(), &scope).await?;
-        let active =
-            admin::active_writers(blob_store.as_ref(), &scope, std::time::SystemTime::now())
-                .await?;
+        let active = admin::active_writers(
+            blob_store.as_ref(),
+            &scope,
+            blobsnap::backend::Clock::now(&blobsnap::backend::SystemClock),
+        )
+        .await?;
         match admin::sweep_guard(
             std::time::Duration::from_secs(grace_secs),
             record.as_ref(),

@@ -51,8 +51,7 @@ pub(crate) async fn ls_command(args: &StoreArgs, json: bool) -> blobsnap::Result
                 {
                     if seq >= t.latest_seq {
                         t.latest_seq = seq;
-                        #[allow(clippy::disallowed_methods)]
-                        let now = std::time::SystemTime::now();
+                        let now = blobsnap::backend::Clock::now(&blobsnap::backend::SystemClock);
                         t.latest_age_secs = m
                             .last_modified
                             .and_then(|lm| now.duration_since(lm).ok())

@@ -521,9 +521,7 @@ async fn finished(
     summary: &mut TaskSummary,
     sweep: &SweepCtx<'_>,
 ) -> Result<()> {
-    let r = h
-        .await
-        .map_err(|e| Error::new(crate::ErrorKind::Io, format!("commit task failed: {e}")))?;
+    let r = h.await.map_err(|e| Error::task("commit", e))?;
     match r {
         Ok(report) => {
             on_commit(task, &report, backup);

@@ -230,12 +230,7 @@ pub async fn run(
     }
     let mut out = Vec::new();
     for h in handles {
-        out.push(h.await.map_err(|e| {
-            Error::new(
-                crate::ErrorKind::Io,
-                format!("task panicked or was cancelled: {e}"),
-            )
-        })??);
+        out.push(h.await.map_err(|e| Error::task("job", e))??);
     }
     Ok(out)
 }

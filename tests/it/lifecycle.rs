@@ -1274,7 +1274,8 @@ async fn sweep_respects_the_grace_period() {
     // Age the orphans by two hours.
     let scope = JobScope::new(&ctx.job_name, "1").unwrap();
     let orphans: Vec<_> = list_all(h.store.as_ref(), scope.scope()).await.unwrap();
-    let two_hours_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(7200);
+    let two_hours_ago = blobsnap::backend::Clock::now(&blobsnap::backend::SystemClock)
+        - std::time::Duration::from_secs(7200);
     for m in &orphans {
         std::fs::File::options()
             .write(true)
@@ -2157,7 +2158,7 @@ async fn a_removed_store_is_kept_while_retained_then_swept() {
 async fn the_sweep_uses_the_servers_clock_not_this_machines() {
     use blobsnap::blob::gc::{plan_sweep, plan_sweep_read_only, SweepSettings};
     use blobsnap::blobstore::{PutBody, PutOptions};
-    use std::time::{Duration, SystemTime};
+    use std::time::Duration;
     let hour = Duration::from_secs(3600);
     for (what, ahead) in [("server 2 h behind", false), ("server 2 h ahead", true)] {
         let h = support::local().await;
@@ -2185,7 +2186,8 @@ async fn the_sweep_uses_the_servers_clock_not_this_machines() {
                 .await
                 .unwrap();
         }
-        let three_hours_ago = SystemTime::now() - 3 * hour;
+        let three_hours_ago =
+            blobsnap::backend::Clock::now(&blobsnap::backend::SystemClock) - 3 * hour;
         for k in &old {
             std::fs::File::options()
                 .write(true)
