@@ -249,53 +249,94 @@ fn hash_in_parallel(paths: &[PathBuf]) -> HashMap<PathBuf, Option<Sha256>> {
         .collect()
 }
 
-/// Plan the restore of `spec` to `index` (blocking: hashes local candidates).
+/// What is on local disk for one store: the files a restore could reuse.
+#[derive(Clone, Debug, Default)]
+pub struct Inventory {
+    /// The live store dir: relative path -> (full path, size).
+    pub live: BTreeMap<String, (PathBuf, u64)>,
+    /// The staging dir of an interrupted restore, the same way.
+    pub staged: BTreeMap<String, (PathBuf, u64)>,
+    /// Every local file by size — the live dir first, then every local checkpoint dir.
+    pub by_size: HashMap<u64, Vec<PathBuf>>,
+}
+
+impl Inventory {
+    /// List the live, staging and local checkpoint dirs of `spec` (blocking).
+    pub fn of(spec: &StoreSpec) -> Result<Inventory> {
+        let staged = list_files(&staging_dir(&spec.dir)?)?;
+        let live = list_files(&spec.dir)?;
+        let mut by_size: HashMap<u64, Vec<PathBuf>> = HashMap::new();
+        for (path, size) in live.values() {
+            by_size.entry(*size).or_default().push(path.clone());
+        }
+        let checkpoints = sibling(&spec.dir, ".checkpoints")?;
+        if let Ok(entries) = std::fs::read_dir(&checkpoints) {
+            for e in entries.flatten() {
+                for (path, size) in list_files(&e.path())?.into_values() {
+                    by_size.entry(size).or_default().push(path);
+                }
+            }
+        }
+        Ok(Inventory {
+            live,
+            staged,
+            by_size,
+        })
+    }
+
+    /// The likely reuse candidates of `index`: the same path with the same size, staged or
+    /// live (hashed first and in parallel: reusing most of a store is bound by this re-hash).
+    fn likely(&self, index: &SnapshotIndex) -> Vec<PathBuf> {
+        index
+            .present_files()
+            .into_iter()
+            .filter_map(|(path, entry)| {
+                let size = entry.file_metadata.size;
+                self.staged
+                    .get(&path)
+                    .filter(|(_, s)| *s == size)
+                    .or_else(|| self.live.get(&path).filter(|(_, s)| *s == size))
+                    .map(|(p, _)| p.clone())
+            })
+            .collect()
+    }
+}
+
+/// Plan the restore of `spec` to `index` (blocking: lists the local dirs and hashes the
+/// candidates; the decision is [`decide`]'s).
 pub fn plan_store(
     spec: &StoreSpec,
     marker: Option<IndexMarker>,
     index: Option<&SnapshotIndex>,
 ) -> Result<RestorePlan> {
-    let staging = staging_dir(&spec.dir)?;
-    let live = list_files(&spec.dir)?;
-    let staged = list_files(&staging)?;
-    // Reuse candidates, by size: the live dir first, then every local checkpoint dir.
-    let mut by_size: HashMap<u64, Vec<PathBuf>> = HashMap::new();
-    for (path, size) in live.values() {
-        by_size.entry(*size).or_default().push(path.clone());
-    }
-    let checkpoints = sibling(&spec.dir, ".checkpoints")?;
-    if let Ok(entries) = std::fs::read_dir(&checkpoints) {
-        for e in entries.flatten() {
-            for (path, size) in list_files(&e.path())?.into_values() {
-                by_size.entry(size).or_default().push(path);
-            }
-        }
-    }
-    // The likely reuse candidates (same path, same size, live or staged) are hashed first, in
-    // parallel: reusing 90 % of a store is bound by this re-hash (nothing local is trusted).
-    let likely: Vec<PathBuf> = index
-        .map(|index| {
-            index
-                .present_files()
-                .into_iter()
-                .filter_map(|(path, entry)| {
-                    let size = entry.file_metadata.size;
-                    staged
-                        .get(&path)
-                        .filter(|(_, s)| *s == size)
-                        .or_else(|| live.get(&path).filter(|(_, s)| *s == size))
-                        .map(|(p, _)| p.clone())
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let inventory = Inventory::of(spec)?;
+    let likely = index.map(|i| inventory.likely(i)).unwrap_or_default();
     let mut hashes: HashMap<PathBuf, Option<Sha256>> = hash_in_parallel(&likely);
-    let mut hash_of = |p: &Path| -> Option<Sha256> {
+    let hash_of = |p: &Path| -> Option<Sha256> {
         *hashes
             .entry(p.to_path_buf())
             .or_insert_with(|| hash_file(p).ok().map(|d| d.sha256))
     };
+    decide(&spec.name, marker, index, &inventory, hash_of)
+}
 
+/// The restore decision, with no I/O of its own: for each file of `index`, reuse a staged
+/// file of the same path, else a local file of the same size (the same path in the live dir
+/// first), whose SHA-256 — as `hash_of` computes it (`None`: unreadable) — is the index's;
+/// else download it. Live files the snapshot lacks are leftovers. An entry without a SHA-256
+/// or with other than one blob is `Corrupt` (a restore must verify every byte).
+pub fn decide(
+    store: &str,
+    marker: Option<IndexMarker>,
+    index: Option<&SnapshotIndex>,
+    inventory: &Inventory,
+    mut hash_of: impl FnMut(&Path) -> Option<Sha256>,
+) -> Result<RestorePlan> {
+    let Inventory {
+        live,
+        staged,
+        by_size,
+    } = inventory;
     let mut files = Vec::new();
     let mut dirs = Vec::new();
     let mut totals = PlanTotals::default();
@@ -367,7 +408,7 @@ pub fn plan_store(
         .collect();
     totals.files_to_delete = leftover.len() as u64;
     Ok(RestorePlan {
-        store: spec.name.clone(),
+        store: store.to_owned(),
         marker,
         files,
         dirs,
@@ -610,32 +651,6 @@ impl BlobRestoreManager {
             self.execute_store(spec, scope, l, plan).await?;
         }
         Ok(())
-    }
-
-    async fn restore_store(
-        &self,
-        spec: &StoreSpec,
-        scope: &StoreScope,
-        loaded: Option<LoadedSnapshot>,
-    ) -> Result<()> {
-        let spec_c = spec.clone();
-        tokio::task::spawn_blocking(move || roll_forward(&spec_c.dir))
-            .await
-            .map_err(|e| Error::task("recovery", e))??;
-        let plan = {
-            let spec = spec.clone();
-            let l = loaded.clone();
-            tokio::task::spawn_blocking(move || {
-                plan_store(
-                    &spec,
-                    l.as_ref().map(|l| l.marker),
-                    l.as_ref().map(|l| l.index.as_ref()),
-                )
-            })
-            .await
-            .map_err(|e| Error::task("plan", e))??
-        };
-        self.execute_store(spec, scope, loaded, plan).await
     }
 
     async fn execute_store(
@@ -991,13 +1006,11 @@ impl TaskRestoreManager for BlobRestoreManager {
 
     /// Restore every store; stops cleanly when cancelled (the old state stays in place).
     async fn restore(&self) -> Result<()> {
-        let loaded = self.loaded()?;
+        // The same three steps as a printed restore: what is planned is what is done.
         let work = async {
-            for (spec, scope) in &self.stores {
-                let l = loaded.get(&spec.name).cloned().flatten();
-                self.restore_store(spec, scope, l).await?;
-            }
-            Ok(())
+            self.recover().await?;
+            let plans = self.plan().await?;
+            self.execute(plans).await
         };
         tokio::select! {
             r = work => r,
@@ -1007,5 +1020,210 @@ impl TaskRestoreManager for BlobRestoreManager {
 
     async fn close(&self) -> Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! [`decide`] alone: no disk, no store — the inventory and the hashes are given.
+    use super::*;
+    use crate::index::{DirIndex, FileBlob, FileMetadata, SnapshotMetadata};
+
+    fn sha(b: &[u8]) -> Sha256 {
+        Sha256::of(b)
+    }
+
+    fn file(name: &str, content: &[u8]) -> FileIndex {
+        FileIndex {
+            file_name: name.into(),
+            blobs: vec![FileBlob {
+                blob_id: format!("blobs/1-0/{}", sha(content).to_hex()),
+                offset: 0,
+            }],
+            file_metadata: FileMetadata {
+                creation_time_millis: 0,
+                last_modified_time_millis: 0,
+                size: content.len() as u64,
+                owner: String::new(),
+                group: String::new(),
+                permissions: "rw-r--r--".into(),
+            },
+            checksum: 0,
+            sha256: Some(sha(content)),
+        }
+    }
+
+    fn index(files: Vec<FileIndex>, sub: Vec<DirIndex>) -> SnapshotIndex {
+        SnapshotIndex {
+            format_version: 2,
+            creation_time_millis: 0,
+            snapshot_metadata: SnapshotMetadata {
+                checkpoint_id: "1-0".parse().unwrap(),
+                job_name: "j".into(),
+                job_id: "1".into(),
+                task_name: "t".into(),
+                store_name: "s".into(),
+            },
+            dir_index: DirIndex {
+                files_present: files,
+                sub_dirs_present: sub,
+                ..DirIndex::default()
+            },
+            prev_snapshot_index_blob_id: None,
+        }
+    }
+
+    /// An inventory of (relative path, size) in the live and staging dirs and of full paths
+    /// in checkpoint dirs, and the hashes of every path in it.
+    fn inventory(
+        live: &[(&str, &[u8])],
+        staged: &[(&str, &[u8])],
+        checkpoints: &[(&str, &[u8])],
+    ) -> (Inventory, HashMap<PathBuf, Sha256>) {
+        let mut inv = Inventory::default();
+        let mut hashes = HashMap::new();
+        for (rel, bytes) in live {
+            let p = PathBuf::from("/live").join(rel);
+            inv.live
+                .insert(rel.to_string(), (p.clone(), bytes.len() as u64));
+            inv.by_size
+                .entry(bytes.len() as u64)
+                .or_default()
+                .push(p.clone());
+            hashes.insert(p, sha(bytes));
+        }
+        for (rel, bytes) in staged {
+            let p = PathBuf::from("/staging").join(rel);
+            inv.staged
+                .insert(rel.to_string(), (p.clone(), bytes.len() as u64));
+            hashes.insert(p, sha(bytes));
+        }
+        for (full, bytes) in checkpoints {
+            let p = PathBuf::from(full);
+            inv.by_size
+                .entry(bytes.len() as u64)
+                .or_default()
+                .push(p.clone());
+            hashes.insert(p, sha(bytes));
+        }
+        (inv, hashes)
+    }
+
+    fn plan_of(
+        idx: &SnapshotIndex,
+        inv: &Inventory,
+        hashes: &HashMap<PathBuf, Sha256>,
+    ) -> (RestorePlan, Vec<PathBuf>) {
+        let mut asked = Vec::new();
+        let plan = decide("s", None, Some(idx), inv, |p| {
+            asked.push(p.to_path_buf());
+            hashes.get(p).copied()
+        })
+        .unwrap();
+        (plan, asked)
+    }
+
+    fn source_of<'a>(plan: &'a RestorePlan, path: &str) -> &'a Source {
+        &plan.files.iter().find(|f| f.path == path).unwrap().source
+    }
+
+    #[test]
+    fn staged_then_same_path_then_any_local_copy_then_download() {
+        let idx = index(
+            vec![
+                file("000001.sst", b"one"),
+                file("000002.sst", b"two two"),
+                file("000003.sst", b"three three"),
+                file("MANIFEST-000004", b"new manifest"),
+            ],
+            vec![DirIndex {
+                dir_name: "sub".into(),
+                files_present: vec![file("x", b"xx")],
+                ..DirIndex::default()
+            }],
+        );
+        let (inv, hashes) = inventory(
+            // 000001 live with the right bytes; 000002 live but changed (same size);
+            // MANIFEST-000004 live, stale (other size); an old file the snapshot lacks.
+            &[
+                ("000001.sst", b"one"),
+                ("000002.sst", b"two TWO"),
+                ("MANIFEST-000004", b"old"),
+                ("000000.log", b"log"),
+            ],
+            // 000003 staged by an interrupted restore.
+            &[("000003.sst", b"three three")],
+            // 000002's bytes in a local checkpoint dir.
+            &[("/live.checkpoints/1-0/000002.sst", b"two two")],
+        );
+        let (plan, _) = plan_of(&idx, &inv, &hashes);
+        assert_eq!(
+            source_of(&plan, "000001.sst"),
+            &Source::Local("/live/000001.sst".into())
+        );
+        assert_eq!(
+            source_of(&plan, "000002.sst"),
+            &Source::Local("/live.checkpoints/1-0/000002.sst".into())
+        );
+        assert_eq!(source_of(&plan, "000003.sst"), &Source::Staged);
+        assert_eq!(source_of(&plan, "MANIFEST-000004"), &Source::Download);
+        assert_eq!(source_of(&plan, "sub/x"), &Source::Download);
+        assert_eq!(plan.dirs, ["sub"]);
+        assert_eq!(plan.leftover, ["000000.log"]);
+        let t = plan.totals;
+        assert_eq!(
+            (
+                t.files,
+                t.files_reused,
+                t.files_to_download,
+                t.files_to_delete
+            ),
+            (5, 3, 2, 1)
+        );
+        assert_eq!(t.bytes_to_download, (b"new manifest".len() + 2) as u64);
+        assert_eq!(t.bytes, t.bytes_reused + t.bytes_to_download);
+    }
+
+    #[test]
+    fn a_file_is_never_reused_on_its_size_alone_nor_hashed_when_no_size_matches() {
+        let idx = index(vec![file("a.sst", b"aaaa")], vec![]);
+        // Same size, other bytes (an unreadable file hashes to None).
+        let (inv, mut hashes) = inventory(&[("a.sst", b"AAAA"), ("b.sst", b"bbbb")], &[], &[]);
+        let (plan, asked) = plan_of(&idx, &inv, &hashes);
+        assert_eq!(source_of(&plan, "a.sst"), &Source::Download);
+        assert_eq!(
+            asked.len(),
+            3,
+            "the same path (twice: live and by size) and b.sst: {asked:?}"
+        );
+        hashes.clear();
+        let (plan, _) = plan_of(&idx, &inv, &hashes);
+        assert_eq!(source_of(&plan, "a.sst"), &Source::Download);
+        // No local file of that size: nothing hashed at all.
+        let (inv, hashes) = inventory(&[("c.sst", b"ccccc")], &[], &[]);
+        let (plan, asked) = plan_of(&idx, &inv, &hashes);
+        assert_eq!(source_of(&plan, "a.sst"), &Source::Download);
+        assert!(asked.is_empty(), "{asked:?}");
+    }
+
+    #[test]
+    fn an_entry_a_restore_cannot_verify_is_corrupt_and_no_snapshot_resets() {
+        let mut f = file("a.sst", b"a");
+        f.sha256 = None;
+        let (inv, hashes) = inventory(&[("old", b"x")], &[], &[]);
+        let e = decide("s", None, Some(&index(vec![f], vec![])), &inv, |p| {
+            hashes.get(p).copied()
+        })
+        .unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Corrupt, "{e}");
+        assert!(e.to_string().contains("a.sst"), "{e}");
+        let mut two = file("b.sst", b"b");
+        two.blobs.push(two.blobs[0].clone());
+        let e = decide("s", None, Some(&index(vec![two], vec![])), &inv, |_| None).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Corrupt, "{e}");
+        // No snapshot: everything live is a leftover, nothing downloads.
+        let plan = decide("s", None, None, &inv, |_| None).unwrap();
+        assert!(plan.files.is_empty());
+        assert_eq!(plan.leftover, ["old"]);
     }
 }
