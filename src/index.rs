@@ -24,9 +24,9 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::CheckpointId;
 use crate::digest::Sha256;
 use crate::error::{Error, Result};
+use crate::id::CheckpointId;
 
 /// The index format this build writes and the highest it reads.
 pub const FORMAT_VERSION: u32 = 1;

@@ -15,9 +15,9 @@
 //! shape: changing one orphans every stored snapshot.
 
 use crate::blobstore::{BlobKey, Scope};
-use crate::checkpoint::CheckpointId;
 use crate::digest::Sha256;
 use crate::error::Result;
+use crate::id::CheckpointId;
 use crate::index::IndexMarker;
 
 /// The scope of one job deployment (`<job>/<job-id>/`).

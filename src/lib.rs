@@ -65,6 +65,7 @@ pub mod config;
 pub mod crash;
 pub mod digest;
 pub mod error;
+pub mod id;
 pub mod index;
 pub mod job;
 pub mod layout;

@@ -33,7 +33,7 @@ fn main() -> ExitCode {
         .with_writer(blobsnap::redact::RedactingWriter::new(std::io::stderr))
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = <cli::args::Cli as clap::Parser>::parse();
+    let cli = <cli::Cli as clap::Parser>::parse();
     if let Err(e) = blobsnap::crash::check_env() {
         eprintln!("blobsnap: {e}");
         return ExitCode::from(exit_code(e.kind()));

@@ -18,7 +18,6 @@
 //! Samza must read checkpoints blobsnap writes.
 
 mod blob_store;
-mod id;
 mod store;
 
 use std::collections::BTreeMap;
@@ -28,8 +27,8 @@ use std::str::FromStr;
 use serde::Serialize;
 use serde_json::Value;
 
+pub use crate::id::{CheckpointId, CheckpointIdGen, EPOCHS, EPOCH_STRIDE};
 pub use blob_store::BlobCheckpointStore;
-pub use id::{CheckpointId, CheckpointIdGen, EPOCHS, EPOCH_STRIDE};
 pub use store::{CheckpointStore, CommittedCheckpoint};
 
 use crate::error::{Error, Result};

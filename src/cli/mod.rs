@@ -1,7 +1,7 @@
 //! The `blobsnap` command: one module per subcommand; [`args`] holds the argument types.
 
 mod admin;
-pub(crate) mod args;
+mod args;
 mod backup;
 mod demo;
 mod diff;
@@ -14,7 +14,81 @@ mod restore;
 mod show;
 mod verify;
 
-use args::{Cli, Command, ShowAction};
+use clap::{Parser, Subcommand};
+
+use args::{AdminAction, ShowAction, StoreArgs};
+
+#[derive(Subcommand)]
+pub(crate) enum Command {
+    /// Run the demo job (word count over generated text, one task per partition, RocksDB
+    /// state backed up at every commit). State lives under --dir; without store flags the
+    /// blob store is --dir/store. Kill it at any moment and run it again: it resumes from the
+    /// last checkpoint and ends with counts equal to an independent count of the input.
+    Demo(demo::DemoArgs),
+    /// Restore one store from a snapshot marker into a directory: the plan is printed first;
+    /// only files missing locally are downloaded, every byte is verified, and the new tree is
+    /// swapped in atomically.
+    Restore(restore::RestoreArgs),
+    /// Ask the S3 server what it really enforces: concurrent create-only puts to a scratch key
+    /// (the fence of a job's checkpoints), SHA-256 verification, multipart listing, tagging,
+    /// lifecycle. Prints the `[s3]` settings that describe it; writes and deletes a few
+    /// objects under `<prefix>.blobsnap-probe/`.
+    Probe,
+    /// Sweep a job's scope: delete blobs and indexes that no retained checkpoint of any task
+    /// references and that are older than the grace period; abort stale multipart uploads.
+    /// Fails closed: if any root cannot be read, nothing is deleted.
+    Gc(gc::GcArgs),
+    /// Create or validate a job deployment's resources. The job itself creates them (unless
+    /// job.create-resources = false) and validates them before its first commit.
+    Admin {
+        #[command(subcommand)]
+        action: AdminAction,
+    },
+    /// Back up a closed RocksDB directory (or a RocksDB checkpoint directory) into its own
+    /// scope, `manual/<name>/`, deduplicated against the previous backup of that name. Each
+    /// backup is pinned by a checkpoint record, so `gc --job manual --job-id NAME` keeps it.
+    /// A database locked by a running job is refused (exit 6).
+    Backup(backup::BackupArgs),
+    /// List what the store holds: jobs, tasks with their latest checkpoints, stores with their
+    /// snapshots and sizes.
+    Ls,
+    /// Show a snapshot: its files, sizes and blobs, totals, and what it cost to upload and
+    /// would cost to restore.
+    Inspect(inspect::InspectArgs),
+    /// What changed between two snapshots of one store: files added, removed, changed and
+    /// retained, with bytes.
+    Diff(diff::DiffArgs),
+    /// Check that every object a snapshot references exists with the right size (HEAD);
+    /// `--deep` downloads and checks every SHA-256 (`--sample PCT` for a random share).
+    /// Exit code 3 if an object is missing, 4 if one is corrupt.
+    Verify(verify::VerifyArgs),
+    /// Parse a CheckpointV2/V1 JSON document (ours or Samza's) and print it normalized.
+    Checkpoint {
+        #[command(subcommand)]
+        action: ShowAction,
+    },
+    /// Parse and validate a snapshot index JSON document and print it normalized.
+    Index {
+        #[command(subcommand)]
+        action: ShowAction,
+    },
+}
+
+/// blobsnap: blob-store state backend for CheckpointV2 stream jobs.
+///
+/// Exit codes: 0 ok, 2 usage, 3 not found, 4 corrupt, 5 invalid input, 6 conflict,
+/// 7 transient, 8 permanent, 9 I/O, 10 cancelled.
+#[derive(Parser)]
+#[command(version, about)]
+pub(crate) struct Cli {
+    #[command(flatten)]
+    pub(crate) store: StoreArgs,
+    /// Print machine-readable JSON on stdout (documents carry a `schema` number).
+    #[arg(long, global = true, help_heading = "Output (every command)")]
+    pub(crate) json: bool,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
 
 /// Run the command the arguments name.
 pub(crate) async fn run(cli: Cli) -> blobsnap::Result<()> {

@@ -1,4 +1,5 @@
-//! `CheckpointId`: `<millis>-<seq>`, strictly increasing per task.
+//! `CheckpointId`: `<millis>-<seq>`, strictly increasing per task (the ground floor: the index,
+//! the bucket layout and the checkpoint model all name it; `checkpoint` re-exports it).
 
 use std::fmt;
 use std::str::FromStr;
