@@ -29,6 +29,7 @@
 //! |---|---|
 //! | `BLOBSNAP_STORE` | `store.kind` (`local` or `s3`) |
 //! | `BLOBSNAP_LOCAL_DIR` | `store.local-dir` |
+//! | `BLOBSNAP_MAX_TRANSFERS` | `store.max-transfers` (default 16, for the whole process) |
 //! | `BLOBSNAP_S3_BUCKET`, `BLOBSNAP_S3_PREFIX`, `BLOBSNAP_S3_ENDPOINT`, `BLOBSNAP_S3_REGION` | `s3.bucket`, `s3.prefix`, `s3.endpoint`, `s3.region` |
 //! | `BLOBSNAP_S3_PATH_STYLE` | `s3.path-style` (`true`/`false`) |
 //! | `BLOBSNAP_S3_CA_BUNDLE` | `s3.ca-bundle` |
@@ -42,6 +43,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::blobstore::limit::{Budget, LimitStore};
 use crate::blobstore::local::LocalStore;
 use crate::blobstore::retry::{RetryPolicy, RetryStore};
 use crate::blobstore::s3::{CreateOnlySetting, S3Config, S3Store};
@@ -67,6 +69,9 @@ pub struct StoreSettings {
     pub kind: StoreKind,
     /// Root of the local store.
     pub local_dir: PathBuf,
+    /// Transfers (PUT, GET with its body, HEAD, batch delete) in flight at once through the
+    /// opened store, across every task and store of the process ([`LimitStore`]).
+    pub max_transfers: usize,
 }
 
 impl Default for StoreSettings {
@@ -74,6 +79,7 @@ impl Default for StoreSettings {
         StoreSettings {
             kind: StoreKind::Local,
             local_dir: PathBuf::from("blobsnap-store"),
+            max_transfers: 16,
         }
     }
 }
@@ -195,6 +201,13 @@ impl Settings {
         if let Some(v) = get("BLOBSNAP_LOCAL_DIR") {
             self.store.local_dir = v.into();
         }
+        if let Some(v) = get("BLOBSNAP_MAX_TRANSFERS") {
+            self.store.max_transfers = v.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
+                Error::invalid(format!(
+                    "BLOBSNAP_MAX_TRANSFERS={v:?}: expected a number of transfers (at least 1)"
+                ))
+            })?;
+        }
         if let Some(v) = get("BLOBSNAP_S3_BUCKET") {
             self.s3.bucket = v;
         }
@@ -235,17 +248,26 @@ impl Settings {
         Ok(())
     }
 
-    /// Open the configured store, wrapped in the retry layer over the counting layer (which
-    /// publishes requests by operation and outcome as metrics).
+    /// Open the configured store: the retry layer over the process's one transfer budget
+    /// ([`LimitStore`], `store.max-transfers`) over the counting layer (which publishes
+    /// requests by operation and outcome as metrics). Open it once per process and share the
+    /// handle: every task and store then draws on the one budget.
     pub async fn open_store(&self) -> Result<Arc<dyn BlobStore>> {
         use crate::blobstore::counting::CountingStore;
+        let budget = Budget::new(self.store.max_transfers);
         Ok(match self.store.kind {
             StoreKind::Local => Arc::new(RetryStore::new(
-                CountingStore::new(LocalStore::new(&self.store.local_dir)?),
+                LimitStore::new(
+                    CountingStore::new(LocalStore::new(&self.store.local_dir)?),
+                    budget,
+                ),
                 self.retry,
             )),
             StoreKind::S3 => Arc::new(RetryStore::new(
-                CountingStore::new(S3Store::connect(self.s3.clone()).await?),
+                LimitStore::new(
+                    CountingStore::new(S3Store::connect(self.s3.clone()).await?),
+                    budget,
+                ),
                 self.retry,
             )),
         })

@@ -12,8 +12,9 @@
 //!    zero requests; an added file whose bytes the committed snapshot already holds (a renamed
 //!    file, an OPTIONS file rewritten identically) reuses that blob; identical files within
 //!    the upload are sent once. New blobs go to `blobs/<this checkpoint id>/<sha256>`,
-//!    create-only, with the SHA-256 for the server to check. PUTs share one concurrency budget
-//!    across every store of the process ([`BackupSettings::limiter`]).
+//!    create-only, with the SHA-256 for the server to check. PUTs share the store's one
+//!    transfer budget with every task and store of the process
+//!    ([`LimitStore`](crate::blobstore::limit::LimitStore)).
 //! 4. **index**: build the SnapshotIndex, serialize it once, PUT it create-only under
 //!    `index/<checkpoint-id>.<sha256>.json`. That key is the store's marker.
 //!
@@ -31,7 +32,6 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use futures::{StreamExt as _, TryStreamExt as _};
-use tokio::sync::Semaphore;
 
 use super::diff::{diff, DirDiff};
 use super::{hash_object, load_snapshot, Expected, LoadedSnapshot, FACTORY_NAME};
@@ -50,8 +50,6 @@ use crate::local::scan::{scan_dir_only, LocalFile, Owners, ScanStats};
 /// Settings of the backup side.
 #[derive(Clone, Debug)]
 pub struct BackupSettings {
-    /// Shared budget of concurrent PUTs: pass the same `Arc` to every manager of a process.
-    pub limiter: Arc<Semaphore>,
     /// Cache the hashes of immutable files next to each store.
     pub hash_cache: bool,
     /// Keep the hash caches in this directory instead of next to each store (one file per
@@ -76,7 +74,6 @@ pub struct BackupSettings {
 impl Default for BackupSettings {
     fn default() -> Self {
         BackupSettings {
-            limiter: Arc::new(Semaphore::new(8)),
             hash_cache: true,
             hash_cache_dir: None,
             retention: 2,
@@ -413,7 +410,8 @@ impl BlobBackupManager {
                     Ok::<_, Error>(r)
                 }
             })
-            // The shared limiter bounds what is on the wire; this only bounds futures in hand.
+            // The store's transfer budget (LimitStore) bounds what is on the wire; this only
+            // bounds futures in hand.
             .buffer_unordered(64)
             .try_fold(0u64, |acc, r| async move { Ok(acc + r) })
             .await?;
@@ -524,12 +522,6 @@ impl BlobBackupManager {
         len: u64,
         digest: FileDigest,
     ) -> Result<u64> {
-        let _permit = self
-            .settings
-            .limiter
-            .acquire()
-            .await
-            .map_err(|_| Error::new(ErrorKind::Cancelled, "upload limiter closed"))?;
         let key = scope.key(&blob_id)?;
         let body = PutBody::File {
             path: path.clone(),

@@ -31,7 +31,6 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use futures::{StreamExt as _, TryStreamExt as _};
 use serde::{Deserialize, Serialize};
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::{load_snapshot, Expected, LoadedSnapshot, FACTORY_NAME};
@@ -50,8 +49,10 @@ pub use crate::index::RESTORED_MARKER;
 /// Settings of the restore side.
 #[derive(Clone, Debug)]
 pub struct RestoreSettings {
-    /// Shared budget of concurrent downloads (share one `Arc` across a process).
-    pub limiter: Arc<Semaphore>,
+    /// Files of one store downloaded at once (what is on the wire is bounded by the store's
+    /// transfer budget, [`LimitStore`](crate::blobstore::limit::LimitStore); this bounds
+    /// downloads in hand: 1 fetches, verifies and stages one file after another).
+    pub downloads: usize,
     /// Blobs larger than this are fetched as parallel ranged GETs of this size.
     pub part_size: u64,
     /// Ranged GETs in flight per blob.
@@ -65,7 +66,7 @@ pub struct RestoreSettings {
 impl Default for RestoreSettings {
     fn default() -> Self {
         RestoreSettings {
-            limiter: Arc::new(Semaphore::new(8)),
+            downloads: 64,
             part_size: 16 << 20,
             part_concurrency: 4,
             max_attempts: 3,
@@ -753,10 +754,6 @@ impl BlobRestoreManager {
                 let progress = Arc::clone(progress);
                 let staging = staging.clone();
                 async move {
-                    let _permit =
-                        self.settings.limiter.acquire().await.map_err(|_| {
-                            Error::new(ErrorKind::Cancelled, "download limiter closed")
-                        })?;
                     self.download_one(scope, &staging, &f).await?;
                     crate::crash::point("restore.mid-download");
                     progress.files_fetched.fetch_add(1, Ordering::Relaxed);
@@ -766,7 +763,7 @@ impl BlobRestoreManager {
                     Ok::<_, Error>(())
                 }
             })
-            .buffer_unordered(64)
+            .buffer_unordered(self.settings.downloads.max(1))
             .try_collect::<Vec<()>>()
             .await
             .map_err(|e| e.context(format!("restore store {}", spec.name)))?;

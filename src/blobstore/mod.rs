@@ -21,6 +21,7 @@
 pub mod counting;
 pub mod fault;
 mod key;
+pub mod limit;
 pub mod local;
 pub mod retry;
 pub mod s3;

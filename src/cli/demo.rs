@@ -5,8 +5,6 @@ use std::sync::Arc;
 
 use super::args::{open_admin, open_store, StoreArgs};
 use super::progress::mib;
-use blobsnap::blobstore::local::LocalStore;
-use blobsnap::blobstore::retry::RetryStore;
 use blobsnap::blobstore::BlobStore;
 use blobsnap::config::Settings;
 use blobsnap::{Error, ErrorKind};
@@ -97,10 +95,11 @@ pub(crate) async fn run(
     let blob_store: Arc<dyn BlobStore> = if has_store_flags {
         open_store(store_args).await?
     } else {
-        Arc::new(RetryStore::new(
-            blobsnap::blobstore::counting::CountingStore::new(LocalStore::new(dir.join("store"))?),
-            Default::default(),
-        ))
+        // The embedded default: a local store under --dir, with the layers of any other.
+        let mut settings = Settings::load(None)?;
+        settings.store.kind = blobsnap::config::StoreKind::Local;
+        settings.store.local_dir = dir.join("store");
+        settings.open_store().await?
     };
     let settings = JobSettings {
         job_name: job.name.clone(),

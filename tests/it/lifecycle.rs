@@ -1822,6 +1822,42 @@ async fn corrupt_last_snapshot_is_detected_and_fallback_restores_an_older_one() 
 
 /// The runtime's settings for the library-level job tests: one partition, `stores`, a commit
 /// every 400 messages, retention 2, the store at `<tmp>/store`.
+/// One transfer budget for the whole process: two tasks of one job, on one store handle with
+/// a budget of 2, commit and restore with never more than 2 transfers in flight on the store
+/// below it — and 2 at once do happen (the bound binds). Then the same job on a budget of
+/// 1 (its restore included): one transfer at a time across both tasks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tasks_share_one_transfer_budget() {
+    use blobsnap::blobstore::limit::{Budget, LimitStore};
+    for size in [2usize, 1] {
+        let tmp = tempfile::tempdir().unwrap();
+        let gauge = Arc::new(support::InFlight::default());
+        let measured = support::Measured {
+            inner: Arc::new(
+                blobsnap::blobstore::local::LocalStore::new(tmp.path().join("store")).unwrap(),
+            ),
+            gauge: Arc::clone(&gauge),
+        };
+        let store: Arc<dyn BlobStore> = Arc::new(LimitStore::new(measured, Budget::new(size)));
+        let mut settings = job_settings(tmp.path(), &["counts", "lengths"], false);
+        settings.partitions = 2;
+        blobsnap::job::wordcount::generate_input(&settings.input_dir, 2, 2000, 7).unwrap();
+        let first = run_job(&settings, Arc::clone(&store)).await.unwrap();
+        assert_eq!(first.len(), 2);
+        assert!(first.iter().all(|t| !t.commits.is_empty()), "{first:?}");
+        // A new host: both tasks restore both stores through the same budget.
+        std::fs::remove_dir_all(&settings.state_dir).unwrap();
+        blobsnap::job::wordcount::generate_input(&settings.input_dir, 2, 2400, 7).unwrap();
+        run_job(&settings, Arc::clone(&store)).await.unwrap();
+        assert!(gauge.transfers() > 50, "{} transfers", gauge.transfers());
+        assert_eq!(
+            gauge.peak(),
+            size,
+            "budget {size}: at most {size} transfers at once across both tasks, and that many happen"
+        );
+    }
+}
+
 fn job_settings(
     tmp: &std::path::Path,
     stores: &[&str],

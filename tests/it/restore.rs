@@ -575,8 +575,9 @@ mod cases {
         std::fs::create_dir_all(&dst.dir).unwrap();
         std::fs::write(dst.dir.join("precious"), b"old state").unwrap();
         let before = snapshot_of(&dst.dir);
+        // One file at a time: the first is fetched and staged before the second starts.
         let settings = RestoreSettings {
-            limiter: Arc::new(tokio::sync::Semaphore::new(1)),
+            downloads: 1,
             ..Default::default()
         };
         let token = settings.cancel.clone();

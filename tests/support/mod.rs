@@ -604,3 +604,127 @@ impl Drop for SmallDisk {
             .status();
     }
 }
+
+/// A store that measures how many transfers (PUT, GET until its body ends or is dropped,
+/// HEAD, batch delete) are in flight at once on it: put it under a layer to see what that
+/// layer lets through.
+#[derive(Debug, Default)]
+pub struct InFlight {
+    now: Arc<std::sync::atomic::AtomicUsize>,
+    peak: Arc<std::sync::atomic::AtomicUsize>,
+    transfers: std::sync::atomic::AtomicU64,
+}
+
+/// One transfer of an [`InFlight`] store, counted until dropped.
+struct Transfer(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Transfer {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl InFlight {
+    /// The most transfers in flight at once so far.
+    pub fn peak(&self) -> usize {
+        self.peak.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Transfers made so far.
+    pub fn transfers(&self) -> u64 {
+        self.transfers.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn start(&self) -> Transfer {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = self.now.fetch_add(1, SeqCst) + 1;
+        self.peak.fetch_max(now, SeqCst);
+        self.transfers.fetch_add(1, SeqCst);
+        Transfer(Arc::clone(&self.now))
+    }
+}
+
+/// `inner` measured by `gauge`.
+pub struct Measured {
+    pub inner: Arc<dyn BlobStore>,
+    pub gauge: Arc<InFlight>,
+}
+
+impl std::fmt::Debug for Measured {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Measured({:?})", self.inner)
+    }
+}
+
+impl std::fmt::Display for Measured {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.inner, f)
+    }
+}
+
+#[async_trait::async_trait]
+impl BlobStore for Measured {
+    fn capabilities(&self) -> blobsnap::blobstore::Capabilities {
+        self.inner.capabilities()
+    }
+    async fn probe_capabilities(&self) -> blobsnap::Result<blobsnap::blobstore::Capabilities> {
+        self.inner.probe_capabilities().await
+    }
+    async fn put(
+        &self,
+        key: &blobsnap::blobstore::BlobKey,
+        body: blobsnap::blobstore::PutBody,
+        opts: blobsnap::blobstore::PutOptions,
+    ) -> blobsnap::Result<blobsnap::blobstore::PutResult> {
+        let _t = self.gauge.start();
+        self.inner.put(key, body, opts).await
+    }
+    async fn get(
+        &self,
+        key: &blobsnap::blobstore::BlobKey,
+        range: Option<std::ops::Range<u64>>,
+    ) -> blobsnap::Result<blobsnap::blobstore::GetResult> {
+        use futures::StreamExt as _;
+        let t = self.gauge.start();
+        let mut got = self.inner.get(key, range).await?;
+        let body = std::mem::replace(&mut got.body, futures::stream::empty().boxed());
+        got.body = futures::stream::unfold((body, t), |(mut body, t)| async move {
+            let chunk = body.next().await?;
+            Some((chunk, (body, t)))
+        })
+        .boxed();
+        Ok(got)
+    }
+    async fn head(
+        &self,
+        key: &blobsnap::blobstore::BlobKey,
+    ) -> blobsnap::Result<blobsnap::blobstore::ObjectMeta> {
+        let _t = self.gauge.start();
+        self.inner.head(key).await
+    }
+    async fn delete_many(
+        &self,
+        keys: &[blobsnap::blobstore::BlobKey],
+    ) -> blobsnap::Result<blobsnap::blobstore::DeleteFailures> {
+        let _t = self.gauge.start();
+        self.inner.delete_many(keys).await
+    }
+    fn list<'a>(
+        &'a self,
+        scope: &Scope,
+    ) -> futures::stream::BoxStream<'a, blobsnap::Result<blobsnap::blobstore::ObjectMeta>> {
+        self.inner.list(scope)
+    }
+    async fn list_multipart_uploads(
+        &self,
+        scope: &Scope,
+    ) -> blobsnap::Result<Vec<blobsnap::blobstore::MultipartUpload>> {
+        self.inner.list_multipart_uploads(scope).await
+    }
+    async fn abort_multipart_upload(
+        &self,
+        upload: &blobsnap::blobstore::MultipartUpload,
+    ) -> blobsnap::Result<()> {
+        self.inner.abort_multipart_upload(upload).await
+    }
+}
