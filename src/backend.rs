@@ -133,6 +133,29 @@ pub trait TaskBackupManager: Send + Sync {
 
     /// Release resources.
     async fn close(&self) -> Result<()>;
+
+    /// What the last upload of each store did, for reports (a backend without statistics
+    /// returns none).
+    fn last_upload(&self) -> BTreeMap<String, UploadSummary> {
+        BTreeMap::new()
+    }
+}
+
+/// What one store's last upload did, as any backend can report it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UploadSummary {
+    /// Files in the snapshot.
+    pub files: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Files whose bytes were sent.
+    pub files_uploaded: u64,
+    /// Bytes sent.
+    pub bytes_uploaded: u64,
+    /// Files whose bytes the backend already held (unchanged or deduplicated).
+    pub files_reused: u64,
+    /// Requests the upload took.
+    pub requests: u64,
 }
 
 /// Restores a task's stores at startup (Samza's `TaskRestoreManager`).

@@ -737,6 +737,23 @@ impl TaskBackupManager for BlobBackupManager {
         self.check_age(id, "commit")
     }
 
+    fn last_upload(&self) -> BTreeMap<String, crate::backend::UploadSummary> {
+        self.last_upload_stats()
+            .into_iter()
+            .map(|(store, s)| {
+                let summary = crate::backend::UploadSummary {
+                    files: s.files,
+                    bytes: s.bytes,
+                    files_uploaded: s.blobs_uploaded,
+                    bytes_uploaded: s.bytes_uploaded,
+                    files_reused: s.files_retained + s.blobs_deduplicated,
+                    requests: s.requests,
+                };
+                (store, summary)
+            })
+            .collect()
+    }
+
     async fn close(&self) -> Result<()> {
         Ok(())
     }

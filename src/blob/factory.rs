@@ -1,5 +1,6 @@
 //! The blob backend's [`StateBackendFactory`]: how a runtime that knows only the SPI gets the
-//! blob backend's managers. Markers go under [`FACTORY_NAME`].
+//! blob backend's managers — the job runtime ([`crate::job::run_task`]) builds every manager
+//! through it. Markers go under [`FACTORY_NAME`].
 
 use std::sync::Arc;
 

@@ -139,7 +139,7 @@ pub(crate) async fn run(
             return;
         }
         let s = backup
-            .last_upload_stats()
+            .last_upload()
             .get("counts")
             .copied()
             .unwrap_or_default();
@@ -147,9 +147,9 @@ pub(crate) async fn run(
                 "{task:<12} checkpoint {} (#{}): uploaded {} files / {:.2} MiB, reused {} files / {:.2} MiB, {} ms",
                 report.checkpoint.id,
                 report.seq,
-                s.blobs_uploaded,
+                s.files_uploaded,
                 mib(s.bytes_uploaded),
-                s.files_retained + s.blobs_deduplicated,
+                s.files_reused,
                 mib(s.bytes - s.bytes_uploaded),
                 report.sync_ms + report.upload_ms + report.write_ms + report.cleanup_ms
             );

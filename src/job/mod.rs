@@ -17,12 +17,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::backend::{
-    Clock, StoreEngine, StoreSpec, TaskBackupManager as _, TaskContext, TaskRestoreManager as _,
+    Clock, StateBackendFactory, StoreEngine, StoreSpec, TaskBackupManager, TaskContext,
 };
 use crate::blob::admin::WriterLease;
-use crate::blob::backup::{BackupSettings, BlobBackupManager};
-use crate::blob::restore::{BlobRestoreManager, RestoreSettings};
-use crate::blob::FACTORY_NAME;
 use crate::blobstore::BlobStore;
 use crate::checkpoint::{BlobCheckpointStore, CheckpointStore, Ssp};
 use crate::commit::{Backend, CommitReport, TaskCommitManager};
@@ -132,8 +129,8 @@ pub trait Processor: Send + Sync {
 }
 
 /// Called after every commit of a task with its name, the report and the backup manager
-/// (for its upload statistics).
-pub type CommitObserver = dyn Fn(&str, &CommitReport, &BlobBackupManager) + Send + Sync;
+/// (for its upload statistics, [`TaskBackupManager::last_upload`]).
+pub type CommitObserver = dyn Fn(&str, &CommitReport, &dyn TaskBackupManager) + Send + Sync;
 
 /// What one task run did.
 #[derive(Debug, Default, Clone)]
@@ -207,6 +204,7 @@ pub async fn run_task(
     settings: &JobSettings,
     partition: u32,
     blob_store: Arc<dyn BlobStore>,
+    backend: &Arc<dyn StateBackendFactory>,
     clock: Arc<dyn Clock>,
     processor: Arc<dyn Processor>,
     on_commit: &CommitObserver,
@@ -217,6 +215,7 @@ pub async fn run_task(
         settings,
         partition,
         &blob_store,
+        backend,
         clock,
         processor,
         on_commit,
@@ -235,6 +234,7 @@ async fn run_task_leased(
     settings: &JobSettings,
     partition: u32,
     blob_store: &Arc<dyn BlobStore>,
+    backend: &Arc<dyn StateBackendFactory>,
     clock: Arc<dyn Clock>,
     processor: Arc<dyn Processor>,
     on_commit: &CommitObserver,
@@ -285,10 +285,9 @@ async fn run_task_leased(
     crate::crash::point("task.after-claim");
 
     let restore = |from: Option<crate::checkpoint::Checkpoint>| {
-        let (blob_store, ctx, specs) = (Arc::clone(&blob_store), ctx.clone(), specs.clone());
+        let (ctx, specs, clock) = (ctx.clone(), specs.clone(), Arc::clone(&clock));
         async move {
-            let restorer =
-                BlobRestoreManager::new(blob_store, ctx, &specs, RestoreSettings::default())?;
+            let restorer = backend.restore_manager(&ctx, &specs, clock)?;
             restorer.init(from.as_ref()).await?;
             restorer.restore().await
         }
@@ -323,17 +322,7 @@ async fn run_task_leased(
             Arc::new(RocksStore::open(&spec.name, &spec.dir)?),
         );
     }
-    let backup = Arc::new(BlobBackupManager::new(
-        Arc::clone(&blob_store),
-        ctx.clone(),
-        &specs,
-        clock,
-        BackupSettings {
-            retention: settings.retention,
-            gc_grace: settings.gc_grace,
-            ..Default::default()
-        },
-    )?);
+    let backup = backend.backup_manager(&ctx, &specs, Arc::clone(&clock))?;
     backup.init(last.as_ref()).await?;
     let commits = Arc::new(
         commits
@@ -345,8 +334,8 @@ async fn run_task_leased(
             )
             .with_backends(
                 vec![Backend {
-                    name: FACTORY_NAME.to_string(),
-                    manager: Arc::clone(&backup) as Arc<dyn crate::backend::TaskBackupManager>,
+                    name: backend.name().to_string(),
+                    manager: Arc::clone(&backup),
                 }],
                 last.clone(),
             ),
@@ -436,7 +425,7 @@ async fn run_task_leased(
         let report = commits
             .commit(BTreeMap::from([(ssp.clone(), offset.to_string())]))
             .await?;
-        on_commit(&task, &report, &backup);
+        on_commit(&task, &report, backup.as_ref());
         summary.commits.push(report);
     }
     Ok(summary)
@@ -516,7 +505,7 @@ struct SweepCtx<'a> {
 async fn finished(
     h: tokio::task::JoinHandle<Result<CommitReport>>,
     task: &str,
-    backup: &BlobBackupManager,
+    backup: &Arc<dyn TaskBackupManager>,
     on_commit: &CommitObserver,
     summary: &mut TaskSummary,
     sweep: &SweepCtx<'_>,
@@ -524,7 +513,7 @@ async fn finished(
     let r = h.await.map_err(|e| Error::task("commit", e))?;
     match r {
         Ok(report) => {
-            on_commit(task, &report, backup);
+            on_commit(task, &report, backup.as_ref());
             summary.commits.push(report);
             let every = sweep.settings.sweep_every_commits;
             if every > 0 && (summary.commits.len() as u64).is_multiple_of(every) {

@@ -15,7 +15,10 @@ use super::{
     run_task, store_dir, task_name, CommitObserver, JobSettings, Message, Processor, Stores,
     TaskSummary,
 };
-use crate::backend::{Clock, StateBackendAdmin};
+use crate::backend::{Clock, StateBackendAdmin, StateBackendFactory};
+use crate::blob::backup::BackupSettings;
+use crate::blob::factory::BlobStateBackendFactory;
+use crate::blob::restore::RestoreSettings;
 use crate::blobstore::BlobStore;
 use crate::error::{Error, Result};
 use crate::local::rocks::RocksStore;
@@ -215,17 +218,40 @@ pub async fn run(
         .await
         .map_err(|e| e.context("validate the job's resources"))?;
     let processor: Arc<dyn Processor> = Arc::new(WordCount);
+    // One backend for every task: its managers share the store handle, and with it the
+    // store's one transfer budget.
+    let backend: Arc<dyn StateBackendFactory> = Arc::new(BlobStateBackendFactory::new(
+        Arc::clone(&blob_store),
+        None,
+        BackupSettings {
+            retention: settings.retention,
+            gc_grace: settings.gc_grace,
+            ..Default::default()
+        },
+        RestoreSettings::default(),
+        settings.deployment_id.clone(),
+    ));
     let mut handles = Vec::new();
     for p in 0..settings.partitions {
-        let (settings, store, clock, processor, on_commit) = (
+        let (settings, store, backend, clock, processor, on_commit) = (
             settings.clone(),
             Arc::clone(&blob_store),
+            Arc::clone(&backend),
             Arc::clone(&clock),
             Arc::clone(&processor),
             Arc::clone(&on_commit),
         );
         handles.push(tokio::spawn(async move {
-            run_task(&settings, p, store, clock, processor, on_commit.as_ref()).await
+            run_task(
+                &settings,
+                p,
+                store,
+                &backend,
+                clock,
+                processor,
+                on_commit.as_ref(),
+            )
+            .await
         }));
     }
     let mut out = Vec::new();
