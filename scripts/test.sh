@@ -60,7 +60,18 @@ cargo clippy --locked --all-targets -- -D warnings
 stage "cargo test (unit, formats, conformance on local + in-process s3s-fs)"
 cargo test --locked
 
-stage "external-endpoint suites (every tests/*.rs external:: case) on LocalStack ($BLOBSNAP_TEST_S3_ENDPOINT)"
+stage "the library example (examples/embed.rs): commits, resumes, restores a lost state dir"
+embed=$(mktemp -d)
+cargo run --locked --quiet --example embed -- "$embed" 1200 > /dev/null
+cargo run --locked --quiet --example embed -- "$embed" 2100 | grep -q '^resuming from offset 1200$' \
+  || { echo "embed: the second run did not resume from the committed offset 1200" >&2; exit 1; }
+rm -rf "$embed/state"
+out=$(cargo run --locked --quiet --example embed -- "$embed" 2100)
+grep -q '^resuming from offset 2100$' <<< "$out" && grep -q '^done at offset 2100: 4200 words counted$' <<< "$out" \
+  || { echo "embed: after losing its state dir the task did not restore to offset 2100 with 4200 words: $out" >&2; exit 1; }
+rm -rf "$embed"
+
+stage "external-endpoint suites (every external:: case of the test binaries) on LocalStack ($BLOBSNAP_TEST_S3_ENDPOINT)"
 cargo test --locked --tests -- --ignored external::
 
 stage "Garage: install (cached after the first build)"
