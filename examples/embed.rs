@@ -135,7 +135,7 @@ async fn main() -> Result<()> {
             db.db().put(word, (n + 1).to_le_bytes()).map_err(rocks)?;
         }
         offset += 1;
-        if offset % COMMIT_EVERY == 0 || offset == records {
+        if offset.is_multiple_of(COMMIT_EVERY) || offset == records {
             let report = commits
                 .commit(BTreeMap::from([(ssp.clone(), offset.to_string())]))
                 .await?;
