@@ -47,21 +47,66 @@ pub(crate) struct StoreArgs {
     pub(crate) s3_path_style: bool,
 }
 
-/// Which store's snapshots: job, job id, task, store.
+/// Which store's snapshots, as given on the command line: a manual backup's name, or job,
+/// job id, task and store.
 #[derive(Args)]
-pub(crate) struct SnapshotArgs {
+pub(crate) struct SnapshotFlags {
+    /// A manual backup (`blobsnap backup --db D --name NAME`): the same as `--job manual
+    /// --job-id NAME --task backup --store db`.
+    #[arg(long, conflicts_with_all = ["job", "task", "store"])]
+    name: Option<String>,
     /// The job's name.
-    #[arg(long)]
-    pub(crate) job: String,
+    #[arg(long, required_unless_present = "name")]
+    job: Option<String>,
     /// The job's id.
     #[arg(long, default_value = "1")]
-    pub(crate) job_id: String,
+    job_id: String,
     /// The task's name.
-    #[arg(long)]
-    pub(crate) task: String,
+    #[arg(long, required_unless_present = "name")]
+    task: Option<String>,
     /// The store's name.
-    #[arg(long)]
+    #[arg(long, required_unless_present = "name")]
+    store: Option<String>,
+}
+
+impl SnapshotFlags {
+    /// The store these flags name.
+    pub(crate) fn resolve(self) -> blobsnap::Result<SnapshotArgs> {
+        match (self.name, self.job, self.task, self.store) {
+            (Some(name), None, None, None) => Ok(SnapshotArgs::manual(&name)),
+            (None, Some(job), Some(task), Some(store)) => Ok(SnapshotArgs {
+                job,
+                job_id: self.job_id,
+                task,
+                store,
+            }),
+            _ => Err(Error::new(
+                ErrorKind::InvalidInput,
+                "name a store: --name NAME (a manual backup), or --job, --task and --store",
+            )),
+        }
+    }
+}
+
+/// Which store's snapshots: job, job id, task, store.
+pub(crate) struct SnapshotArgs {
+    pub(crate) job: String,
+    pub(crate) job_id: String,
+    pub(crate) task: String,
     pub(crate) store: String,
+}
+
+impl SnapshotArgs {
+    /// The store of the manual backup `name`: manual backups are a job named `manual` whose
+    /// id is the backup's name, with one task (`backup`) and one store (`db`).
+    pub(crate) fn manual(name: &str) -> Self {
+        SnapshotArgs {
+            job: "manual".into(),
+            job_id: name.into(),
+            task: "backup".into(),
+            store: "db".into(),
+        }
+    }
 }
 
 impl SnapshotArgs {

@@ -147,7 +147,7 @@ pub(crate) async fn backup_command(
     } else {
         println!("{marker}");
         eprintln!(
-            "backup {name}: {} files, {} bytes; uploaded {} files, {} bytes. Restore with: blobsnap restore {marker} --job manual --job-id {name} --task backup --store db --to DIR",
+            "backup {name}: {} files, {} bytes; uploaded {} files, {} bytes. Restore with: blobsnap restore --name {name} --to DIR (this backup: add {marker})",
             s.files, s.bytes, s.blobs_uploaded, s.bytes_uploaded
         );
     }

@@ -1,12 +1,12 @@
 //! `blobsnap diff`: what changed between two snapshots of a store.
 
-use super::args::{open_store, SnapshotArgs, StoreArgs};
+use super::args::{open_store, SnapshotFlags, StoreArgs};
 use clap::Args;
 
 #[derive(Args)]
 pub(crate) struct DiffArgs {
     #[command(flatten)]
-    pub(crate) snap: SnapshotArgs,
+    pub(crate) snap: SnapshotFlags,
     /// The older marker.
     pub(crate) a: String,
     /// The newer marker.
@@ -19,6 +19,7 @@ pub(crate) async fn run(
     args: DiffArgs,
 ) -> blobsnap::Result<()> {
     let DiffArgs { snap, a, b } = args;
+    let snap = snap.resolve()?;
     let blob_store = open_store(store_args).await?;
     let ia = snap.load(blob_store.as_ref(), &a).await?.index;
     let ib = snap.load(blob_store.as_ref(), &b).await?.index;

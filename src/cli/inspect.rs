@@ -1,13 +1,13 @@
 //! `blobsnap inspect`: one snapshot's files, blobs and costs.
 
-use super::args::{open_store, SnapshotArgs, StoreArgs};
+use super::args::{open_store, SnapshotFlags, StoreArgs};
 use blobsnap::{Error, ErrorKind};
 use clap::Args;
 
 #[derive(Args)]
 pub(crate) struct InspectArgs {
     #[command(flatten)]
-    pub(crate) snap: SnapshotArgs,
+    pub(crate) snap: SnapshotFlags,
     /// The marker (`index/<checkpoint-id>.<sha256>.json`); omitted: the task's latest
     /// checkpoint (its offsets and markers are shown too).
     pub(crate) marker: Option<String>,
@@ -19,6 +19,7 @@ pub(crate) async fn run(
     args: InspectArgs,
 ) -> blobsnap::Result<()> {
     let InspectArgs { snap, marker } = args;
+    let snap = snap.resolve()?;
     let blob_store = open_store(store_args).await?;
     let (marker, checkpoint) = snap.resolve_marker(&blob_store, marker).await?;
     if let (Some(c), false) = (&checkpoint, json) {

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use super::args::{open_store, SnapshotArgs, StoreArgs};
+use super::args::{open_store, SnapshotArgs, SnapshotFlags, StoreArgs};
 use super::progress::Bar;
 use blobsnap::backend::{StoreSpec, TaskContext, TaskRestoreManager as _};
 use blobsnap::blob::restore::{BlobRestoreManager, RestoreSettings};
@@ -18,7 +18,7 @@ pub(crate) struct RestoreArgs {
     /// the task's latest committed checkpoint.
     pub(crate) marker: Option<String>,
     #[command(flatten)]
-    pub(crate) snap: SnapshotArgs,
+    pub(crate) snap: SnapshotFlags,
     /// The directory to restore into (created if missing). Its files are replaced by the
     /// snapshot's (those with the right bytes are reused): a non-empty directory that
     /// blobsnap did not restore (no `RESTORED` marker) is refused unless `--force`.
@@ -44,6 +44,7 @@ pub(crate) async fn run(
         dry_run,
         force,
     } = args;
+    let snap = snap.resolve()?;
     refuse_foreign_dir(&to, force)?;
     let blob_store = open_store(store_args).await?;
     let (marker, _) = snap.resolve_marker(&blob_store, marker).await?;

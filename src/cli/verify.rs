@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::args::{open_store, SnapshotArgs, StoreArgs};
+use super::args::{open_store, SnapshotFlags, StoreArgs};
 use super::progress::Bar;
 use blobsnap::blobstore::BlobStore;
 use blobsnap::{Error, ErrorKind};
@@ -11,7 +11,7 @@ use clap::Args;
 #[derive(Args)]
 pub(crate) struct VerifyArgs {
     #[command(flatten)]
-    pub(crate) snap: SnapshotArgs,
+    pub(crate) snap: SnapshotFlags,
     /// The marker (`index/<checkpoint-id>.<sha256>.json`); omitted: the task's latest
     /// checkpoint.
     pub(crate) marker: Option<String>,
@@ -35,6 +35,7 @@ pub(crate) async fn run(
         deep,
         sample,
     } = args;
+    let snap = snap.resolve()?;
     if !(sample > 0.0 && sample <= 100.0) {
         return Err(Error::new(
             ErrorKind::InvalidInput,

@@ -413,22 +413,26 @@ async fn backup_a_closed_db_dedup_restore_ls_and_a_locked_db_is_refused(t: &Targ
     // Again into the same dir: every file is reused, none downloaded, and each reused byte is
     // hashed once — the plan printed is the plan carried out, not planned (and hashed) again.
     let to_s = to.to_str().unwrap().to_string();
-    let again = [
-        "restore",
-        &marker,
-        "--job",
-        "manual",
-        "--job-id",
-        "nightly 1",
-        "--task",
-        "backup",
-        "--store",
-        "db",
-        "--to",
-        &to_s,
-    ];
+    // (By the backup's name, as `backup` says: its latest backup, the one just restored.)
+    let again = ["restore", "--name", "nightly 1", "--to", &to_s];
     let (code, v, err) = run(t, &again).await;
     assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        v["marker"], marker,
+        "--name restores the name's latest backup: {v}"
+    );
+    let (code, _, err) = run(t, &["inspect", "--name", "nightly 1", "--job", "manual"]).await;
+    assert_eq!(
+        code,
+        Some(2),
+        "--name and --job together are a usage error: {err}"
+    );
+    let (code, _, err) = run(t, &["inspect", "--job", "manual"]).await;
+    assert_eq!(
+        code,
+        Some(2),
+        "--task and --store are required without --name: {err}"
+    );
     assert_eq!(v["bytes-fetched"], 0, "{v}");
     assert_eq!(v["plan"]["files_to_download"], 0, "{v}");
     let reused = v["plan"]["bytes_reused"].as_u64().unwrap();
