@@ -45,7 +45,7 @@ use crate::index::{
 };
 use crate::layout::{JobScope, StoreScope};
 use crate::local::hashcache::HashCache;
-use crate::local::scan::{scan_dir_only, LocalFile, Owners, ScanStats};
+use crate::local::scan::{scan_dir_only, LocalDir, LocalFile, Owners, ScanStats};
 
 /// Settings of the backup side.
 #[derive(Clone, Debug)]
@@ -318,27 +318,7 @@ impl BlobBackupManager {
     ) -> Result<IndexMarker> {
         let started = Instant::now();
         // 1. scan
-        let scan_stats = Arc::new(ScanStats::default());
-        let local = {
-            let (dir, owners, stats, cache, only) = (
-                dir.clone(),
-                Arc::clone(&self.owners),
-                Arc::clone(&scan_stats),
-                cache.clone(),
-                self.settings.only.clone(),
-            );
-            tokio::task::spawn_blocking(move || {
-                let tree = scan_dir_only(&dir, only.as_ref(), cache.as_deref(), &owners, &stats)?;
-                if let Some(c) = &cache {
-                    if let Err(e) = c.save() {
-                        tracing::warn!(error = %e, "could not save the hash cache");
-                    }
-                }
-                Ok::<_, Error>(tree)
-            })
-            .await
-            .map_err(|e| Error::task("scan", e))??
-        };
+        let (local, scan_stats) = self.scan(cache, dir).await?;
         let scan_ms = started.elapsed().as_millis() as u64;
 
         // 2. diff against the committed snapshot
@@ -350,25 +330,7 @@ impl BlobBackupManager {
         let totals = dd.totals();
 
         // 3. plan the blobs: reuse what the committed snapshot holds, send each new content once
-        let mut blob_of: HashMap<Sha256, String> = HashMap::new();
-        if let Some(c) = &committed {
-            for (_, f) in c.index.present_files() {
-                if let (Some(sha), [blob]) = (f.sha256, f.blobs.as_slice()) {
-                    blob_of.entry(sha).or_insert_with(|| blob.blob_id.clone());
-                }
-            }
-        }
-        let mut to_put: Vec<&LocalFile> = Vec::new();
-        let mut deduplicated = 0u64;
-        for f in dd.added_files() {
-            let sha = f.digest.sha256;
-            if blob_of.contains_key(&sha) {
-                deduplicated += 1;
-                continue;
-            }
-            blob_of.insert(sha, StoreScope::blob_id(id, sha));
-            to_put.push(f);
-        }
+        let (blob_of, to_put, deduplicated) = plan_blobs(id, committed.as_ref(), &dd);
         let progress = self.progress.get(&spec.name).cloned().unwrap_or_default();
         progress.reset();
         progress
@@ -388,33 +350,7 @@ impl BlobBackupManager {
         );
         let upload_started = Instant::now();
         self.note_first_put(id)?;
-        let jobs: Vec<(String, PathBuf, u64, FileDigest)> = to_put
-            .iter()
-            .map(|f| {
-                (
-                    StoreScope::blob_id(id, f.digest.sha256),
-                    f.path.clone(),
-                    f.digest.size,
-                    f.digest,
-                )
-            })
-            .collect();
-        let requests: u64 = futures::stream::iter(jobs)
-            .map(|(blob_id, path, len, digest)| {
-                let progress = Arc::clone(&progress);
-                async move {
-                    let r = self.put_blob(scope, blob_id, path, len, digest).await?;
-                    crate::crash::point("backup.mid-upload");
-                    progress.files_uploaded.fetch_add(1, Ordering::Relaxed);
-                    progress.bytes_uploaded.fetch_add(len, Ordering::Relaxed);
-                    Ok::<_, Error>(r)
-                }
-            })
-            // The store's transfer budget (LimitStore) bounds what is on the wire; this only
-            // bounds futures in hand.
-            .buffer_unordered(64)
-            .try_fold(0u64, |acc, r| async move { Ok(acc + r) })
-            .await?;
+        let requests = self.put_blobs(id, scope, &to_put, &progress).await?;
 
         // 4. the index — unless the commit's uploads took so long that the sweep could have
         //    taken their first blobs (DESIGN §7 step 2; checked again before the checkpoint
@@ -433,30 +369,7 @@ impl BlobBackupManager {
             dir_index: build_dir(&dd, &blob_of)?,
             prev_snapshot_index_blob_id: committed.as_ref().map(|c| c.marker.to_string()),
         };
-        let bytes = index.to_bytes()?;
-        let marker = IndexMarker::of(id, &bytes);
-        let key = scope.index_key(&marker)?;
-        let index_len = bytes.len() as u64;
-        match self
-            .blob_store
-            .put(
-                &key,
-                PutBody::Bytes(bytes.into()),
-                PutOptions::create_only(marker.sha256),
-            )
-            .await
-        {
-            Ok(_) => {}
-            // The key is the hash of the bytes: an existing object with the same key and the
-            // same hash is this very index (a retried upload).
-            Err(e) if e.kind() == ErrorKind::Conflict => {
-                let (sha, _) = hash_object(self.blob_store.as_ref(), &key).await?;
-                if sha != marker.sha256 {
-                    return Err(e.context(format!("index {key} exists with other bytes")));
-                }
-            }
-            Err(e) => return Err(e.context(format!("put index {key}"))),
-        }
+        let (marker, index_len) = self.put_index(id, scope, &index).await?;
 
         let stats = UploadStats {
             files: totals.files_added + totals.files_retained,
@@ -511,6 +424,102 @@ impl BlobBackupManager {
                 },
             );
         Ok(marker)
+    }
+
+    /// Scan a checkpoint dir (blocking, off the async threads), through the hash cache.
+    async fn scan(
+        &self,
+        cache: Option<Arc<HashCache>>,
+        dir: PathBuf,
+    ) -> Result<(LocalDir, Arc<ScanStats>)> {
+        let scan_stats = Arc::new(ScanStats::default());
+        let (owners, stats, only) = (
+            Arc::clone(&self.owners),
+            Arc::clone(&scan_stats),
+            self.settings.only.clone(),
+        );
+        let tree = tokio::task::spawn_blocking(move || {
+            let tree = scan_dir_only(&dir, only.as_ref(), cache.as_deref(), &owners, &stats)?;
+            if let Some(c) = &cache {
+                if let Err(e) = c.save() {
+                    tracing::warn!(error = %e, "could not save the hash cache");
+                }
+            }
+            Ok::<_, Error>(tree)
+        })
+        .await
+        .map_err(|e| Error::task("scan", e))??;
+        Ok((tree, scan_stats))
+    }
+
+    /// PUT the planned blobs (create-only, at most 64 in hand; the store's transfer budget
+    /// bounds what is on the wire); returns the requests they took.
+    async fn put_blobs(
+        &self,
+        id: CheckpointId,
+        scope: &StoreScope,
+        to_put: &[&LocalFile],
+        progress: &Arc<BackupProgress>,
+    ) -> Result<u64> {
+        let jobs: Vec<(String, PathBuf, u64, FileDigest)> = to_put
+            .iter()
+            .map(|f| {
+                (
+                    StoreScope::blob_id(id, f.digest.sha256),
+                    f.path.clone(),
+                    f.digest.size,
+                    f.digest,
+                )
+            })
+            .collect();
+        futures::stream::iter(jobs)
+            .map(|(blob_id, path, len, digest)| {
+                let progress = Arc::clone(progress);
+                async move {
+                    let r = self.put_blob(scope, blob_id, path, len, digest).await?;
+                    crate::crash::point("backup.mid-upload");
+                    progress.files_uploaded.fetch_add(1, Ordering::Relaxed);
+                    progress.bytes_uploaded.fetch_add(len, Ordering::Relaxed);
+                    Ok::<_, Error>(r)
+                }
+            })
+            .buffer_unordered(64)
+            .try_fold(0u64, |acc, r| async move { Ok(acc + r) })
+            .await
+    }
+
+    /// PUT `index` create-only under its marker's key; returns the marker and the index's size.
+    async fn put_index(
+        &self,
+        id: CheckpointId,
+        scope: &StoreScope,
+        index: &SnapshotIndex,
+    ) -> Result<(IndexMarker, u64)> {
+        let bytes = index.to_bytes()?;
+        let marker = IndexMarker::of(id, &bytes);
+        let key = scope.index_key(&marker)?;
+        let index_len = bytes.len() as u64;
+        match self
+            .blob_store
+            .put(
+                &key,
+                PutBody::Bytes(bytes.into()),
+                PutOptions::create_only(marker.sha256),
+            )
+            .await
+        {
+            Ok(_) => Ok((marker, index_len)),
+            // The key is the hash of the bytes: an existing object with the same key and the
+            // same hash is this very index (a retried upload).
+            Err(e) if e.kind() == ErrorKind::Conflict => {
+                let (sha, _) = hash_object(self.blob_store.as_ref(), &key).await?;
+                if sha != marker.sha256 {
+                    return Err(e.context(format!("index {key} exists with other bytes")));
+                }
+                Ok((marker, index_len))
+            }
+            Err(e) => Err(e.context(format!("put index {key}"))),
+        }
     }
 
     /// PUT one blob (create-only); returns the requests it took.
@@ -581,6 +590,37 @@ fn file_index(f: &LocalFile, blob_id: String) -> FileIndex {
         checksum: f.digest.crc32,
         sha256: Some(f.digest.sha256),
     }
+}
+
+/// Which blobs an upload sends: an added file whose SHA-256 the committed snapshot (or an
+/// earlier file of this upload) already holds reuses that blob; every other content is sent
+/// once, as `blobs/<id>/<sha256>`. Returns the blob of every content, the files to PUT and
+/// how many added files were deduplicated.
+fn plan_blobs<'a>(
+    id: CheckpointId,
+    committed: Option<&LoadedSnapshot>,
+    dd: &'a DirDiff<'a>,
+) -> (HashMap<Sha256, String>, Vec<&'a LocalFile>, u64) {
+    let mut blob_of: HashMap<Sha256, String> = HashMap::new();
+    if let Some(c) = committed {
+        for (_, f) in c.index.present_files() {
+            if let (Some(sha), [blob]) = (f.sha256, f.blobs.as_slice()) {
+                blob_of.entry(sha).or_insert_with(|| blob.blob_id.clone());
+            }
+        }
+    }
+    let mut to_put: Vec<&LocalFile> = Vec::new();
+    let mut deduplicated = 0u64;
+    for f in dd.added_files() {
+        let sha = f.digest.sha256;
+        if blob_of.contains_key(&sha) {
+            deduplicated += 1;
+            continue;
+        }
+        blob_of.insert(sha, StoreScope::blob_id(id, sha));
+        to_put.push(f);
+    }
+    (blob_of, to_put, deduplicated)
 }
 
 /// The new DirIndex: retained files keep their blob (with attributes from disk now), added

@@ -159,6 +159,23 @@ pub(crate) async fn run(
     let stored = wordcount::count_stores(&settings.state_dir, partitions)?;
     let expected = wordcount::count_input(&settings.input_dir, partitions)?;
     let ok = stored == expected;
+    report(json, &summaries, &stored, ok);
+    if !ok {
+        return Err(Error::new(
+                ErrorKind::Corrupt,
+                "the stored counts differ from the input: state and offsets were not committed together",
+            ));
+    }
+    Ok(())
+}
+
+/// Print what the demo's tasks did and the check of their counts.
+fn report(
+    json: bool,
+    summaries: &[blobsnap::job::TaskSummary],
+    stored: &std::collections::BTreeMap<String, u64>,
+    ok: bool,
+) {
     let mut top: Vec<(&String, &u64)> = stored.iter().collect();
     top.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
     let total: u64 = stored.values().sum();
@@ -180,7 +197,7 @@ pub(crate) async fn run(
             })
         );
     } else {
-        for s in &summaries {
+        for s in summaries {
             println!(
                     "{}: resumed from offset {}, processed {} messages, {} commits ({} skipped while one was in flight, {} failed and retried), {} sweeps",
                     s.task,
@@ -207,13 +224,6 @@ pub(crate) async fn run(
             if ok { "equal" } else { "DIFFER FROM" }
         );
     }
-    if !ok {
-        return Err(Error::new(
-                ErrorKind::Corrupt,
-                "the stored counts differ from the input: state and offsets were not committed together",
-            ));
-    }
-    Ok(())
 }
 
 /// Serve the metrics in Prometheus' text format at `http://<addr>/metrics` (port 0: any free

@@ -284,35 +284,8 @@ async fn run_task_leased(
     let mut lease_renewed = std::time::Instant::now();
     crate::crash::point("task.after-claim");
 
-    let restore = |from: Option<crate::checkpoint::Checkpoint>| {
-        let (ctx, specs, clock) = (ctx.clone(), specs.clone(), Arc::clone(&clock));
-        async move {
-            let restorer = backend.restore_manager(&ctx, &specs, clock)?;
-            restorer.init(from.as_ref()).await?;
-            restorer.restore().await
-        }
-    };
-    let mut fell_back_to = None;
-    let last = match restore(last.clone()).await {
-        Ok(()) => last,
-        Err(e)
-            if settings.restore_fallback
-                && matches!(
-                    e.kind(),
-                    crate::ErrorKind::Corrupt | crate::ErrorKind::NotFound
-                ) =>
-        {
-            let (c, why) =
-                restore_fallback(&task, &checkpoints, last.as_ref(), e, &restore).await?;
-            fell_back_to = Some(format!(
-                "{} ({why})",
-                c.as_v2()
-                    .map_or_else(|| "?".to_string(), |v| v.id.to_string())
-            ));
-            Some(c)
-        }
-        Err(e) => return Err(e),
-    };
+    let (last, fell_back_to) =
+        restore_task(settings, backend, &ctx, &specs, &clock, &checkpoints, last).await?;
     crate::crash::point("task.after-restore");
 
     let mut stores = Stores::new();
@@ -322,38 +295,19 @@ async fn run_task_leased(
             Arc::new(RocksStore::open(&spec.name, &spec.dir)?),
         );
     }
-    let backup = backend.backup_manager(&ctx, &specs, Arc::clone(&clock))?;
-    backup.init(last.as_ref()).await?;
-    let commits = Arc::new(
-        commits
-            .with_stores(
-                stores
-                    .values()
-                    .map(|db| Arc::clone(db) as Arc<dyn StoreEngine>)
-                    .collect(),
-            )
-            .with_backends(
-                vec![Backend {
-                    name: backend.name().to_string(),
-                    manager: Arc::clone(&backup),
-                }],
-                last.clone(),
-            ),
-    );
+    let (commits, backup) = attach_backup(
+        commits,
+        backend,
+        &ctx,
+        &specs,
+        &stores,
+        clock,
+        last.as_ref(),
+    )
+    .await?;
 
     let ssp = Ssp::new("files", settings.stream.clone(), partition);
-    let resumed_from: u64 = last
-        .as_ref()
-        .and_then(|c| c.offsets().get(&ssp).cloned())
-        .map(|o| {
-            o.parse().map_err(|_| {
-                Error::corrupt(format!(
-                    "checkpointed offset {o:?} of {ssp} is not a number"
-                ))
-            })
-        })
-        .transpose()?
-        .unwrap_or(0);
+    let resumed_from = resumed_offset(last.as_ref(), &ssp)?;
     let input = settings.input_dir.join(format!("{partition}.txt"));
     let mut reader = PartitionReader::open(&input, resumed_from)?;
     let mut summary = TaskSummary {
@@ -429,6 +383,92 @@ async fn run_task_leased(
         summary.commits.push(report);
     }
     Ok(summary)
+}
+
+/// The backup side of a task: its manager from the factory, based on `last` (the checkpoint
+/// restored), and the commit manager with the open stores and that backend attached.
+async fn attach_backup(
+    commits: TaskCommitManager,
+    backend: &Arc<dyn StateBackendFactory>,
+    ctx: &TaskContext,
+    specs: &[StoreSpec],
+    stores: &Stores,
+    clock: Arc<dyn Clock>,
+    last: Option<&crate::checkpoint::Checkpoint>,
+) -> Result<(Arc<TaskCommitManager>, Arc<dyn TaskBackupManager>)> {
+    let backup = backend.backup_manager(ctx, specs, clock)?;
+    backup.init(last).await?;
+    let commits = commits
+        .with_stores(
+            stores
+                .values()
+                .map(|db| Arc::clone(db) as Arc<dyn StoreEngine>)
+                .collect(),
+        )
+        .with_backends(
+            vec![Backend {
+                name: backend.name().to_string(),
+                manager: Arc::clone(&backup),
+            }],
+            last.cloned(),
+        );
+    Ok((Arc::new(commits), backup))
+}
+
+/// Restore the task's stores from `last`; with `restore_fallback`, a `Corrupt` or
+/// `NotFound` snapshot makes it try the older retained checkpoints. Returns the checkpoint
+/// restored (the base of the next commit) and, after a fallback, a note of it.
+async fn restore_task(
+    settings: &JobSettings,
+    backend: &Arc<dyn StateBackendFactory>,
+    ctx: &TaskContext,
+    specs: &[StoreSpec],
+    clock: &Arc<dyn Clock>,
+    checkpoints: &Arc<dyn CheckpointStore>,
+    last: Option<crate::checkpoint::Checkpoint>,
+) -> Result<(Option<crate::checkpoint::Checkpoint>, Option<String>)> {
+    let restore = |from: Option<crate::checkpoint::Checkpoint>| {
+        let (ctx, specs, clock) = (ctx.clone(), specs.to_vec(), Arc::clone(clock));
+        async move {
+            let restorer = backend.restore_manager(&ctx, &specs, clock)?;
+            restorer.init(from.as_ref()).await?;
+            restorer.restore().await
+        }
+    };
+    match restore(last.clone()).await {
+        Ok(()) => Ok((last, None)),
+        Err(e)
+            if settings.restore_fallback
+                && matches!(
+                    e.kind(),
+                    crate::ErrorKind::Corrupt | crate::ErrorKind::NotFound
+                ) =>
+        {
+            let (c, why) =
+                restore_fallback(&ctx.task_name, checkpoints, last.as_ref(), e, &restore).await?;
+            let note = format!(
+                "{} ({why})",
+                c.as_v2()
+                    .map_or_else(|| "?".to_string(), |v| v.id.to_string())
+            );
+            Ok((Some(c), Some(note)))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The input offset of `ssp` in `last` (0 without one).
+fn resumed_offset(last: Option<&crate::checkpoint::Checkpoint>, ssp: &Ssp) -> Result<u64> {
+    last.and_then(|c| c.offsets().get(ssp).cloned())
+        .map(|o| {
+            o.parse().map_err(|_| {
+                Error::corrupt(format!(
+                    "checkpointed offset {o:?} of {ssp} is not a number"
+                ))
+            })
+        })
+        .transpose()
+        .map(|o| o.unwrap_or(0))
 }
 
 /// The last checkpoint did not restore (`first_error`): try the older retained ones, newest
