@@ -1,4 +1,6 @@
 //! Settings as plain serde data: a TOML file, then `BLOBSNAP_*` environment variables on top.
+//! Sizes and durations take the integers of the field's unit or strings such as `"16MiB"` and
+//! `"30s"` ([`crate::units`]).
 //! Credentials are not settings: the S3 store takes them from the AWS default chain.
 //!
 //! ```toml
@@ -97,8 +99,10 @@ pub struct JobConfig {
     /// Commit every this many messages.
     pub commit_every: u64,
     /// Also commit every this many milliseconds (0: by count only).
+    #[serde(deserialize_with = "crate::units::millis")]
     pub commit_ms: u64,
     /// Skip a due commit while one is in flight for at most this long, then wait.
+    #[serde(deserialize_with = "crate::units::millis")]
     pub commit_max_delay_ms: u64,
     /// Committed snapshots kept per store.
     pub retention: usize,
@@ -107,6 +111,7 @@ pub struct JobConfig {
     /// Sweep every this many commits (0: never).
     pub sweep_every_commits: u64,
     /// The sweep's grace period, seconds (at least 60 for a running job).
+    #[serde(deserialize_with = "crate::units::secs")]
     pub gc_grace_secs: u64,
     /// Restore the newest retained checkpoint that restores when the last one is corrupt or
     /// missing, and resume from its offsets (see `JobSettings::restore_fallback`).
@@ -363,5 +368,25 @@ mod tests {
             assert!(err.to_string().contains("s3 resolve"), "{bad}: {err}");
         }
         assert!(Settings::from_toml("[s3.resolve]\n\"a.test\" = \"not-an-ip\"\n").is_err());
+    }
+
+    #[test]
+    fn sizes_and_durations_as_people_write_them() {
+        let s = Settings::from_toml(
+            "[s3]\nbucket = \"b-1\"\npart-size = \"16MiB\"\nmultipart-threshold = \"64 MiB\"\nread-timeout-ms = \"30s\"\nconnect-timeout-ms = 2500\n[retry]\nbudget-ms = \"2m\"\n[job]\ngc-grace-secs = \"24h\"\ncommit-ms = \"1m\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            (s.s3.part_size, s.s3.multipart_threshold),
+            (16 << 20, 64 << 20)
+        );
+        assert_eq!(
+            (s.s3.read_timeout_ms, s.s3.connect_timeout_ms),
+            (30_000, 2_500)
+        );
+        assert_eq!(s.retry.budget_ms, 120_000);
+        assert_eq!((s.job.gc_grace_secs, s.job.commit_ms), (86_400, 60_000));
+        let e = Settings::from_toml("[s3]\npart-size = \"16 parsecs\"\n").unwrap_err();
+        assert!(e.to_string().contains("16 parsecs"), "{e}");
     }
 }

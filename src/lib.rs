@@ -71,5 +71,6 @@ pub mod job;
 pub mod layout;
 pub mod local;
 pub mod redact;
+pub mod units;
 
 pub use error::{Error, ErrorKind, Result};

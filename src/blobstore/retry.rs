@@ -37,12 +37,15 @@ use crate::error::{Error, ErrorKind, Result};
 #[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct RetryPolicy {
     /// Delay before the first retry, ms.
+    #[serde(deserialize_with = "crate::units::millis")]
     pub initial_delay_ms: u64,
     /// Growth factor of the delay.
     pub factor: f64,
     /// Largest delay, ms.
+    #[serde(deserialize_with = "crate::units::millis")]
     pub max_delay_ms: u64,
     /// Total time budget of one operation, ms (attempts stop once it is spent).
+    #[serde(deserialize_with = "crate::units::millis")]
     pub budget_ms: u64,
     /// Most attempts (0: bounded by the budget only).
     pub max_attempts: u32,

@@ -148,19 +148,25 @@ pub struct S3Config {
     /// Server-side encryption.
     pub sse: Sse,
     /// TCP connect timeout, ms.
+    #[serde(deserialize_with = "crate::units::millis")]
     pub connect_timeout_ms: u64,
     /// Timeout of one socket read, ms: a stalled server fails instead of hanging.
+    #[serde(deserialize_with = "crate::units::millis")]
     pub read_timeout_ms: u64,
     /// The slowest body a GET accepts, bytes/s, averaged over each `read-timeout-ms` window:
     /// a server that trickles a few bytes at a time (each socket read within the read
     /// timeout) fails `Transient` instead of stalling a restore (0: no limit).
+    #[serde(deserialize_with = "crate::units::bytes")]
     pub min_body_bytes_per_sec: u64,
     /// Timeout of one request attempt, ms (a single PUT of a file up to the multipart threshold
     /// must fit).
+    #[serde(deserialize_with = "crate::units::millis")]
     pub attempt_timeout_ms: u64,
     /// Files of at least this many bytes are uploaded as multipart uploads.
+    #[serde(deserialize_with = "crate::units::bytes")]
     pub multipart_threshold: u64,
     /// Size of one multipart part (at least 5 MiB, S3's minimum).
+    #[serde(deserialize_with = "crate::units::bytes")]
     pub part_size: u64,
     /// Parts in flight at once per multipart upload.
     pub part_concurrency: usize,

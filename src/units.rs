@@ -1,0 +1,142 @@
+//! Sizes and durations in settings, as people write them: `part-size = "16MiB"`,
+//! `read-timeout-ms = "30s"`, or the plain integers of the field's unit (bytes,
+//! milliseconds, seconds) as before. Used with `#[serde(deserialize_with = …)]`.
+
+use std::time::Duration;
+
+use serde::de::{self, Deserializer, Visitor};
+
+/// What a setting's integer counts, and how a string is read into it.
+#[derive(Clone, Copy)]
+enum Unit {
+    Bytes,
+    Millis,
+    Secs,
+}
+
+struct Human(Unit);
+
+impl Visitor<'_> for Human {
+    type Value = u64;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self.0 {
+            Unit::Bytes => "a size: bytes, or a string such as \"64MiB\" or \"1 GB\"",
+            Unit::Millis => "milliseconds, or a duration such as \"30s\" or \"1m 30s\"",
+            Unit::Secs => "seconds, or a duration such as \"24h\" or \"90s\"",
+        })
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<u64, E> {
+        Ok(v)
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<u64, E> {
+        u64::try_from(v).map_err(|_| E::invalid_value(de::Unexpected::Signed(v), &self))
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<u64, E> {
+        parse(self.0, v).map_err(|why| E::custom(format!("{v:?}: {why}")))
+    }
+}
+
+fn parse(unit: Unit, v: &str) -> Result<u64, String> {
+    match unit {
+        Unit::Bytes => v
+            .trim()
+            .parse::<bytesize::ByteSize>()
+            .map(|b| b.as_u64())
+            .map_err(|e| format!("not a size ({e})")),
+        Unit::Millis | Unit::Secs => {
+            let d: Duration =
+                humantime::parse_duration(v.trim()).map_err(|e| format!("not a duration ({e})"))?;
+            let n = match unit {
+                Unit::Millis => d.as_millis(),
+                _ => {
+                    if d.subsec_nanos() != 0 {
+                        return Err("a whole number of seconds is needed".into());
+                    }
+                    u128::from(d.as_secs())
+                }
+            };
+            u64::try_from(n).map_err(|_| "too long".into())
+        }
+    }
+}
+
+/// A size in bytes: an integer, or `"64MiB"`, `"16 MB"`, `"1GiB"`.
+pub fn bytes<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    d.deserialize_any(Human(Unit::Bytes))
+}
+
+/// A duration in milliseconds: an integer, or `"30s"`, `"250ms"`, `"2m"`.
+pub fn millis<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    d.deserialize_any(Human(Unit::Millis))
+}
+
+/// A duration in seconds: an integer, or `"24h"`, `"90s"`.
+pub fn secs<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    d.deserialize_any(Human(Unit::Secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(serde::Deserialize, Debug)]
+    struct T {
+        #[serde(deserialize_with = "bytes")]
+        size: u64,
+        #[serde(deserialize_with = "millis")]
+        timeout_ms: u64,
+        #[serde(deserialize_with = "secs")]
+        grace_secs: u64,
+    }
+
+    fn read(text: &str) -> Result<T, String> {
+        toml::from_str(text).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn integers_and_human_forms() {
+        let t = read("size = 16777216\ntimeout_ms = 30000\ngrace_secs = 86400").unwrap();
+        assert_eq!(
+            (t.size, t.timeout_ms, t.grace_secs),
+            (16 << 20, 30_000, 86_400)
+        );
+        let t = read("size = \"16MiB\"\ntimeout_ms = \"30s\"\ngrace_secs = \"24h\"").unwrap();
+        assert_eq!(
+            (t.size, t.timeout_ms, t.grace_secs),
+            (16 << 20, 30_000, 86_400)
+        );
+        let t = read("size = \"1 GB\"\ntimeout_ms = \"1m 30s\"\ngrace_secs = \"90s\"").unwrap();
+        assert_eq!(
+            (t.size, t.timeout_ms, t.grace_secs),
+            (1_000_000_000, 90_000, 90)
+        );
+        let t = read("size = \"5 MiB\"\ntimeout_ms = \"250ms\"\ngrace_secs = 60").unwrap();
+        assert_eq!((t.size, t.timeout_ms, t.grace_secs), (5 << 20, 250, 60));
+    }
+
+    #[test]
+    fn bad_values_name_what_was_wrong() {
+        for (text, what) in [
+            (
+                "size = \"sixteen\"\ntimeout_ms = 1\ngrace_secs = 1",
+                "sixteen",
+            ),
+            (
+                "size = 1\ntimeout_ms = \"30 parsecs\"\ngrace_secs = 1",
+                "30 parsecs",
+            ),
+            (
+                "size = 1\ntimeout_ms = 1\ngrace_secs = \"1500ms\"",
+                "whole number of seconds",
+            ),
+            ("size = -1\ntimeout_ms = 1\ngrace_secs = 1", "size"),
+        ] {
+            let e = read(text).unwrap_err();
+            assert!(e.contains(what), "{text}: {e}");
+        }
+    }
+}
