@@ -12,19 +12,35 @@
 //!
 //! ## Floors
 //!
-//! - [`error`]: one [`Error`] with an actionable [`ErrorKind`].
-//! - [`config`]: settings (TOML + `BLOBSNAP_*` env).
-//! - [`digest`]: SHA-256 / CRC32.
-//! - [`blobstore`]: the [`BlobStore`](blobstore::BlobStore) trait, the local and S3 stores, and
-//!   the retry, counting and fault-injection layers.
-//! - [`index`]: the snapshot index format and markers.
-//! - [`layout`]: the bucket layout (DESIGN §5).
-//! - [`local`]: RocksDB stores ([`StoreEngine`](backend::StoreEngine)), directory scans and
-//!   the hash cache.
-//! - [`checkpoint`]: checkpoint ids, CheckpointV1/V2 JSON (Samza-compatible), the
-//!   [`CheckpointStore`](checkpoint::CheckpointStore) trait.
-//! - [`backend`]: the state-backend SPI (Samza's `TaskBackupManager` & co., async).
-//! - [`blob`]: the blob-store backend: backup (scan, diff, dedup upload, index → marker).
+//! From the ground up; a module imports only modules on lower floors.
+//!
+//! - [`error`], [`redact`], [`units`]: one [`Error`] with an actionable [`ErrorKind`]; secrets
+//!   scrubbed from logs; sizes and durations in settings.
+//! - [`id`], [`digest`], [`crash`]: [`CheckpointId`](id::CheckpointId); SHA-256 / CRC32;
+//!   named crash and hold points for the tests.
+//! - [`blobstore`]: the [`BlobStore`](blobstore::BlobStore) trait, the local and S3 stores,
+//!   and the layers that wrap one trait: retry, the process's transfer budget
+//!   ([`limit`](blobstore::limit)), counting (metrics), fault injection.
+//! - [`config`]: settings (TOML + `BLOBSNAP_*` env) and the wiring that opens a store with
+//!   its layers.
+//! - [`index`], [`backend`]: the snapshot index format and markers; the state-backend SPI
+//!   (Samza's `TaskBackupManager` & co., async).
+//! - [`checkpoint`], [`layout`], [`local`]: CheckpointV1/V2 JSON (Samza-compatible) and the
+//!   [`CheckpointStore`](checkpoint::CheckpointStore); the bucket layout (DESIGN §5); RocksDB
+//!   stores ([`StoreEngine`](backend::StoreEngine)), directory scans, the hash cache, the
+//!   store-dir lock.
+//! - [`commit`]: the commit manager, driving every backend of a task through the SPI.
+//! - [`blob`]: the blob-store backend. [`blob::load_snapshot`] is the one way a snapshot is
+//!   read and checked; [`blob::backup`] (scan, diff, dedup upload, index → marker),
+//!   [`blob::restore`] (`plan` — an inventory and a pure `decide` — then `execute`),
+//!   [`blob::gc`] (the sweep), [`blob::admin`] (resources, leases),
+//!   [`blob::factory`] (the [`StateBackendFactory`](backend::StateBackendFactory) the runtime
+//!   builds its managers through).
+//! - [`job`]: a small CheckpointV2 job runtime and the demo job.
+//!
+//! The `blobsnap` command is `src/main.rs` (parse, runtime, exit codes) and `src/cli/`, one
+//! module per command; `examples/embed.rs` drives a processing loop of its own through the
+//! factory and the commit manager.
 //!
 //! ## A first look, on the local store
 //!

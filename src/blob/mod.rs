@@ -56,7 +56,7 @@ pub struct LoadedSnapshot {
 
 /// The one way a snapshot is read, by backup, restore, GC, verify and the CLI: parse
 /// `marker`, GET its index in the scope of `who` and check it — the SHA-256 of its bytes
-/// against the marker, its format, its names and checkpoint id (see [`read_index`]), and
+/// against the marker, its format, its names and checkpoint id (`read_index`), and
 /// that every file it lists has a SHA-256 and blobs inside the store's `blobs/` (`Corrupt`
 /// naming the entry). Never returns someone else's snapshot, nor one a restore could not
 /// verify.
