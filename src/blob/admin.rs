@@ -13,11 +13,6 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use aws_sdk_s3::error::ProvideErrorMetadata as _;
-use aws_sdk_s3::types::{
-    AbortIncompleteMultipartUpload, BucketLifecycleConfiguration, ExpirationStatus, LifecycleRule,
-    LifecycleRuleFilter,
-};
 use bytes::Bytes;
 use futures::TryStreamExt as _;
 use serde::{Deserialize, Serialize};
@@ -93,166 +88,6 @@ impl BlobStoreAdmin {
         self
     }
 
-    fn rule_id(&self, s3: &S3Store) -> String {
-        let prefix = format!("{}{}", s3.config().prefix, self.job.scope());
-        format!(
-            "blobsnap-abort-mpu-{}",
-            &Sha256::of(prefix.as_bytes()).to_hex()[..16]
-        )
-    }
-
-    /// The bucket's lifecycle rules; `None` when the server has no lifecycle API at all
-    /// (`NotImplemented`, as s3s-fs answers): then no rule can expire anything either.
-    async fn lifecycle_rules(&self, s3: &S3Store) -> Result<Option<Vec<LifecycleRule>>> {
-        let bucket = &s3.config().bucket;
-        // The raw client has no retry layer: retry here (a reset or a 503 is not an answer).
-        crate::blobstore::retry::retry(
-            &crate::blobstore::retry::RetryPolicy::default(),
-            "read lifecycle rules",
-            |_| async move {
-                match s3
-                    .client()
-                    .get_bucket_lifecycle_configuration()
-                    .bucket(bucket)
-                    .send()
-                    .await
-                {
-                    Ok(out) => Ok(Some(out.rules.unwrap_or_default())),
-                    Err(e) if e.code() == Some("NoSuchLifecycleConfiguration") => {
-                        Ok(Some(Vec::new()))
-                    }
-                    Err(e) if e.code() == Some("NotImplemented") => Ok(None),
-                    Err(e) => Err(crate::blobstore::s3::classify(
-                        format!("read lifecycle rules of bucket {bucket}"),
-                        e,
-                    )),
-                }
-            },
-        )
-        .await
-    }
-
-    async fn create_bucket_if_missing(&self, s3: &S3Store) -> Result<()> {
-        let bucket = &s3.config().bucket;
-        let policy = crate::blobstore::retry::RetryPolicy::default();
-        // Some(()) = it exists; None = 404. A reset or a 5xx is retried, not taken for 404.
-        let exists = crate::blobstore::retry::retry(&policy, "check the bucket", |_| async move {
-            match s3.client().head_bucket().bucket(bucket).send().await {
-                Ok(_) => Ok(Some(())),
-                Err(e) if e.raw_response().map(|r| r.status().as_u16()) == Some(404) => Ok(None),
-                Err(e) => Err(crate::blobstore::s3::classify(
-                    format!("check bucket {bucket}"),
-                    e,
-                )),
-            }
-        })
-        .await?;
-        if exists.is_some() {
-            return Ok(());
-        }
-        crate::blobstore::retry::retry(&policy, "create the bucket", |_| async move {
-            match s3.client().create_bucket().bucket(bucket).send().await {
-                Ok(_) => Ok(()),
-                Err(e) if matches!(e.code(), Some("BucketAlreadyOwnedByYou")) => Ok(()),
-                Err(e) => Err(crate::blobstore::s3::classify(
-                    format!("bucket {bucket} does not exist and could not be created"),
-                    e,
-                )),
-            }
-        })
-        .await
-    }
-
-    async fn merge_lifecycle_rule(&self, s3: &S3Store) -> Result<()> {
-        if !s3.config().lifecycle {
-            tracing::warn!(bucket = %s3.config().bucket, "the server has no lifecycle support: stale multipart uploads are only removed by the sweep");
-            return Ok(());
-        }
-        let id = self.rule_id(s3);
-        let Some(mut rules) = self.lifecycle_rules(s3).await? else {
-            tracing::warn!(bucket = %s3.config().bucket, "the server does not implement lifecycle rules: stale multipart uploads are only removed by the sweep");
-            return Ok(());
-        };
-        if rules.iter().any(|r| r.id() == Some(id.as_str())) {
-            return Ok(());
-        }
-        let prefix = format!("{}{}", s3.config().prefix, self.job.scope());
-        let rule = LifecycleRule::builder()
-            .id(&id)
-            .filter(LifecycleRuleFilter::builder().prefix(prefix).build())
-            .status(ExpirationStatus::Enabled)
-            .abort_incomplete_multipart_upload(
-                AbortIncompleteMultipartUpload::builder()
-                    .days_after_initiation(1)
-                    .build(),
-            )
-            .build()
-            .map_err(|e| Error::invalid(format!("lifecycle rule: {e}")))?;
-        rules.push(rule);
-        let config = BucketLifecycleConfiguration::builder()
-            .set_rules(Some(rules))
-            .build()
-            .map_err(|e| Error::invalid(format!("lifecycle configuration: {e}")))?;
-        let bucket = &s3.config().bucket;
-        crate::blobstore::retry::retry(
-            &crate::blobstore::retry::RetryPolicy::default(),
-            "merge the abort-incomplete-multipart rule",
-            |_| {
-                let config = config.clone();
-                async move {
-                    s3.client()
-                        .put_bucket_lifecycle_configuration()
-                        .bucket(bucket)
-                        .lifecycle_configuration(config)
-                        .send()
-                        .await
-                        .map(|_| ())
-                        .map_err(|e| {
-                            crate::blobstore::s3::classify(
-                                format!(
-                                    "merge the abort-incomplete-multipart rule into bucket {bucket}"
-                                ),
-                                e,
-                            )
-                        })
-                }
-            },
-        )
-        .await
-    }
-
-    async fn check_no_expiration(&self, s3: &S3Store) -> Result<()> {
-        if !s3.config().lifecycle {
-            return Ok(());
-        }
-        let ours = format!("{}{}", s3.config().prefix, self.job.scope());
-        for r in self.lifecycle_rules(s3).await?.unwrap_or_default() {
-            if r.status() != &ExpirationStatus::Enabled {
-                continue;
-            }
-            let rule_prefix = r
-                .filter()
-                .and_then(|f| f.prefix())
-                .or(
-                    #[allow(deprecated)]
-                    r.prefix(),
-                )
-                .unwrap_or("");
-            let covers = ours.starts_with(rule_prefix) || rule_prefix.starts_with(&ours);
-            let dangerous = r.expiration().is_some()
-                || !r.transitions().is_empty()
-                || r.noncurrent_version_expiration().is_some();
-            if covers && dangerous {
-                return Err(Error::permanent(format!(
-                    "lifecycle rule {:?} of bucket {} expires or transitions objects under {ours:?}: it would delete or freeze live snapshots; scope it away from the prefix",
-                    r.id().unwrap_or("(no id)"),
-                    s3.config().bucket
-                )));
-            }
-        }
-        Ok(())
-    }
-
     async fn read_record(&self) -> Result<Option<ScopeRecord>> {
         read_scope_record(self.store.as_ref(), &self.job).await
     }
@@ -294,8 +129,9 @@ impl BlobStoreAdmin {
 impl StateBackendAdmin for BlobStoreAdmin {
     async fn create_resources(&self) -> Result<()> {
         if let Some(s3) = &self.s3 {
-            self.create_bucket_if_missing(s3).await?;
-            self.merge_lifecycle_rule(s3).await?;
+            s3.ensure_bucket().await?;
+            s3.merge_abort_multipart_rule(self.job.scope().as_str())
+                .await?;
         }
         let key = self.job.owner_record()?;
         let bytes = serde_json::to_vec(&self.record).map_err(|e| Error::invalid(e.to_string()))?;
@@ -396,7 +232,7 @@ impl StateBackendAdmin for BlobStoreAdmin {
         }
         self.check_missing_is_not_found().await?;
         if let Some(s3) = &self.s3 {
-            self.check_no_expiration(s3).await?;
+            s3.check_no_expiration(self.job.scope().as_str()).await?;
         }
         Ok(())
     }

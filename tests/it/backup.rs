@@ -3,6 +3,7 @@
 //! `CountingStore` layer.
 
 use crate::support;
+use support::rocks::write_keys;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -92,34 +93,9 @@ async fn commit_rocks(
     db: &RocksStore,
 ) -> (CheckpointId, String, UploadStats) {
     let id = fx.next_id();
-    let spec = StoreSpec {
-        name: db.name().into(),
-        dir: db.dir().to_path_buf(),
-    };
-    db.flush().unwrap();
-    let cp = spec.checkpoint_dir(id);
-    db.checkpoint_to(&cp).unwrap();
-    let markers = mgr
-        .upload(
-            id,
-            &StoreMarkers::new(),
-            &BTreeMap::from([(spec.name.clone(), cp)]),
-        )
-        .await
-        .unwrap();
-    mgr.cleanup(id, &markers).await.unwrap();
-    let stats = mgr.last_upload_stats()[&spec.name];
-    (id, markers[&spec.name].clone(), stats)
-}
-
-fn write_keys(db: &RocksStore, from: u32, n: u32, seed: u64) {
-    use rand::{RngCore as _, SeedableRng as _};
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    for i in from..from + n {
-        let mut v = vec![0u8; 512];
-        rng.fill_bytes(&mut v);
-        db.db().put(format!("key{i:08}"), v).unwrap();
-    }
+    let markers = support::rocks::commit_once(mgr, db, id).await;
+    let stats = mgr.last_upload_stats()[db.name()];
+    (id, markers[db.name()].clone(), stats)
 }
 
 fn write(path: &Path, bytes: &[u8]) {

@@ -1,15 +1,12 @@
 //! The operator commands end to end: spawn the real binary against the local store, assert
 //! on `--json` output and exit codes.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
 use crate::support;
 
-use blobsnap::backend::{
-    StoreEngine, StoreMarkers, StoreSpec, SystemClock, TaskBackupManager as _, TaskContext,
-};
+use blobsnap::backend::{StoreSpec, SystemClock, TaskBackupManager as _, TaskContext};
 use blobsnap::blob::backup::{BackupSettings, BlobBackupManager};
 use blobsnap::blobstore::local::LocalStore;
 use blobsnap::blobstore::{BlobKey, BlobStore, PutBody, PutOptions};
@@ -101,18 +98,7 @@ async fn two_snapshots(t: &Target, root: &Path) -> (String, String) {
     let mut markers = Vec::new();
     for (i, id) in ["1000-0", "2000-0"].iter().enumerate() {
         write_keys(&db, i as u32 * 2000, 2000);
-        db.flush().unwrap();
-        let id = id.parse().unwrap();
-        db.checkpoint_to(&spec.checkpoint_dir(id)).unwrap();
-        let m = mgr
-            .upload(
-                id,
-                &StoreMarkers::new(),
-                &BTreeMap::from([("s".into(), spec.checkpoint_dir(id))]),
-            )
-            .await
-            .unwrap();
-        mgr.cleanup(id, &m).await.unwrap();
+        let m = support::rocks::commit_once(&mgr, &db, id.parse().unwrap()).await;
         markers.push(m["s"].clone());
     }
     (markers[0].clone(), markers[1].clone())

@@ -21,13 +21,7 @@ use blobsnap::local::rocks::RocksStore;
 use blobsnap::ErrorKind;
 
 fn write_keys(db: &RocksStore, from: u32, n: u32, seed: u64) {
-    use rand::{RngCore as _, SeedableRng as _};
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    for i in from..from + n {
-        let mut v = vec![0u8; 256];
-        rng.fill_bytes(&mut v);
-        db.db().put(format!("key{i:08}"), v).unwrap();
-    }
+    support::rocks::write_keys_of(db, from, n, seed, 256);
 }
 
 fn task(h: &support::Harness) -> TaskContext {

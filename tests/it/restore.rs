@@ -3,6 +3,7 @@
 //! a `CountingStore` layer.
 
 use crate::support;
+use support::rocks::write_keys;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -94,22 +95,7 @@ impl Fx {
     /// Flush, checkpoint, upload, commit: the checkpoint a job would write.
     async fn commit(&mut self, mgr: &BlobBackupManager, db: &RocksStore) -> Checkpoint {
         let id = self.ids.next(self.clock.now_millis()).unwrap();
-        let spec = StoreSpec {
-            name: db.name().into(),
-            dir: db.dir().to_path_buf(),
-        };
-        db.flush().unwrap();
-        let cp = spec.checkpoint_dir(id);
-        db.checkpoint_to(&cp).unwrap();
-        let markers = mgr
-            .upload(
-                id,
-                &StoreMarkers::new(),
-                &BTreeMap::from([(spec.name.clone(), cp)]),
-            )
-            .await
-            .unwrap();
-        mgr.cleanup(id, &markers).await.unwrap();
+        let markers = support::rocks::commit_once(mgr, db, id).await;
         checkpoint(id, &markers["counts"])
     }
 
@@ -132,16 +118,6 @@ fn checkpoint(id: CheckpointId, marker: &str) -> Checkpoint {
             BTreeMap::from([("counts".to_string(), marker.to_string())]),
         )]),
     })
-}
-
-fn write_keys(db: &RocksStore, from: u32, n: u32, seed: u64) {
-    use rand::{RngCore as _, SeedableRng as _};
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    for i in from..from + n {
-        let mut v = vec![0u8; 512];
-        rng.fill_bytes(&mut v);
-        db.db().put(format!("key{i:08}"), v).unwrap();
-    }
 }
 
 /// Every key and value of the store at `dir`, read from a copy (opening RocksDB rewrites

@@ -4,6 +4,7 @@
 //! was still missing.
 
 use crate::support;
+use support::rocks::write_keys;
 
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt as _;
@@ -11,8 +12,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use blobsnap::backend::{
-    StoreEngine, StoreMarkers, StoreSpec, SystemClock, TaskBackupManager, TaskContext,
-    TaskRestoreManager,
+    StoreEngine, StoreSpec, SystemClock, TaskBackupManager, TaskContext, TaskRestoreManager,
 };
 use blobsnap::blob::backup::{BackupSettings, BlobBackupManager};
 use blobsnap::blob::restore::{staging_dir, BlobRestoreManager, RestoreSettings, RESTORED_MARKER};
@@ -29,16 +29,6 @@ const POINTS: &[&str] = &[
     "restore.after-marker",
     "restore.after-exchange",
 ];
-
-fn write_keys(db: &RocksStore, from: u32, n: u32, seed: u64) {
-    use rand::{RngCore as _, SeedableRng as _};
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    for i in from..from + n {
-        let mut v = vec![0u8; 512];
-        rng.fill_bytes(&mut v);
-        db.db().put(format!("key{i:08}"), v).unwrap();
-    }
-}
 
 /// Relative path → SHA-256 of every file under `dir`, without the RESTORED marker.
 fn tree(dir: &Path) -> BTreeMap<String, Sha256> {
@@ -130,17 +120,7 @@ async fn run_matrix(
         let id = ids
             .next(blobsnap::backend::Clock::now_millis(&SystemClock))
             .unwrap();
-        db.flush().unwrap();
-        db.checkpoint_to(&src.checkpoint_dir(id)).unwrap();
-        let m = mgr
-            .upload(
-                id,
-                &StoreMarkers::new(),
-                &BTreeMap::from([("counts".into(), src.checkpoint_dir(id))]),
-            )
-            .await
-            .unwrap();
-        mgr.cleanup(id, &m).await.unwrap();
+        let m = support::rocks::commit_once(&mgr, &db, id).await;
         checkpoints.push(Checkpoint::V2(CheckpointV2 {
             id,
             input_offsets: Default::default(),

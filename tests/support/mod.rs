@@ -10,6 +10,7 @@
 #![allow(dead_code)]
 
 pub mod proxy;
+pub mod rocks;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

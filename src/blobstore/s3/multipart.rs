@@ -1,0 +1,319 @@
+//! Multipart uploads: parts streamed from disk, each with its checksum, the whole file's
+//! SHA-256 or CRC-32 computed on the way.
+
+use super::*;
+
+impl S3Store {
+    pub(super) async fn put_multipart(
+        &self,
+        key: &str,
+        path: PathBuf,
+        len: u64,
+        opts: PutOptions,
+    ) -> Result<PutResult> {
+        let mut create = self
+            .client
+            .create_multipart_upload()
+            .bucket(&self.config.bucket)
+            .key(key)
+            .checksum_algorithm(match self.config.part_checksum {
+                PartChecksum::Crc32c => ChecksumAlgorithm::Crc32C,
+                PartChecksum::Sha256 => ChecksumAlgorithm::Sha256,
+            });
+        create = match &self.config.sse {
+            Sse::None => create,
+            Sse::S3 => create.server_side_encryption(ServerSideEncryption::Aes256),
+            Sse::Kms { key_id } => create
+                .server_side_encryption(ServerSideEncryption::AwsKms)
+                .set_ssekms_key_id(key_id.clone()),
+        };
+        let created = create
+            .send()
+            .await
+            .map_err(|e| classify(self.what("create multipart upload", key), e))?;
+        let upload_id = created.upload_id.ok_or_else(|| {
+            Error::transient(format!(
+                "{}: the server returned no upload id",
+                self.what("create multipart upload", key)
+            ))
+        })?;
+        let result = self
+            .upload_parts_and_complete(key, &upload_id, path, len, opts)
+            .await;
+        if result.is_err() {
+            let abort = self
+                .client
+                .abort_multipart_upload()
+                .bucket(&self.config.bucket)
+                .key(key)
+                .upload_id(&upload_id)
+                .send()
+                .await;
+            if let Err(e) = abort {
+                tracing::warn!(key, upload_id, error = %classify(self.what("abort multipart upload", key), e),
+                    "could not abort a failed multipart upload; the sweep will");
+            }
+        }
+        result
+    }
+
+    pub(super) async fn upload_parts_and_complete(
+        &self,
+        key: &str,
+        upload_id: &str,
+        path: PathBuf,
+        len: u64,
+        opts: PutOptions,
+    ) -> Result<PutResult> {
+        let part_size = part_size_for(self.config.part_size, len);
+        let n_parts = len.div_ceil(part_size).max(1);
+        // The guard that the file did not change since the scan: its CRC-32 when the scan's
+        // is known (cheap; the server checks every part), else its SHA-256 again.
+        let whole = match (opts.sha256, opts.crc32) {
+            (Some(_), Some(_)) => Whole::Crc32(crc32fast::Hasher::new()),
+            _ => Whole::Sha256(Hasher::new()),
+        };
+        let reader = Arc::new(std::sync::Mutex::new(PartReader::open(
+            path.clone(),
+            len,
+            self.config.part_checksum,
+            whole,
+        )?));
+        // Parts are read (and the whole file hashed) in order, one at a time, in a blocking
+        // task; up to `part_concurrency` of them are on the wire at once.
+        let parts = futures::stream::iter(1..=n_parts)
+            .then(|n| {
+                let reader = Arc::clone(&reader);
+                let budget = Arc::clone(&self.part_budget);
+                async move {
+                    // A part is hashed and sent only while it holds a permit of the budget.
+                    let permit = budget
+                        .acquire_owned()
+                        .await
+                        .map_err(|_| Error::new(ErrorKind::Cancelled, "part budget closed"))?;
+                    let want = part_size.min(len - (n - 1) * part_size);
+                    tokio::task::spawn_blocking(move || {
+                        let mut r = reader
+                            .lock()
+                            .map_err(|_| Error::new(ErrorKind::Io, "part reader poisoned"))?;
+                        r.next_part(want)
+                    })
+                    .await
+                    .map_err(|e| Error::task("read", e))?
+                    .map(|(offset, sum)| (n, offset, want, sum, permit))
+                }
+            })
+            .map_ok(|(n, offset, want, sum, _permit)| {
+                let path = path.clone();
+                async move {
+                    let body = ByteStream::read_from()
+                        .path(&path)
+                        .offset(offset)
+                        .length(Length::Exact(want))
+                        .build()
+                        .await
+                        .map_err(|e| {
+                            Error::new(ErrorKind::Io, format!("open {} for upload", path.display()))
+                                .with_source(e)
+                        })?;
+                    let req = self
+                        .client
+                        .upload_part()
+                        .bucket(&self.config.bucket)
+                        .key(key)
+                        .upload_id(upload_id)
+                        .part_number(n as i32)
+                        .content_length(want as i64)
+                        .body(body);
+                    let req = match &sum {
+                        PartSum::Crc32c(c) => req.checksum_crc32_c(c),
+                        PartSum::Sha256(c) => req.checksum_sha256(c),
+                    };
+                    // The server checks the part's checksum itself: signing the payload would
+                    // hash every byte once more for nothing (kept where the server does not
+                    // check).
+                    let out = if self.config.verifies_sha256 {
+                        req.customize().disable_payload_signing().send().await
+                    } else {
+                        req.send().await
+                    }
+                    .map_err(|e| classify(self.what(&format!("upload part {n} of"), key), e))?;
+                    let part = CompletedPart::builder()
+                        .part_number(n as i32)
+                        .set_e_tag(out.e_tag);
+                    Ok::<_, Error>(
+                        match sum {
+                            PartSum::Crc32c(c) => part.checksum_crc32_c(c),
+                            PartSum::Sha256(c) => part.checksum_sha256(c),
+                        }
+                        .build(),
+                    )
+                }
+            })
+            .try_buffer_unordered(self.config.part_concurrency)
+            .try_collect::<Vec<_>>()
+            .await?;
+        let mut parts = parts;
+        parts.sort_by_key(|p| p.part_number);
+
+        let whole = {
+            let mut r = reader
+                .lock()
+                .map_err(|_| Error::new(ErrorKind::Io, "part reader poisoned"))?;
+            r.finish()?
+        };
+        match (whole, opts.sha256, opts.crc32) {
+            (WholeSum::Crc32(got), _, Some(expected)) if got != expected => {
+                return Err(Error::corrupt(format!(
+                    "{}: the file's CRC-32 was {got:08x} while being sent, {expected:08x} at the scan (it changed); upload aborted",
+                    self.what("put", key)
+                )));
+            }
+            (WholeSum::Sha256(got), Some(expected), _) if got != expected => {
+                return Err(Error::corrupt(format!(
+                    "{}: the file hashed to {got} while being sent, expected {expected} (it changed); upload aborted",
+                    self.what("put", key)
+                )));
+            }
+            _ => {}
+        }
+        let mut complete = self
+            .client
+            .complete_multipart_upload()
+            .bucket(&self.config.bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .multipart_upload(
+                CompletedMultipartUpload::builder()
+                    .set_parts(Some(parts))
+                    .build(),
+            );
+        if opts.mode == PutMode::CreateOnly {
+            complete = complete.if_none_match("*");
+        }
+        let out = complete
+            .send()
+            .await
+            .map_err(|e| classify(self.what("complete multipart upload", key), e))?;
+        Ok(PutResult {
+            size: len,
+            e_tag: out.e_tag,
+            requests: n_parts as u32 + 2,
+        })
+    }
+}
+
+/// The part size for a file of `len` bytes: the configured one, or, for a file too large for
+/// [`MAX_PARTS`] parts of it, the smallest whole number of MiB that fits.
+pub(super) fn part_size_for(configured: u64, len: u64) -> u64 {
+    configured.max(len.div_ceil(MAX_PARTS).next_multiple_of(1 << 20))
+}
+
+/// A part's checksum, base64 as S3 wants it.
+pub(super) enum PartSum {
+    Crc32c(String),
+    Sha256(String),
+}
+
+/// What a [`PartReader`] computes over the whole file.
+pub(super) enum Whole {
+    Sha256(Hasher),
+    Crc32(crc32fast::Hasher),
+}
+
+/// Its result.
+pub(super) enum WholeSum {
+    Sha256(Sha256),
+    Crc32(u32),
+}
+
+/// Reads a file part by part: each part's checksum, and the whole file's SHA-256 or CRC-32.
+pub(super) struct PartReader {
+    path: PathBuf,
+    file: std::fs::File,
+    len: u64,
+    algorithm: PartChecksum,
+    whole: Whole,
+    hashed: u64,
+    buf: Vec<u8>,
+}
+
+impl PartReader {
+    fn open(path: PathBuf, len: u64, algorithm: PartChecksum, whole: Whole) -> Result<Self> {
+        let file = std::fs::File::open(&path)
+            .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+        Ok(PartReader {
+            path,
+            file,
+            len,
+            algorithm,
+            whole,
+            hashed: 0,
+            buf: vec![0u8; 1 << 20],
+        })
+    }
+
+    /// Read the next `want` bytes through one reused 1 MiB buffer, into the part's checksum
+    /// and the whole file's SHA-256; returns the part's offset and checksum. The part itself
+    /// is then streamed from the file by the SDK, so no part is ever held in memory.
+    fn next_part(&mut self, want: u64) -> Result<(u64, PartSum)> {
+        use base64::Engine as _;
+        let offset = self.hashed;
+        let mut sha = (self.algorithm == PartChecksum::Sha256).then(Hasher::new);
+        let mut crc = 0u32;
+        let mut left = want;
+        while left > 0 {
+            let n = (left as usize).min(self.buf.len());
+            let got = self
+                .file
+                .read(&mut self.buf[..n])
+                .map_err(|e| Error::io(format!("read {}", self.path.display()), e))?;
+            if got == 0 {
+                return Err(Error::corrupt(format!(
+                    "{} shrank while being uploaded (expected {} bytes)",
+                    self.path.display(),
+                    self.len
+                )));
+            }
+            match &mut self.whole {
+                Whole::Sha256(h) => h.update(&self.buf[..got]),
+                Whole::Crc32(h) => h.update(&self.buf[..got]),
+            }
+            match &mut sha {
+                Some(h) => h.update(&self.buf[..got]),
+                None => crc = crc32c::crc32c_append(crc, &self.buf[..got]),
+            }
+            left -= got as u64;
+        }
+        self.hashed += want;
+        let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+        Ok((
+            offset,
+            match sha {
+                Some(h) => PartSum::Sha256(h.finish().sha256.to_base64()),
+                None => PartSum::Crc32c(b64(&crc.to_be_bytes())),
+            },
+        ))
+    }
+
+    fn finish(&mut self) -> Result<WholeSum> {
+        let mut probe = [0u8; 1];
+        let extra = self
+            .file
+            .read(&mut probe)
+            .map_err(|e| Error::io(format!("read {}", self.path.display()), e))?;
+        if extra != 0 {
+            return Err(Error::corrupt(format!(
+                "{} grew while being uploaded (expected {} bytes)",
+                self.path.display(),
+                self.len
+            )));
+        }
+        Ok(
+            match std::mem::replace(&mut self.whole, Whole::Crc32(crc32fast::Hasher::new())) {
+                Whole::Sha256(h) => WholeSum::Sha256(h.finish().sha256),
+                Whole::Crc32(h) => WholeSum::Crc32(h.finalize()),
+            },
+        )
+    }
+}
