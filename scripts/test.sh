@@ -63,8 +63,9 @@ cargo test --locked
 stage "the library example (examples/embed.rs): commits, resumes, restores a lost state dir"
 embed=$(mktemp -d)
 cargo run --locked --quiet --example embed -- "$embed" 1200 > /dev/null
-cargo run --locked --quiet --example embed -- "$embed" 2100 | grep -q '^resuming from offset 1200$' \
-  || { echo "embed: the second run did not resume from the committed offset 1200" >&2; exit 1; }
+out=$(cargo run --locked --quiet --example embed -- "$embed" 2100)
+grep -q '^resuming from offset 1200$' <<< "$out" \
+  || { echo "embed: the second run did not resume from the committed offset 1200: $out" >&2; exit 1; }
 rm -rf "$embed/state"
 out=$(cargo run --locked --quiet --example embed -- "$embed" 2100)
 grep -q '^resuming from offset 2100$' <<< "$out" && grep -q '^done at offset 2100: 4200 words counted$' <<< "$out" \

@@ -16,6 +16,7 @@ pub mod diff;
 pub mod factory;
 pub mod gc;
 pub mod restore;
+pub mod verify;
 
 use std::sync::Arc;
 
