@@ -47,6 +47,11 @@ use crate::layout::{JobScope, StoreScope};
 use crate::local::hashcache::HashCache;
 use crate::local::scan::{scan_dir_only, LocalDir, LocalFile, Owners, ScanStats};
 
+/// Blob uploads of one store at once: each holds an open file and, on S3, a connection, so
+/// this bounds a store's descriptors even where no transfer budget
+/// ([`LimitStore`](crate::blobstore::limit::LimitStore)) wraps the store.
+pub const UPLOADS_IN_HAND: usize = 16;
+
 /// Settings of the backup side.
 #[derive(Clone, Debug)]
 pub struct BackupSettings {
@@ -452,8 +457,9 @@ impl BlobBackupManager {
         Ok((tree, scan_stats))
     }
 
-    /// PUT the planned blobs (create-only, at most 64 in hand; the store's transfer budget
-    /// bounds what is on the wire); returns the requests they took.
+    /// PUT the planned blobs (create-only, at most [`UPLOADS_IN_HAND`] at once; the store's
+    /// transfer budget bounds what is on the wire across the process); returns the requests
+    /// they took.
     async fn put_blobs(
         &self,
         id: CheckpointId,
@@ -483,7 +489,7 @@ impl BlobBackupManager {
                     Ok::<_, Error>(r)
                 }
             })
-            .buffer_unordered(64)
+            .buffer_unordered(UPLOADS_IN_HAND)
             .try_fold(0u64, |acc, r| async move { Ok(acc + r) })
             .await
     }

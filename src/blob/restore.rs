@@ -66,7 +66,7 @@ pub struct RestoreSettings {
 impl Default for RestoreSettings {
     fn default() -> Self {
         RestoreSettings {
-            downloads: 64,
+            downloads: 16,
             part_size: 16 << 20,
             part_concurrency: 4,
             max_attempts: 3,
@@ -1052,7 +1052,7 @@ mod tests {
 
     fn index(files: Vec<FileIndex>, sub: Vec<DirIndex>) -> SnapshotIndex {
         SnapshotIndex {
-            format_version: 2,
+            format_version: crate::index::FORMAT_VERSION,
             creation_time_millis: 0,
             snapshot_metadata: SnapshotMetadata {
                 checkpoint_id: "1-0".parse().unwrap(),
