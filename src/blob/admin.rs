@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::StateBackendAdmin;
 use crate::blobstore::s3::S3Store;
-use crate::blobstore::{get_bytes, BlobStore, CreateOnly, PutBody, PutOptions};
+use crate::blobstore::{get_bytes, BlobStore, CreateOnly, Probe, PutBody, PutOptions};
 use crate::digest::Sha256;
 use crate::error::{Error, ErrorKind, Result};
 use crate::layout::JobScope;
@@ -157,7 +157,8 @@ impl StateBackendAdmin for BlobStoreAdmin {
             }
             return Ok(());
         }
-        let fenced = self.store.probe_capabilities().await?.create_only == CreateOnly::Atomic;
+        let fenced =
+            self.store.capabilities(Probe::IfUnknown).await?.create_only == CreateOnly::Atomic;
         let put = match self
             .store
             .put(

@@ -30,7 +30,7 @@ use serde::Serialize;
 
 use super::{load_snapshot, Expected, FACTORY_NAME};
 use crate::blobstore::{
-    unescape_segment, BlobKey, BlobStore, MultipartUpload, PutBody, PutOptions,
+    unescape_segment, BlobKey, BlobStore, MultipartUpload, Probe, PutBody, PutOptions, Scope,
 };
 use crate::checkpoint::{BlobCheckpointStore, CheckpointStore};
 use crate::error::{Error, Result};
@@ -80,9 +80,12 @@ pub struct SweepPlan {
     pub kept_young: u64,
     /// Keys of no known shape under `tasks/`: reported, never deleted.
     pub unknown: Vec<String>,
-    /// Incomplete uploads to abort.
+    /// Incomplete uploads to abort (begun before the cutoff).
     #[serde(skip)]
     pub uploads: Vec<MultipartUpload>,
+    /// Where they were listed: the job's scope.
+    #[serde(skip)]
+    pub uploads_scope: Option<Scope>,
     /// Their keys (for printing).
     pub upload_keys: Vec<String>,
 }
@@ -264,9 +267,10 @@ async fn plan_sweep_at(
             size: m.size,
         });
     }
-    if store.capabilities().multipart_listing {
-        for u in store.list_multipart_uploads(job.scope()).await? {
-            if u.initiated.is_some_and(|t| t < cutoff) {
+    if store.capabilities(Probe::Never).await?.multipart_listing {
+        plan.uploads_scope = Some(job.scope().clone());
+        for u in store.incomplete_uploads(job.scope(), None).await? {
+            if u.begun_before(cutoff) {
                 plan.upload_keys.push(u.key.as_str().to_string());
                 plan.uploads.push(u);
             }
@@ -306,8 +310,11 @@ pub async fn execute_sweep_with_progress(
         freed.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
         crate::crash::point("sweep.mid-delete");
     }
-    for u in &plan.uploads {
-        store.abort_multipart_upload(u).await?;
+    if let (false, Some(scope)) = (plan.uploads.is_empty(), &plan.uploads_scope) {
+        // The plan's cutoff: the uploads it listed, less any finished since (an upload begun
+        // after planning is younger than the cutoff).
+        let cutoff = SystemTime::UNIX_EPOCH + Duration::from_millis(plan.cutoff_millis);
+        store.incomplete_uploads(scope, Some(cutoff)).await?;
     }
     metrics::counter!("blobsnap_gc_sweep_objects_deleted_total").increment(deleted);
     metrics::counter!("blobsnap_gc_sweep_bytes_deleted_total").increment(plan.bytes);

@@ -6,6 +6,7 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;
@@ -13,7 +14,7 @@ use futures::StreamExt as _;
 
 use super::{
     BlobKey, BlobStore, Capabilities, DeleteFailures, GetResult, MultipartUpload, ObjectMeta,
-    PutBody, PutOptions, PutResult, Scope,
+    Probe, PutBody, PutOptions, PutResult, Scope,
 };
 use crate::error::Result;
 
@@ -166,12 +167,8 @@ fn count<T>(op: &'static str, c: &OpCounters, r: &Result<T>) {
 #[async_trait]
 #[deny(clippy::missing_trait_methods)]
 impl<S: BlobStore> BlobStore for CountingStore<S> {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    async fn probe_capabilities(&self) -> Result<Capabilities> {
-        self.inner.probe_capabilities().await
+    async fn capabilities(&self, probe: Probe) -> Result<Capabilities> {
+        self.inner.capabilities(probe).await
     }
 
     async fn put(&self, key: &BlobKey, body: PutBody, opts: PutOptions) -> Result<PutResult> {
@@ -246,15 +243,13 @@ impl<S: BlobStore> BlobStore for CountingStore<S> {
             .boxed()
     }
 
-    async fn list_multipart_uploads(&self, scope: &Scope) -> Result<Vec<MultipartUpload>> {
-        let r = self.inner.list_multipart_uploads(scope).await;
-        count("list-uploads", &self.counters.multipart, &r);
-        r
-    }
-
-    async fn abort_multipart_upload(&self, upload: &MultipartUpload) -> Result<()> {
-        let r = self.inner.abort_multipart_upload(upload).await;
-        count("abort-upload", &self.counters.multipart, &r);
+    async fn incomplete_uploads(
+        &self,
+        scope: &Scope,
+        abort_before: Option<SystemTime>,
+    ) -> Result<Vec<MultipartUpload>> {
+        let r = self.inner.incomplete_uploads(scope, abort_before).await;
+        count("uploads", &self.counters.multipart, &r);
         r
     }
 }

@@ -9,7 +9,7 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;
@@ -19,7 +19,7 @@ use rand::{Rng as _, SeedableRng as _};
 
 use super::{
     BlobKey, BlobStore, Capabilities, DeleteFailures, GetResult, MultipartUpload, ObjectMeta,
-    PutBody, PutOptions, PutResult, Scope,
+    Probe, PutBody, PutOptions, PutResult, Scope,
 };
 use crate::error::{Error, Result};
 
@@ -36,7 +36,7 @@ pub struct OpRates {
     pub delete: f64,
     /// `list` (the listing fails after its first item, as a broken second page would).
     pub list: f64,
-    /// `list_multipart_uploads` and `abort_multipart_upload`.
+    /// `incomplete_uploads`.
     pub multipart: f64,
 }
 
@@ -141,12 +141,8 @@ impl<S: BlobStore> std::fmt::Display for FaultStore<S> {
 #[async_trait]
 #[deny(clippy::missing_trait_methods)]
 impl<S: BlobStore> BlobStore for FaultStore<S> {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    async fn probe_capabilities(&self) -> Result<Capabilities> {
-        self.inner.probe_capabilities().await
+    async fn capabilities(&self, probe: Probe) -> Result<Capabilities> {
+        self.inner.capabilities(probe).await
     }
 
     async fn put(&self, key: &BlobKey, body: PutBody, opts: PutOptions) -> Result<PutResult> {
@@ -221,19 +217,17 @@ impl<S: BlobStore> BlobStore for FaultStore<S> {
         inner
     }
 
-    async fn list_multipart_uploads(&self, scope: &Scope) -> Result<Vec<MultipartUpload>> {
-        self.before("list uploads", self.config.error_rate.multipart, scope)
-            .await?;
-        self.inner.list_multipart_uploads(scope).await
-    }
-
-    async fn abort_multipart_upload(&self, upload: &MultipartUpload) -> Result<()> {
+    async fn incomplete_uploads(
+        &self,
+        scope: &Scope,
+        abort_before: Option<SystemTime>,
+    ) -> Result<Vec<MultipartUpload>> {
         self.before(
-            "abort upload",
+            "incomplete uploads",
             self.config.error_rate.multipart,
-            &upload.key,
+            scope,
         )
         .await?;
-        self.inner.abort_multipart_upload(upload).await
+        self.inner.incomplete_uploads(scope, abort_before).await
     }
 }

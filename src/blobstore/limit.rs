@@ -12,6 +12,7 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;
@@ -20,7 +21,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::{
     BlobKey, BlobStore, Capabilities, DeleteFailures, GetResult, MultipartUpload, ObjectMeta,
-    PutBody, PutOptions, PutResult, Scope,
+    Probe, PutBody, PutOptions, PutResult, Scope,
 };
 use crate::error::{Error, ErrorKind, Result};
 
@@ -116,12 +117,8 @@ impl<S: BlobStore> std::fmt::Display for LimitStore<S> {
 #[async_trait]
 #[deny(clippy::missing_trait_methods)]
 impl<S: BlobStore> BlobStore for LimitStore<S> {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    async fn probe_capabilities(&self) -> Result<Capabilities> {
-        self.inner.probe_capabilities().await
+    async fn capabilities(&self, probe: Probe) -> Result<Capabilities> {
+        self.inner.capabilities(probe).await
     }
 
     async fn put(&self, key: &BlobKey, body: PutBody, opts: PutOptions) -> Result<PutResult> {
@@ -156,11 +153,11 @@ impl<S: BlobStore> BlobStore for LimitStore<S> {
         self.inner.list(scope)
     }
 
-    async fn list_multipart_uploads(&self, scope: &Scope) -> Result<Vec<MultipartUpload>> {
-        self.inner.list_multipart_uploads(scope).await
-    }
-
-    async fn abort_multipart_upload(&self, upload: &MultipartUpload) -> Result<()> {
-        self.inner.abort_multipart_upload(upload).await
+    async fn incomplete_uploads(
+        &self,
+        scope: &Scope,
+        abort_before: Option<SystemTime>,
+    ) -> Result<Vec<MultipartUpload>> {
+        self.inner.incomplete_uploads(scope, abort_before).await
     }
 }

@@ -22,7 +22,7 @@ use futures::StreamExt as _;
 
 use super::{
     BlobKey, BlobStore, Capabilities, CreateOnly, DeleteFailures, GetResult, MultipartUpload,
-    ObjectMeta, PutBody, PutMode, PutOptions, PutResult, Scope,
+    ObjectMeta, Probe, PutBody, PutMode, PutOptions, PutResult, Scope,
 };
 use crate::digest::Hasher;
 use crate::error::{Error, ErrorKind, Result};
@@ -335,14 +335,14 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
 
 #[async_trait]
 impl BlobStore for LocalStore {
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
+    async fn capabilities(&self, _probe: Probe) -> Result<Capabilities> {
+        Ok(Capabilities {
             create_only: CreateOnly::Atomic,
             verifies_sha256: true,
             multipart_listing: true,
             tagging: false,
             lifecycle: false,
-        }
+        })
     }
 
     async fn put(&self, key: &BlobKey, body: PutBody, opts: PutOptions) -> Result<PutResult> {
@@ -455,7 +455,24 @@ impl BlobStore for LocalStore {
             .boxed()
     }
 
-    async fn list_multipart_uploads(&self, scope: &Scope) -> Result<Vec<MultipartUpload>> {
+    async fn incomplete_uploads(
+        &self,
+        scope: &Scope,
+        abort_before: Option<SystemTime>,
+    ) -> Result<Vec<MultipartUpload>> {
+        let uploads = self.list_uploads(scope).await?;
+        if let Some(cutoff) = abort_before {
+            for u in uploads.iter().filter(|u| u.begun_before(cutoff)) {
+                self.abort_upload(u).await?;
+            }
+        }
+        Ok(uploads)
+    }
+}
+
+/// Incomplete uploads: the temp files of puts that never finished.
+impl LocalStore {
+    async fn list_uploads(&self, scope: &Scope) -> Result<Vec<MultipartUpload>> {
         let dir = self.dir_of_scope(scope);
         let root = self.root.clone();
         let scope = scope.clone();
@@ -505,7 +522,7 @@ impl BlobStore for LocalStore {
         .await
     }
 
-    async fn abort_multipart_upload(&self, upload: &MultipartUpload) -> Result<()> {
+    async fn abort_upload(&self, upload: &MultipartUpload) -> Result<()> {
         // The upload id is the temp file's path relative to the root; validate it like a key
         // so that it cannot name anything outside the root or anything but a temp file.
         let rel = BlobKey::new(upload.upload_id.clone())?;

@@ -9,8 +9,8 @@
 //! | [`head`](BlobStore::head) | size, last-modified, ETag |
 //! | [`delete_many`](BlobStore::delete_many) | idempotent (a missing key is not an error); failures are reported per key |
 //! | [`list`](BlobStore::list) | every object under a [`Scope`], in key order, paginated by the store |
-//! | [`list_multipart_uploads`](BlobStore::list_multipart_uploads) / [`abort_multipart_upload`](BlobStore::abort_multipart_upload) | incomplete uploads under a scope, for the sweep |
-//! | [`capabilities`](BlobStore::capabilities) | what the store enforces and supports |
+//! | [`incomplete_uploads`](BlobStore::incomplete_uploads) | incomplete multipart uploads under a scope, and the abort of those begun before a cutoff, for the sweep |
+//! | [`capabilities`](BlobStore::capabilities) | what the store enforces and supports; with [`Probe::IfUnknown`], found out from the server where the settings say to probe |
 //!
 //! Implementations: [`local::LocalStore`] (a directory, the embedded default) and
 //! [`s3::S3Store`] (aws-sdk-s3, any S3-compatible server). Layers that wrap any store and
@@ -184,6 +184,24 @@ pub struct MultipartUpload {
     pub initiated: Option<SystemTime>,
 }
 
+impl MultipartUpload {
+    /// Whether an abort of the uploads begun before `cutoff` takes this one. An upload of
+    /// unknown age never is (it may be in progress).
+    pub fn begun_before(&self, cutoff: SystemTime) -> bool {
+        self.initiated.is_some_and(|t| t < cutoff)
+    }
+}
+
+/// How much [`BlobStore::capabilities`] may do to answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Probe {
+    /// Answer from what is known; never a request (what `gc --dry-run` and tests use).
+    Never,
+    /// Ask the server what the settings leave unknown (writes and deletes scratch objects
+    /// the first time on a store configured to probe).
+    IfUnknown,
+}
+
 /// How far a store enforces create-only puts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CreateOnly {
@@ -196,7 +214,7 @@ pub enum CreateOnly {
     /// Accepted and ignored: a second put silently overwrites (Garage 2.x). Not a fence.
     Ignored,
     /// Not known yet: the store is configured to probe (`create-only = "auto"`) and
-    /// [`BlobStore::probe_capabilities`] has not run. Not a fence.
+    /// [`BlobStore::capabilities`] has not been asked with [`Probe::IfUnknown`]. Not a fence.
     Unknown,
 }
 
@@ -225,17 +243,13 @@ pub type DeleteFailures = Vec<(BlobKey, crate::Error)>;
 /// concurrently.
 #[async_trait]
 pub trait BlobStore: Send + Sync + fmt::Debug + fmt::Display {
-    /// What this store enforces and supports, as known now (see
-    /// [`probe_capabilities`](Self::probe_capabilities)).
-    fn capabilities(&self) -> Capabilities;
-
-    /// Find out what the server really enforces where the settings say to probe (S3 with
-    /// `create-only = "auto"`: concurrent create-only puts to a scratch key), remember it, and
-    /// return the capabilities. Writes and deletes a few scratch objects; the default
-    /// implementation (stores whose capabilities are fixed) makes no request.
-    async fn probe_capabilities(&self) -> Result<Capabilities> {
-        Ok(self.capabilities())
-    }
+    /// What this store enforces and supports. With [`Probe::Never`] the answer is what is known
+    /// now and no request is made (`create_only` may be [`CreateOnly::Unknown`]); with
+    /// [`Probe::IfUnknown`] a store configured to probe (S3 with `create-only = "auto"`) finds
+    /// out what the server really enforces — concurrent create-only puts to a scratch key, a
+    /// few scratch objects written and deleted, once per store — remembers it and answers.
+    /// Stores whose capabilities are fixed answer both alike.
+    async fn capabilities(&self, probe: Probe) -> Result<Capabilities>;
 
     /// Store `body` under `key`.
     async fn put(&self, key: &BlobKey, body: PutBody, opts: PutOptions) -> Result<PutResult>;
@@ -255,12 +269,15 @@ pub trait BlobStore: Send + Sync + fmt::Debug + fmt::Display {
     /// Every object under `scope`, in ascending key order.
     fn list<'a>(&'a self, scope: &Scope) -> BoxStream<'a, Result<ObjectMeta>>;
 
-    /// Incomplete multipart uploads under `scope`. `Permanent` where
-    /// [`Capabilities::multipart_listing`] is false.
-    async fn list_multipart_uploads(&self, scope: &Scope) -> Result<Vec<MultipartUpload>>;
-
-    /// Abort one incomplete upload (idempotent).
-    async fn abort_multipart_upload(&self, upload: &MultipartUpload) -> Result<()>;
+    /// The incomplete multipart uploads under `scope`. With `abort_before = Some(t)`, those of
+    /// them begun before `t` by the store's clock ([`MultipartUpload::begun_before`]) are
+    /// aborted (idempotent: one already gone is not an error); `None` changes nothing. Returns
+    /// every upload listed. `Permanent` where [`Capabilities::multipart_listing`] is false.
+    async fn incomplete_uploads(
+        &self,
+        scope: &Scope,
+        abort_before: Option<SystemTime>,
+    ) -> Result<Vec<MultipartUpload>>;
 }
 
 /// Collect a whole listing (convenience for tests and small scopes).
@@ -272,11 +289,8 @@ pub async fn list_all(store: &dyn BlobStore, scope: &Scope) -> Result<Vec<Object
 #[async_trait]
 #[deny(clippy::missing_trait_methods)]
 impl<T: BlobStore + ?Sized> BlobStore for std::sync::Arc<T> {
-    fn capabilities(&self) -> Capabilities {
-        (**self).capabilities()
-    }
-    async fn probe_capabilities(&self) -> Result<Capabilities> {
-        (**self).probe_capabilities().await
+    async fn capabilities(&self, probe: Probe) -> Result<Capabilities> {
+        (**self).capabilities(probe).await
     }
     async fn put(&self, key: &BlobKey, body: PutBody, opts: PutOptions) -> Result<PutResult> {
         (**self).put(key, body, opts).await
@@ -293,10 +307,11 @@ impl<T: BlobStore + ?Sized> BlobStore for std::sync::Arc<T> {
     fn list<'a>(&'a self, scope: &Scope) -> BoxStream<'a, Result<ObjectMeta>> {
         (**self).list(scope)
     }
-    async fn list_multipart_uploads(&self, scope: &Scope) -> Result<Vec<MultipartUpload>> {
-        (**self).list_multipart_uploads(scope).await
-    }
-    async fn abort_multipart_upload(&self, upload: &MultipartUpload) -> Result<()> {
-        (**self).abort_multipart_upload(upload).await
+    async fn incomplete_uploads(
+        &self,
+        scope: &Scope,
+        abort_before: Option<SystemTime>,
+    ) -> Result<Vec<MultipartUpload>> {
+        (**self).incomplete_uploads(scope, abort_before).await
     }
 }

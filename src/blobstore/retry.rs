@@ -18,7 +18,7 @@
 use std::future::Future;
 use std::ops::Range;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;
@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     BlobKey, BlobStore, Capabilities, DeleteFailures, GetResult, MultipartUpload, ObjectMeta,
-    PutBody, PutMode, PutOptions, PutResult, Scope,
+    Probe, PutBody, PutMode, PutOptions, PutResult, Scope,
 };
 use crate::digest::{hash_file, Sha256};
 use crate::error::{Error, ErrorKind, Result};
@@ -170,13 +170,9 @@ impl<S: BlobStore> std::fmt::Display for RetryStore<S> {
 #[async_trait]
 #[deny(clippy::missing_trait_methods)]
 impl<S: BlobStore> BlobStore for RetryStore<S> {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    async fn probe_capabilities(&self) -> Result<Capabilities> {
+    async fn capabilities(&self, probe: Probe) -> Result<Capabilities> {
         retry(&self.policy, "probe capabilities", |_| {
-            self.inner.probe_capabilities()
+            self.inner.capabilities(probe)
         })
         .await
     }
@@ -334,19 +330,15 @@ impl<S: BlobStore> BlobStore for RetryStore<S> {
         .boxed()
     }
 
-    async fn list_multipart_uploads(&self, scope: &Scope) -> Result<Vec<MultipartUpload>> {
-        retry(&self.policy, &format!("list uploads {scope}"), |_| {
-            self.inner.list_multipart_uploads(scope)
+    async fn incomplete_uploads(
+        &self,
+        scope: &Scope,
+        abort_before: Option<SystemTime>,
+    ) -> Result<Vec<MultipartUpload>> {
+        // Idempotent as a whole: a retry lists again and aborts what is left.
+        retry(&self.policy, &format!("incomplete uploads {scope}"), |_| {
+            self.inner.incomplete_uploads(scope, abort_before)
         })
-        .await
-    }
-
-    async fn abort_multipart_upload(&self, upload: &MultipartUpload) -> Result<()> {
-        retry(
-            &self.policy,
-            &format!("abort upload {}", upload.key),
-            |_| self.inner.abort_multipart_upload(upload),
-        )
         .await
     }
 }

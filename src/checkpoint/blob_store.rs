@@ -15,7 +15,7 @@ use futures::TryStreamExt as _;
 use serde::{Deserialize, Serialize};
 
 use super::{Checkpoint, CheckpointStore, CommittedCheckpoint, MAX_CHECKPOINT_BYTES};
-use crate::blobstore::{get_bytes, BlobKey, BlobStore, CreateOnly, PutBody, PutOptions};
+use crate::blobstore::{get_bytes, BlobKey, BlobStore, CreateOnly, Probe, PutBody, PutOptions};
 use crate::digest::Sha256;
 use crate::error::{Error, ErrorKind, Result};
 use crate::layout::JobScope;
@@ -92,7 +92,7 @@ impl BlobCheckpointStore {
 #[async_trait]
 impl CheckpointStore for BlobCheckpointStore {
     async fn enforces_exclusive_writes(&self) -> Result<bool> {
-        Ok(self.store.probe_capabilities().await?.create_only == CreateOnly::Atomic)
+        Ok(self.store.capabilities(Probe::IfUnknown).await?.create_only == CreateOnly::Atomic)
     }
 
     async fn latest(&self, task: &str) -> Result<Option<CommittedCheckpoint>> {

@@ -40,7 +40,7 @@ pub struct CommittedCheckpoint {
 #[async_trait]
 pub trait CheckpointStore: Send + Sync + std::fmt::Debug {
     /// Whether concurrent writes of one sequence number are guaranteed exclusive (may ask the
-    /// server: see [`BlobStore::probe_capabilities`](crate::blobstore::BlobStore::probe_capabilities)).
+    /// server: see [`BlobStore::capabilities`](crate::blobstore::BlobStore::capabilities)).
     async fn enforces_exclusive_writes(&self) -> Result<bool>;
 
     /// The latest committed checkpoint of `task`, or `None` for a task that never committed.

@@ -11,6 +11,7 @@ use blobsnap::blob::admin::BlobStoreAdmin;
 use blobsnap::blobstore::retry::{RetryPolicy, RetryStore};
 use blobsnap::blobstore::s3::S3Store;
 use blobsnap::blobstore::BlobStore;
+use blobsnap::blobstore::Probe;
 use blobsnap::ErrorKind;
 
 fn job(h: &support::Harness) -> String {
@@ -357,7 +358,12 @@ mod external {
                 "500",
             ])
             .args(
-                (h.store.capabilities().create_only != blobsnap::blobstore::CreateOnly::Atomic)
+                (h.store
+                    .capabilities(Probe::Never)
+                    .await
+                    .unwrap()
+                    .create_only
+                    != blobsnap::blobstore::CreateOnly::Atomic)
                     .then_some("--unsafe-no-fencing"),
             )
             .env("BLOBSNAP_S3_RESOLVE", &resolve)

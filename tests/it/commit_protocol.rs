@@ -29,8 +29,7 @@ use blobsnap::blob::restore::{BlobRestoreManager, RestoreSettings};
 use blobsnap::blob::FACTORY_NAME;
 use blobsnap::blobstore::local::LocalStore;
 use blobsnap::blobstore::{
-    BlobStore, Capabilities, DeleteFailures, GetResult, MultipartUpload, ObjectMeta, PutBody,
-    PutOptions, PutResult, Scope,
+    BlobStore, DeleteFailures, GetResult, ObjectMeta, PutBody, PutOptions, PutResult, Scope,
 };
 use blobsnap::checkpoint::{
     BlobCheckpointStore, Checkpoint, CheckpointId, CheckpointStore, CheckpointV2, Ssp,
@@ -296,11 +295,11 @@ impl fmt::Display for LoseCheckpointResponse {
 
 #[async_trait]
 impl BlobStore for LoseCheckpointResponse {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn probe_capabilities(&self) -> Result<Capabilities> {
-        self.inner.probe_capabilities().await
+    async fn capabilities(
+        &self,
+        probe: blobsnap::blobstore::Probe,
+    ) -> blobsnap::Result<blobsnap::blobstore::Capabilities> {
+        self.inner.capabilities(probe).await
     }
     async fn put(
         &self,
@@ -333,11 +332,12 @@ impl BlobStore for LoseCheckpointResponse {
     fn list<'a>(&'a self, scope: &Scope) -> BoxStream<'a, Result<ObjectMeta>> {
         self.inner.list(scope)
     }
-    async fn list_multipart_uploads(&self, scope: &Scope) -> Result<Vec<MultipartUpload>> {
-        self.inner.list_multipart_uploads(scope).await
-    }
-    async fn abort_multipart_upload(&self, upload: &MultipartUpload) -> Result<()> {
-        self.inner.abort_multipart_upload(upload).await
+    async fn incomplete_uploads(
+        &self,
+        scope: &Scope,
+        abort_before: Option<std::time::SystemTime>,
+    ) -> blobsnap::Result<Vec<blobsnap::blobstore::MultipartUpload>> {
+        self.inner.incomplete_uploads(scope, abort_before).await
     }
 }
 

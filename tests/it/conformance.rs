@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use blobsnap::blobstore::fault::{FaultConfig, FaultStore, OpRates};
 use blobsnap::blobstore::retry::{RetryPolicy, RetryStore};
+use blobsnap::blobstore::Probe;
 use blobsnap::blobstore::{
     download_to_file, get_bytes, list_all, BlobStore, CreateOnly, DownloadOptions, PutBody,
     PutMode, PutOptions,
@@ -200,7 +201,13 @@ mod cases {
     }
 
     pub async fn create_only_refuses_second_put(h: &Harness) {
-        if h.store.capabilities().create_only == CreateOnly::Ignored {
+        if h.store
+            .capabilities(Probe::Never)
+            .await
+            .unwrap()
+            .create_only
+            == CreateOnly::Ignored
+        {
             return h.lacks("enforced create-only puts");
         }
         let key = h.scope.key("c/once").unwrap();
@@ -229,7 +236,13 @@ mod cases {
     }
 
     pub async fn create_only_is_exclusive_under_concurrency(h: &Harness) {
-        if h.store.capabilities().create_only != CreateOnly::Atomic {
+        if h.store
+            .capabilities(Probe::Never)
+            .await
+            .unwrap()
+            .create_only
+            != CreateOnly::Atomic
+        {
             return h.lacks("atomic create-only puts");
         }
         let key = h.scope.key("c/race").unwrap();
@@ -269,14 +282,18 @@ mod cases {
         let Kind::S3(s3) = &h.kind else {
             // Fixed capabilities: probing asks nothing.
             assert_eq!(
-                h.store.probe_capabilities().await.unwrap().create_only,
+                h.store
+                    .capabilities(Probe::IfUnknown)
+                    .await
+                    .unwrap()
+                    .create_only,
                 CreateOnly::Atomic
             );
             return;
         };
         let report = s3.probe().await.unwrap();
         eprintln!("{}: probe {report:?}", h.name);
-        let declared = h.store.capabilities();
+        let declared = h.store.capabilities(Probe::Never).await.unwrap();
         match declared.create_only {
             CreateOnly::Atomic => assert_eq!(report.create_only.verdict, "atomic", "{}", h.name),
             // A check-then-write server may, by chance, serialise a round; the sequential
@@ -326,7 +343,13 @@ mod cases {
     }
 
     pub async fn checksum_mismatch_is_rejected(h: &Harness) {
-        if !h.store.capabilities().verifies_sha256 {
+        if !h
+            .store
+            .capabilities(Probe::Never)
+            .await
+            .unwrap()
+            .verifies_sha256
+        {
             return h.lacks("SHA-256 verification of puts");
         }
         let key = h.scope.key("bad").unwrap();
@@ -491,8 +514,13 @@ mod cases {
                 ErrorKind::NotFound
             );
         }
-        if h.store.capabilities().multipart_listing {
-            let uploads = h.store.list_multipart_uploads(&h.scope).await.unwrap();
+        if h.store
+            .capabilities(Probe::Never)
+            .await
+            .unwrap()
+            .multipart_listing
+        {
+            let uploads = h.store.incomplete_uploads(&h.scope, None).await.unwrap();
             assert!(
                 uploads.is_empty(),
                 "{}: upload left behind: {uploads:?}",
@@ -530,7 +558,13 @@ mod cases {
     }
 
     pub async fn stale_uploads_listed_and_aborted(h: &Harness) {
-        if !h.store.capabilities().multipart_listing {
+        if !h
+            .store
+            .capabilities(Probe::Never)
+            .await
+            .unwrap()
+            .multipart_listing
+        {
             return h.lacks("ListMultipartUploads");
         }
         let key = h.scope.key("stale/obj").unwrap();
@@ -552,19 +586,38 @@ mod cases {
                 std::fs::write(dir.join(".blobsnap-tmp-0123456789abcdef-obj"), b"partial").unwrap();
             }
         }
-        let uploads = h.store.list_multipart_uploads(&h.scope).await.unwrap();
+        let uploads = h.store.incomplete_uploads(&h.scope, None).await.unwrap();
         assert_eq!(uploads.len(), 1, "{}: {uploads:?}", h.name);
         assert_eq!(uploads[0].key, key);
+        assert!(uploads[0].initiated.is_some(), "{}: {uploads:?}", h.name);
         // Incomplete uploads are not objects.
         assert!(list_all(h.store.as_ref(), &h.scope)
             .await
             .unwrap()
             .is_empty());
-        h.store.abort_multipart_upload(&uploads[0]).await.unwrap();
-        h.store.abort_multipart_upload(&uploads[0]).await.unwrap(); // idempotent
+        // A cutoff before it began spares it.
+        let long_ago = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1);
+        let listed = h
+            .store
+            .incomplete_uploads(&h.scope, Some(long_ago))
+            .await
+            .unwrap();
+        assert_eq!(listed.len(), 1, "{}: {listed:?}", h.name);
+        // A cutoff after it began (a day ahead: any sane server clock) aborts it, twice
+        // (idempotent).
+        let later = blobsnap::backend::Clock::now(&blobsnap::backend::SystemClock)
+            + std::time::Duration::from_secs(86_400);
+        h.store
+            .incomplete_uploads(&h.scope, Some(later))
+            .await
+            .unwrap();
+        h.store
+            .incomplete_uploads(&h.scope, Some(later))
+            .await
+            .unwrap();
         assert!(h
             .store
-            .list_multipart_uploads(&h.scope)
+            .incomplete_uploads(&h.scope, None)
             .await
             .unwrap()
             .is_empty());
@@ -630,7 +683,13 @@ mod cases {
     }
 
     pub async fn retry_settles_ambiguous_create_only_put(h: &Harness) {
-        if h.store.capabilities().create_only == CreateOnly::Ignored {
+        if h.store
+            .capabilities(Probe::Never)
+            .await
+            .unwrap()
+            .create_only
+            == CreateOnly::Ignored
+        {
             return h.lacks("enforced create-only puts");
         }
         // Every successful put is reported as a failure (a lost response); the retry then

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use blobsnap::blobstore::retry::{RetryPolicy, RetryStore};
 use blobsnap::blobstore::s3::{S3Config, S3Store};
+use blobsnap::blobstore::Probe;
 use blobsnap::blobstore::{get_bytes, BlobStore, PutBody, PutOptions};
 use blobsnap::digest::Sha256;
 use support::proxy::{FaultRates, Proxy, Quirks};
@@ -131,8 +132,18 @@ async fn lost_responses_settle(external: bool) {
         b"exactly these bytes"
     );
     // A second writer of other bytes still loses (where the server enforces create-only).
-    if h.store.capabilities().create_only == blobsnap::blobstore::CreateOnly::Atomic
-        || h.store.capabilities().create_only == blobsnap::blobstore::CreateOnly::Racy
+    if h.store
+        .capabilities(Probe::Never)
+        .await
+        .unwrap()
+        .create_only
+        == blobsnap::blobstore::CreateOnly::Atomic
+        || h.store
+            .capabilities(Probe::Never)
+            .await
+            .unwrap()
+            .create_only
+            == blobsnap::blobstore::CreateOnly::Racy
     {
         proxy.set_rates(FaultRates::default());
         let e = store
@@ -160,7 +171,13 @@ async fn demo_through_faults(external: bool, commits: u64) {
     let partitions = 2u64;
     let commit_every = 40u64;
     let lines = commits * commit_every / partitions;
-    let fences = h.store.capabilities().create_only == blobsnap::blobstore::CreateOnly::Atomic;
+    let fences = h
+        .store
+        .capabilities(Probe::Never)
+        .await
+        .unwrap()
+        .create_only
+        == blobsnap::blobstore::CreateOnly::Atomic;
     // Every due commit waits for the one in flight (none skipped): `commits` commits.
     let config = tmp.path().join("job.toml");
     std::fs::write(&config, "[job]\ncommit-max-delay-ms = 0\n").unwrap();

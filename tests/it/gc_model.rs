@@ -22,7 +22,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use blobsnap::backend::{Clock, StoreEngine, StoreSpec, TaskBackupManager as _, TaskContext};
@@ -31,7 +31,7 @@ use blobsnap::blob::gc::{execute_sweep, plan_sweep, SweepSettings};
 use blobsnap::blob::{load_snapshot, Expected, FACTORY_NAME};
 use blobsnap::blobstore::{
     BlobKey, BlobStore, Capabilities, CreateOnly, DeleteFailures, GetResult, MultipartUpload,
-    ObjectMeta, PutBody, PutMode, PutOptions, PutResult, Scope,
+    ObjectMeta, Probe, PutBody, PutMode, PutOptions, PutResult, Scope,
 };
 use blobsnap::checkpoint::{BlobCheckpointStore, CheckpointStore, Ssp};
 use blobsnap::commit::{Backend, TaskCommitManager};
@@ -123,14 +123,14 @@ impl Model {
 
 #[async_trait]
 impl BlobStore for Model {
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
+    async fn capabilities(&self, _probe: Probe) -> Result<Capabilities> {
+        Ok(Capabilities {
             create_only: CreateOnly::Atomic,
             verifies_sha256: true,
             multipart_listing: true,
             tagging: false,
             lifecycle: false,
-        }
+        })
     }
 
     async fn put(&self, key: &BlobKey, body: PutBody, opts: PutOptions) -> Result<PutResult> {
@@ -284,26 +284,34 @@ impl BlobStore for Model {
         .boxed()
     }
 
-    async fn list_multipart_uploads(&self, scope: &Scope) -> Result<Vec<MultipartUpload>> {
+    async fn incomplete_uploads(
+        &self,
+        scope: &Scope,
+        abort_before: Option<SystemTime>,
+    ) -> Result<Vec<MultipartUpload>> {
         self.step().await;
-        let uploads = self.uploads.lock().unwrap();
-        uploads
-            .iter()
-            .filter(|(_, (k, _))| k.starts_with(scope.as_str()))
-            .map(|(id, (k, t))| {
-                Ok(MultipartUpload {
-                    key: BlobKey::new(k.clone())?,
-                    upload_id: id.clone(),
-                    initiated: Some(UNIX_EPOCH + Duration::from_millis(*t)),
+        let listed: Vec<MultipartUpload> = {
+            let uploads = self.uploads.lock().unwrap();
+            uploads
+                .iter()
+                .filter(|(_, (k, _))| k.starts_with(scope.as_str()))
+                .map(|(id, (k, t))| {
+                    Ok(MultipartUpload {
+                        key: BlobKey::new(k.clone())?,
+                        upload_id: id.clone(),
+                        initiated: Some(UNIX_EPOCH + Duration::from_millis(*t)),
+                    })
                 })
-            })
-            .collect()
-    }
-
-    async fn abort_multipart_upload(&self, upload: &MultipartUpload) -> Result<()> {
-        self.step().await;
-        self.uploads.lock().unwrap().remove(&upload.upload_id);
-        Ok(())
+                .collect::<Result<_>>()?
+        };
+        if let Some(cutoff) = abort_before {
+            // The aborts are requests of their own: other steps may run between them.
+            for u in listed.iter().filter(|u| u.begun_before(cutoff)) {
+                self.step().await;
+                self.uploads.lock().unwrap().remove(&u.upload_id);
+            }
+        }
+        Ok(listed)
     }
 }
 

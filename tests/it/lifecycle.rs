@@ -13,6 +13,7 @@ use blobsnap::backend::{
 use blobsnap::blob::backup::{BackupSettings, BlobBackupManager};
 use blobsnap::blob::FACTORY_NAME;
 use blobsnap::blobstore::counting::CountingStore;
+use blobsnap::blobstore::Probe;
 use blobsnap::blobstore::{list_all, BlobStore};
 use blobsnap::checkpoint::{BlobCheckpointStore, CheckpointStore, Ssp};
 use blobsnap::commit::{Backend, TaskCommitManager};
@@ -206,7 +207,13 @@ async fn zombie_case(h: &support::Harness) {
         Arc::clone(&h.store),
         JobScope::new(&ctx.job_name, "1").unwrap(),
     ));
-    if h.store.capabilities().create_only != blobsnap::blobstore::CreateOnly::Atomic {
+    if h.store
+        .capabilities(Probe::Never)
+        .await
+        .unwrap()
+        .create_only
+        != blobsnap::blobstore::CreateOnly::Atomic
+    {
         // No fence on this server (Garage: If-None-Match ignored): the job must not start.
         let e = TaskCommitManager::start(ctx, checkpoints, Arc::new(SystemClock), 2, false)
             .await
@@ -353,7 +360,13 @@ mod external {
         let support::Kind::S3(s3) = &h.kind else {
             unreachable!()
         };
-        let fences = h.store.capabilities().create_only == blobsnap::blobstore::CreateOnly::Atomic;
+        let fences = h
+            .store
+            .capabilities(Probe::Never)
+            .await
+            .unwrap()
+            .create_only
+            == blobsnap::blobstore::CreateOnly::Atomic;
         let ms = MatrixStore::S3 {
             config: Box::new(s3.config().clone()),
             root: h.scope.as_str().to_string(),
@@ -390,7 +403,13 @@ mod external {
             s3.config().region.clone().unwrap(),
         );
         // Where the server cannot fence, the demo refuses to start unless told.
-        let fences = h.store.capabilities().create_only == blobsnap::blobstore::CreateOnly::Atomic;
+        let fences = h
+            .store
+            .capabilities(Probe::Never)
+            .await
+            .unwrap()
+            .create_only
+            == blobsnap::blobstore::CreateOnly::Atomic;
         let ak = std::env::var("BLOBSNAP_TEST_S3_ACCESS_KEY").unwrap_or_else(|_| "test".into());
         let sk = std::env::var("BLOBSNAP_TEST_S3_SECRET_KEY").unwrap_or_else(|_| "test".into());
         let tmp = tempfile::tempdir().unwrap();
@@ -464,7 +483,13 @@ mod external {
             ("AWS_ACCESS_KEY_ID".to_string(), ak.clone()),
             ("AWS_SECRET_ACCESS_KEY".to_string(), sk.clone()),
         ];
-        if h.store.capabilities().create_only != blobsnap::blobstore::CreateOnly::Atomic {
+        if h.store
+            .capabilities(Probe::Never)
+            .await
+            .unwrap()
+            .create_only
+            != blobsnap::blobstore::CreateOnly::Atomic
+        {
             let tmp = tempfile::tempdir().unwrap();
             let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
                 .args(&store_args)
@@ -1209,7 +1234,7 @@ async fn sweep_after_kills_leaves_exactly_the_referenced_objects() {
         "the dry run listed exactly what the real run deleted"
     );
     assert!(store
-        .list_multipart_uploads(job_scope.scope())
+        .incomplete_uploads(job_scope.scope(), None)
         .await
         .unwrap()
         .is_empty());

@@ -205,7 +205,7 @@ pub async fn external() -> Harness {
     let found = *PROBED
         .get_or_init(|| async {
             store
-                .probe_capabilities()
+                .capabilities(blobsnap::blobstore::Probe::IfUnknown)
                 .await
                 .unwrap_or_else(|e| panic!("probe of {endpoint}: {e}"))
                 .create_only
@@ -478,11 +478,11 @@ impl std::fmt::Display for Hooked {
 
 #[async_trait::async_trait]
 impl BlobStore for Hooked {
-    fn capabilities(&self) -> blobsnap::blobstore::Capabilities {
-        self.inner.capabilities()
-    }
-    async fn probe_capabilities(&self) -> blobsnap::Result<blobsnap::blobstore::Capabilities> {
-        self.inner.probe_capabilities().await
+    async fn capabilities(
+        &self,
+        probe: blobsnap::blobstore::Probe,
+    ) -> blobsnap::Result<blobsnap::blobstore::Capabilities> {
+        self.inner.capabilities(probe).await
     }
     async fn put(
         &self,
@@ -531,17 +531,12 @@ impl BlobStore for Hooked {
                 .map(move |r| r.map(|m| self.map_meta(m))),
         )
     }
-    async fn list_multipart_uploads(
+    async fn incomplete_uploads(
         &self,
         scope: &Scope,
+        abort_before: Option<std::time::SystemTime>,
     ) -> blobsnap::Result<Vec<blobsnap::blobstore::MultipartUpload>> {
-        self.inner.list_multipart_uploads(scope).await
-    }
-    async fn abort_multipart_upload(
-        &self,
-        upload: &blobsnap::blobstore::MultipartUpload,
-    ) -> blobsnap::Result<()> {
-        self.inner.abort_multipart_upload(upload).await
+        self.inner.incomplete_uploads(scope, abort_before).await
     }
 }
 
@@ -665,11 +660,11 @@ impl std::fmt::Display for Measured {
 
 #[async_trait::async_trait]
 impl BlobStore for Measured {
-    fn capabilities(&self) -> blobsnap::blobstore::Capabilities {
-        self.inner.capabilities()
-    }
-    async fn probe_capabilities(&self) -> blobsnap::Result<blobsnap::blobstore::Capabilities> {
-        self.inner.probe_capabilities().await
+    async fn capabilities(
+        &self,
+        probe: blobsnap::blobstore::Probe,
+    ) -> blobsnap::Result<blobsnap::blobstore::Capabilities> {
+        self.inner.capabilities(probe).await
     }
     async fn put(
         &self,
@@ -716,16 +711,11 @@ impl BlobStore for Measured {
     ) -> futures::stream::BoxStream<'a, blobsnap::Result<blobsnap::blobstore::ObjectMeta>> {
         self.inner.list(scope)
     }
-    async fn list_multipart_uploads(
+    async fn incomplete_uploads(
         &self,
         scope: &Scope,
+        abort_before: Option<std::time::SystemTime>,
     ) -> blobsnap::Result<Vec<blobsnap::blobstore::MultipartUpload>> {
-        self.inner.list_multipart_uploads(scope).await
-    }
-    async fn abort_multipart_upload(
-        &self,
-        upload: &blobsnap::blobstore::MultipartUpload,
-    ) -> blobsnap::Result<()> {
-        self.inner.abort_multipart_upload(upload).await
+        self.inner.incomplete_uploads(scope, abort_before).await
     }
 }

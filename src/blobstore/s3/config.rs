@@ -38,7 +38,7 @@ pub enum PartChecksum {
 pub enum CreateOnlySetting {
     /// Probe the server (the default): many concurrent create-only puts to one scratch key
     /// tell [`Atomic`](Self::Atomic) from [`Racy`](Self::Racy) and [`Ignored`](Self::Ignored)
-    /// the first time fencing matters ([`BlobStore::probe_capabilities`]). Until then the
+    /// the first time fencing matters ([`BlobStore::capabilities`] with [`Probe::IfUnknown`](crate::blobstore::Probe::IfUnknown)). Until then the
     /// store counts as not fencing.
     #[default]
     Auto,

@@ -50,7 +50,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     BlobKey, BlobStore, Capabilities, CreateOnly, DeleteFailures, GetResult, MultipartUpload,
-    ObjectMeta, PutBody, PutMode, PutOptions, PutResult, Scope, MAX_KEY_LEN,
+    ObjectMeta, Probe, PutBody, PutMode, PutOptions, PutResult, Scope, MAX_KEY_LEN,
 };
 use crate::digest::{Hasher, Sha256};
 use crate::error::{Error, ErrorKind, Result};
@@ -277,9 +277,9 @@ impl S3Store {
     }
 }
 
-#[async_trait]
-impl BlobStore for S3Store {
-    fn capabilities(&self) -> Capabilities {
+impl S3Store {
+    /// The capabilities as known now: the settings, and the probe's finding once it ran.
+    fn known_capabilities(&self) -> Capabilities {
         Capabilities {
             create_only: match (self.config.create_only, self.probed.get()) {
                 (CreateOnlySetting::Auto, Some(found)) => *found,
@@ -291,9 +291,12 @@ impl BlobStore for S3Store {
             lifecycle: self.config.lifecycle,
         }
     }
+}
 
-    async fn probe_capabilities(&self) -> Result<Capabilities> {
-        if self.config.create_only == CreateOnlySetting::Auto {
+#[async_trait]
+impl BlobStore for S3Store {
+    async fn capabilities(&self, probe: Probe) -> Result<Capabilities> {
+        if probe == Probe::IfUnknown && self.config.create_only == CreateOnlySetting::Auto {
             // Once per store (and its clones), even when every task asks at once.
             self.probed
                 .get_or_try_init(|| async {
@@ -301,7 +304,7 @@ impl BlobStore for S3Store {
                 })
                 .await?;
         }
-        Ok(self.capabilities())
+        Ok(self.known_capabilities())
     }
 
     #[tracing::instrument(level = "debug", skip(self, body), fields(store = %self, len = body.len()))]
@@ -504,7 +507,24 @@ impl BlobStore for S3Store {
         .boxed()
     }
 
-    async fn list_multipart_uploads(&self, scope: &Scope) -> Result<Vec<MultipartUpload>> {
+    async fn incomplete_uploads(
+        &self,
+        scope: &Scope,
+        abort_before: Option<SystemTime>,
+    ) -> Result<Vec<MultipartUpload>> {
+        let uploads = self.list_uploads(scope).await?;
+        if let Some(cutoff) = abort_before {
+            for u in uploads.iter().filter(|u| u.begun_before(cutoff)) {
+                self.abort_upload(u).await?;
+            }
+        }
+        Ok(uploads)
+    }
+}
+
+/// Incomplete multipart uploads: ListMultipartUploads and AbortMultipartUpload.
+impl S3Store {
+    async fn list_uploads(&self, scope: &Scope) -> Result<Vec<MultipartUpload>> {
         if !self.config.multipart_listing {
             return Err(Error::permanent(format!(
                 "{self}: ListMultipartUploads is not supported by this server (multipart-listing = false)"
@@ -550,7 +570,7 @@ impl BlobStore for S3Store {
         Ok(out)
     }
 
-    async fn abort_multipart_upload(&self, upload: &MultipartUpload) -> Result<()> {
+    async fn abort_upload(&self, upload: &MultipartUpload) -> Result<()> {
         let object_key = self.object_key(&upload.key)?;
         match self
             .client
