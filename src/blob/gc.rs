@@ -215,7 +215,6 @@ async fn plan_sweep_at(
                 continue;
             };
             for (store_name, marker) in markers {
-                let scope = job.store(task, store_name)?;
                 let who = Expected {
                     job_name: &settings.job_name,
                     job_id: &settings.job_id,
@@ -227,11 +226,10 @@ async fn plan_sweep_at(
                         "sweep: root of task {task:?} store {store_name:?} (nothing deleted)"
                     ))
                 })?;
-                let (m, index) = (snap.marker, snap.index);
-                live.insert(scope.index_key(&m)?);
-                for (_, f) in index.present_files() {
+                live.insert(snap.scope.index_key(&snap.marker)?);
+                for (_, f) in snap.index.present_files() {
                     for b in &f.blobs {
-                        live.insert(scope.key(&b.blob_id)?);
+                        live.insert(snap.scope.key(&b.blob_id)?);
                     }
                 }
             }

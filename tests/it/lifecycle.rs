@@ -1851,12 +1851,12 @@ async fn two_tasks_share_one_transfer_budget() {
     for size in [2usize, 1] {
         let tmp = tempfile::tempdir().unwrap();
         let gauge = Arc::new(support::InFlight::default());
-        let measured = support::Measured {
-            inner: Arc::new(
+        let measured = support::Hooked::measured(
+            Arc::new(
                 blobsnap::blobstore::local::LocalStore::new(tmp.path().join("store")).unwrap(),
             ),
-            gauge: Arc::clone(&gauge),
-        };
+            Arc::clone(&gauge),
+        );
         let store: Arc<dyn BlobStore> = Arc::new(LimitStore::new(measured, Budget::new(size)));
         let mut settings = job_settings(tmp.path(), &["counts", "lengths"], false);
         settings.partitions = 2;

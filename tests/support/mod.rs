@@ -427,11 +427,14 @@ pub type GetHook =
     dyn Fn(&blobsnap::blobstore::BlobKey, u64) -> Option<blobsnap::Error> + Send + Sync;
 
 /// A store that calls a hook before every GET; the hook may act (cancel a restore, fill a
-/// disk) and may fail the GET with the error it returns. Everything else is the inner store's.
+/// disk) and may fail the GET with the error it returns. Optionally it rewrites metadata
+/// ([`with_meta`](Self::with_meta)) and measures the transfers in flight on it
+/// ([`with_gauge`](Self::with_gauge)). Everything else is the inner store's.
 pub struct Hooked {
     pub inner: Arc<dyn BlobStore>,
     pub hook: Box<GetHook>,
     meta: Option<Box<MetaHook>>,
+    gauge: Option<Arc<InFlight>>,
     blob_gets: std::sync::atomic::AtomicU64,
 }
 
@@ -446,7 +449,16 @@ impl Hooked {
             inner,
             hook,
             meta: None,
+            gauge: None,
             blob_gets: Default::default(),
+        }
+    }
+
+    /// `inner` with no GET hook, measured by `gauge`.
+    pub fn measured(inner: Arc<dyn BlobStore>, gauge: Arc<InFlight>) -> Self {
+        Hooked {
+            gauge: Some(gauge),
+            ..Hooked::new(inner, Box::new(|_, _| None))
         }
     }
 
@@ -454,6 +466,10 @@ impl Hooked {
     pub fn with_meta(mut self, meta: Box<MetaHook>) -> Self {
         self.meta = Some(meta);
         self
+    }
+
+    fn transfer(&self) -> Option<Transfer> {
+        self.gauge.as_ref().map(|g| g.start())
     }
 
     fn map_meta(&self, m: blobsnap::blobstore::ObjectMeta) -> blobsnap::blobstore::ObjectMeta {
@@ -490,6 +506,7 @@ impl BlobStore for Hooked {
         body: blobsnap::blobstore::PutBody,
         opts: blobsnap::blobstore::PutOptions,
     ) -> blobsnap::Result<blobsnap::blobstore::PutResult> {
+        let _t = self.transfer();
         self.inner.put(key, body, opts).await
     }
     async fn get(
@@ -506,18 +523,32 @@ impl BlobStore for Hooked {
         if let Some(e) = (self.hook)(key, n) {
             return Err(e);
         }
-        self.inner.get(key, range).await
+        let Some(t) = self.transfer() else {
+            return self.inner.get(key, range).await;
+        };
+        // The transfer lasts until the body ends or is dropped.
+        use futures::StreamExt as _;
+        let mut got = self.inner.get(key, range).await?;
+        let body = std::mem::replace(&mut got.body, futures::stream::empty().boxed());
+        got.body = futures::stream::unfold((body, t), |(mut body, t)| async move {
+            let chunk = body.next().await?;
+            Some((chunk, (body, t)))
+        })
+        .boxed();
+        Ok(got)
     }
     async fn head(
         &self,
         key: &blobsnap::blobstore::BlobKey,
     ) -> blobsnap::Result<blobsnap::blobstore::ObjectMeta> {
+        let _t = self.transfer();
         Ok(self.map_meta(self.inner.head(key).await?))
     }
     async fn delete_many(
         &self,
         keys: &[blobsnap::blobstore::BlobKey],
     ) -> blobsnap::Result<blobsnap::blobstore::DeleteFailures> {
+        let _t = self.transfer();
         self.inner.delete_many(keys).await
     }
     fn list<'a>(
@@ -601,9 +632,9 @@ impl Drop for SmallDisk {
     }
 }
 
-/// A store that measures how many transfers (PUT, GET until its body ends or is dropped,
-/// HEAD, batch delete) are in flight at once on it: put it under a layer to see what that
-/// layer lets through.
+/// How many transfers (PUT, GET until its body ends or is dropped, HEAD, batch delete) are in
+/// flight at once on a [`Hooked::measured`] store: put that store under a layer to see what
+/// the layer lets through.
 #[derive(Debug, Default)]
 pub struct InFlight {
     now: Arc<std::sync::atomic::AtomicUsize>,
@@ -637,85 +668,5 @@ impl InFlight {
         self.peak.fetch_max(now, SeqCst);
         self.transfers.fetch_add(1, SeqCst);
         Transfer(Arc::clone(&self.now))
-    }
-}
-
-/// `inner` measured by `gauge`.
-pub struct Measured {
-    pub inner: Arc<dyn BlobStore>,
-    pub gauge: Arc<InFlight>,
-}
-
-impl std::fmt::Debug for Measured {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Measured({:?})", self.inner)
-    }
-}
-
-impl std::fmt::Display for Measured {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Display::fmt(&self.inner, f)
-    }
-}
-
-#[async_trait::async_trait]
-impl BlobStore for Measured {
-    async fn capabilities(
-        &self,
-        probe: blobsnap::blobstore::Probe,
-    ) -> blobsnap::Result<blobsnap::blobstore::Capabilities> {
-        self.inner.capabilities(probe).await
-    }
-    async fn put(
-        &self,
-        key: &blobsnap::blobstore::BlobKey,
-        body: blobsnap::blobstore::PutBody,
-        opts: blobsnap::blobstore::PutOptions,
-    ) -> blobsnap::Result<blobsnap::blobstore::PutResult> {
-        let _t = self.gauge.start();
-        self.inner.put(key, body, opts).await
-    }
-    async fn get(
-        &self,
-        key: &blobsnap::blobstore::BlobKey,
-        range: Option<std::ops::Range<u64>>,
-    ) -> blobsnap::Result<blobsnap::blobstore::GetResult> {
-        use futures::StreamExt as _;
-        let t = self.gauge.start();
-        let mut got = self.inner.get(key, range).await?;
-        let body = std::mem::replace(&mut got.body, futures::stream::empty().boxed());
-        got.body = futures::stream::unfold((body, t), |(mut body, t)| async move {
-            let chunk = body.next().await?;
-            Some((chunk, (body, t)))
-        })
-        .boxed();
-        Ok(got)
-    }
-    async fn head(
-        &self,
-        key: &blobsnap::blobstore::BlobKey,
-    ) -> blobsnap::Result<blobsnap::blobstore::ObjectMeta> {
-        let _t = self.gauge.start();
-        self.inner.head(key).await
-    }
-    async fn delete_many(
-        &self,
-        keys: &[blobsnap::blobstore::BlobKey],
-    ) -> blobsnap::Result<blobsnap::blobstore::DeleteFailures> {
-        let _t = self.gauge.start();
-        self.inner.delete_many(keys).await
-    }
-    fn list<'a>(
-        &'a self,
-        scope: &Scope,
-    ) -> futures::stream::BoxStream<'a, blobsnap::Result<blobsnap::blobstore::ObjectMeta>> {
-        self.inner.list(scope)
-    }
-    async fn incomplete_uploads(
-        &self,
-        scope: &Scope,
-        abort_before: Option<std::time::SystemTime>,
-    ) -> blobsnap::Result<Vec<blobsnap::blobstore::MultipartUpload>> {
-        self.inner.incomplete_uploads(scope, abort_before).await
     }
 }

@@ -93,25 +93,42 @@ pub(super) fn http_client(
     Ok(Some(if config.resolve.is_empty() {
         builder.build_https()
     } else {
-        builder.build_with_resolver(FixedAddresses(Arc::new(config.resolve.clone())))
+        builder.build_with_resolver(FixedAddresses::new(&config.resolve))
     }))
 }
 
 /// The DNS resolver of [`S3Config::resolve`]: listed names at their fixed address, the rest
 /// through the system's resolver.
 #[derive(Clone, Debug)]
-pub(super) struct FixedAddresses(pub(super) Arc<BTreeMap<String, IpAddr>>);
+pub(super) struct FixedAddresses {
+    /// Exact names.
+    exact: BTreeMap<String, IpAddr>,
+    /// `*.parent` entries, by `parent`.
+    wildcards: BTreeMap<String, IpAddr>,
+}
 
 impl FixedAddresses {
+    /// The resolver of `resolve` (names as [`S3Config::resolve`] takes them).
+    pub(super) fn new(resolve: &BTreeMap<String, IpAddr>) -> Self {
+        let (mut exact, mut wildcards) = (BTreeMap::new(), BTreeMap::new());
+        for (name, ip) in resolve {
+            match name.strip_prefix("*.") {
+                Some(parent) => wildcards.insert(parent.to_owned(), *ip),
+                None => exact.insert(name.clone(), *ip),
+            };
+        }
+        FixedAddresses { exact, wildcards }
+    }
+
     pub(super) fn lookup(&self, name: &str) -> Option<IpAddr> {
         let name = name.trim_end_matches('.').to_ascii_lowercase();
-        if let Some(ip) = self.0.get(&name) {
+        if let Some(ip) = self.exact.get(&name) {
             return Some(*ip);
         }
         // The nearest wildcard: for a.b.c, `*.b.c` before `*.c`.
         let mut rest = name.as_str();
         while let Some((_, parent)) = rest.split_once('.') {
-            if let Some(ip) = self.0.get(&format!("*.{parent}")) {
+            if let Some(ip) = self.wildcards.get(parent) {
                 return Some(*ip);
             }
             rest = parent;

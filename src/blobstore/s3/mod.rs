@@ -602,15 +602,15 @@ mod tests {
     #[test]
     fn fixed_addresses_exact_before_the_nearest_wildcard() {
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
-        let r = FixedAddresses(Arc::new(
-            [
+        let r = FixedAddresses::new(
+            &[
                 ("s3.internal".to_owned(), ip("10.0.0.1")),
                 ("*.s3.internal".to_owned(), ip("10.0.0.2")),
                 ("*.eu.s3.internal".to_owned(), ip("10.0.0.3")),
                 ("state.eu.s3.internal".to_owned(), ip("10.0.0.4")),
             ]
             .into(),
-        ));
+        );
         let at = |n: &str| r.lookup(n).map(|i| i.to_string());
         assert_eq!(at("s3.internal").as_deref(), Some("10.0.0.1"));
         assert_eq!(at("S3.Internal.").as_deref(), Some("10.0.0.1"));
