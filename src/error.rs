@@ -164,6 +164,11 @@ impl Error {
         };
         Self::new(kind, format!("{what}")).with_source(err)
     }
+
+    /// [`io`](Self::io) for `map_err`: `.map_err(Error::io_with(format!("fsync {}", …)))`.
+    pub(crate) fn io_with(what: impl fmt::Display) -> impl FnOnce(std::io::Error) -> Self {
+        move |e| Self::io(what, e)
+    }
 }
 
 impl fmt::Display for Error {

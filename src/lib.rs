@@ -28,7 +28,7 @@
 //! - [`checkpoint`], [`layout`], [`local`]: CheckpointV1/V2 JSON (Samza-compatible) and the
 //!   [`CheckpointStore`](checkpoint::CheckpointStore); the bucket layout (DESIGN §5); RocksDB
 //!   stores ([`StoreEngine`](backend::StoreEngine)), directory scans, the hash cache, the
-//!   store-dir lock.
+//!   store-dir lock, the atomic swap of a restored tree ([`local::swap`]).
 //! - [`commit`]: the commit manager, driving every backend of a task through the SPI.
 //! - [`blob`]: the blob-store backend. [`blob::load_snapshot`] is the one way a snapshot is
 //!   read and checked; [`blob::backup`] (scan, diff, dedup upload, index → marker),

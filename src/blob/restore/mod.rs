@@ -1,0 +1,501 @@
+//! The blob backend's [`TaskRestoreManager`]: restore each store from its committed index,
+//! reusing every local byte it can, downloading only what is missing, verifying everything,
+//! and swapping the new tree in atomically (DESIGN §8).
+//!
+//! **Plan, then execute.** [`plan_store`] decides, for each file of the index, whether it is
+//! already in the staging dir of an interrupted restore, reusable from a local file (the live
+//! store dir, any local checkpoint dir of the store) with the same size and a SHA-256
+//! **recomputed now**, or to be downloaded; and which local files are left over. The plan has
+//! totals and prints itself. Free disk space is checked against it before anything is written.
+//!
+//! **Execute** builds the new tree in `<store dir>.blobsnap-staging`: SST/blob files are
+//! hard-linked (unless their mode differs from the index's: never chmod a linked inode), other
+//! files are copied (RocksDB may rewrite them in place), downloads stream into a temp file that
+//! is SHA-256-verified and fsynced before its rename (large blobs as parallel ranged GETs). A
+//! mismatch is retried a bounded number of times, then fails as `Corrupt` naming file and
+//! blob. When the tree is complete: a `RESTORED` marker (checkpoint id, index key), fsync of
+//! the staging tree bottom-up, `renameat2(RENAME_EXCHANGE)` of staging and store dir, fsync of
+//! the parent, removal of the old tree. Where the filesystem lacks EXCHANGE, two renames with an
+//! intent file, rolled forward by the next restore. A crash at any point leaves the old store
+//! or the complete new one; a rerun reuses what staging already holds.
+//!
+//! A store without a marker (new store, V1 checkpoint, no checkpoint) is reset to an empty
+//! directory the same way: only that store's own directory is touched.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use futures::{StreamExt as _, TryStreamExt as _};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use super::{load_snapshot, Expected, LoadedSnapshot, FACTORY_NAME};
+use crate::backend::{StoreSpec, TaskContext, TaskRestoreManager};
+use crate::blobstore::{download_to_file, BlobStore, DownloadOptions};
+use crate::checkpoint::{Checkpoint, CheckpointId};
+use crate::error::{Error, ErrorKind, Result};
+use crate::layout::{JobScope, StoreScope};
+use crate::local::scan::is_immutable;
+use crate::local::swap::{available_bytes, fsync_tree, remove_tree, roll_forward, swap_in};
+
+mod plan;
+mod stage;
+
+pub use crate::local::swap::staging_dir;
+pub use plan::{decide, plan_store, Inventory, PlanTotals, PlannedFile, RestorePlan, Source};
+use stage::prepare_staging;
+
+/// Name of the marker file written into a restored store.
+pub use crate::index::RESTORED_MARKER;
+
+/// Settings of the restore side.
+#[derive(Clone, Debug)]
+pub struct RestoreSettings {
+    /// Files of one store downloaded at once (what is on the wire is bounded by the store's
+    /// transfer budget, [`LimitStore`](crate::blobstore::limit::LimitStore); this bounds
+    /// downloads in hand: 1 fetches, verifies and stages one file after another).
+    pub downloads: usize,
+    /// Blobs larger than this are fetched as parallel ranged GETs of this size.
+    pub part_size: u64,
+    /// Ranged GETs in flight per blob.
+    pub part_concurrency: usize,
+    /// Downloads of one blob that fail verification before the restore fails as `Corrupt`.
+    pub max_attempts: u32,
+    /// Cancels the restore (also stops when the `restore()` future is dropped).
+    pub cancel: CancellationToken,
+}
+
+impl Default for RestoreSettings {
+    fn default() -> Self {
+        RestoreSettings {
+            downloads: 16,
+            part_size: 16 << 20,
+            part_concurrency: 4,
+            max_attempts: 3,
+            cancel: CancellationToken::new(),
+        }
+    }
+}
+
+/// Live progress of one store's restore (Samza's `files-to-restore`, `bytes-restored`, …).
+#[derive(Debug, Default)]
+pub struct RestoreProgress {
+    /// Files to download.
+    pub files_to_fetch: AtomicU64,
+    /// Bytes to download.
+    pub bytes_to_fetch: AtomicU64,
+    /// Files downloaded so far.
+    pub files_fetched: AtomicU64,
+    /// Bytes downloaded so far (verified files only).
+    pub bytes_fetched: AtomicU64,
+    /// Files reused from local disk.
+    pub files_reused: AtomicU64,
+    /// Their bytes.
+    pub bytes_reused: AtomicU64,
+}
+
+/// The marker a restore leaves in the store dir.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct RestoredMarker {
+    /// The checkpoint restored (absent for a reset).
+    pub checkpoint_id: Option<CheckpointId>,
+    /// The index key restored from (absent for a reset).
+    pub index: Option<String>,
+}
+
+/// The blob backend's restore manager for one task.
+pub struct BlobRestoreManager {
+    blob_store: Arc<dyn BlobStore>,
+    task: TaskContext,
+    stores: Vec<(StoreSpec, StoreScope)>,
+    settings: RestoreSettings,
+    loaded: Mutex<Option<HashMap<String, Option<LoadedSnapshot>>>>,
+    progress: HashMap<String, Arc<RestoreProgress>>,
+    plans: Mutex<BTreeMap<String, PlanTotals>>,
+}
+
+impl fmt::Debug for BlobRestoreManager {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BlobRestoreManager")
+            .field("task", &self.task)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> Result<std::sync::MutexGuard<'_, T>> {
+    m.lock()
+        .map_err(|_| Error::new(ErrorKind::Io, "restore manager lock poisoned"))
+}
+
+impl BlobRestoreManager {
+    /// A restore manager for `task`'s `stores`, reading from `blob_store`.
+    pub fn new(
+        blob_store: Arc<dyn BlobStore>,
+        task: TaskContext,
+        stores: &[StoreSpec],
+        settings: RestoreSettings,
+    ) -> Result<Self> {
+        let job = JobScope::new(&task.job_name, &task.job_id)?;
+        let mut specs = Vec::new();
+        let mut progress = HashMap::new();
+        for s in stores {
+            specs.push((s.clone(), job.store(&task.task_name, &s.name)?));
+            progress.insert(s.name.clone(), Arc::default());
+        }
+        Ok(BlobRestoreManager {
+            blob_store,
+            task,
+            stores: specs,
+            settings,
+            loaded: Mutex::new(None),
+            progress,
+            plans: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// Live progress of `store`.
+    pub fn progress(&self, store: &str) -> Option<Arc<RestoreProgress>> {
+        self.progress.get(store).cloned()
+    }
+
+    /// The totals of each store's last plan.
+    pub fn plan_totals(&self) -> BTreeMap<String, PlanTotals> {
+        self.plans.lock().map(|p| p.clone()).unwrap_or_default()
+    }
+
+    /// Plan every store without changing anything (after [`init`](TaskRestoreManager::init)).
+    pub async fn plan(&self) -> Result<Vec<RestorePlan>> {
+        let loaded = self.loaded()?;
+        let mut plans = Vec::new();
+        for (spec, _) in &self.stores {
+            let l = loaded.get(&spec.name).cloned().flatten();
+            let spec = spec.clone();
+            let plan = tokio::task::spawn_blocking(move || {
+                plan_store(
+                    &spec,
+                    l.as_ref().map(|l| l.marker),
+                    l.as_ref().map(|l| l.index.as_ref()),
+                )
+            })
+            .await
+            .map_err(|e| Error::task("plan", e))??;
+            plans.push(plan);
+        }
+        Ok(plans)
+    }
+
+    fn loaded(&self) -> Result<HashMap<String, Option<LoadedSnapshot>>> {
+        lock(&self.loaded)?
+            .clone()
+            .ok_or_else(|| Error::invalid("restore manager used before init"))
+    }
+
+    /// Finish or undo what an interrupted restore left in every store dir (the swap's
+    /// roll-forward): [`restore`](TaskRestoreManager::restore) does this first; call it before
+    /// [`plan`](Self::plan) when that plan is to be [`execute`](Self::execute)d.
+    pub async fn recover(&self) -> Result<()> {
+        for (spec, _) in &self.stores {
+            let dir = spec.dir.clone();
+            tokio::task::spawn_blocking(move || roll_forward(&dir))
+                .await
+                .map_err(|e| Error::task("recovery", e))??;
+        }
+        Ok(())
+    }
+
+    /// Carry out `plans`, as [`plan`](Self::plan) made them (after [`recover`](Self::recover)):
+    /// what was shown is what is done — the reuse decisions are the plan's, nothing is hashed
+    /// again. Every store needs its plan, made for the snapshot this manager was `init`-ed with.
+    pub async fn execute(&self, plans: Vec<RestorePlan>) -> Result<()> {
+        let loaded = self.loaded()?;
+        let mut by_store: HashMap<String, RestorePlan> =
+            plans.into_iter().map(|p| (p.store.clone(), p)).collect();
+        for (spec, scope) in &self.stores {
+            let l = loaded.get(&spec.name).cloned().flatten();
+            let plan = by_store.remove(&spec.name).ok_or_else(|| {
+                Error::invalid(format!("no restore plan given for store {:?}", spec.name))
+            })?;
+            if plan.marker != l.as_ref().map(|l| l.marker) {
+                return Err(Error::invalid(format!(
+                    "the plan of store {:?} is for {:?}, the restore for {:?}",
+                    spec.name,
+                    plan.marker,
+                    l.as_ref().map(|l| l.marker)
+                )));
+            }
+            self.execute_store(spec, scope, l, plan).await?;
+        }
+        Ok(())
+    }
+
+    async fn execute_store(
+        &self,
+        spec: &StoreSpec,
+        scope: &StoreScope,
+        loaded: Option<LoadedSnapshot>,
+        plan: RestorePlan,
+    ) -> Result<()> {
+        tracing::info!(store = %spec.name, plan = ?plan.totals, "restore plan");
+        crate::crash::point("restore.after-plan");
+        lock(&self.plans)?.insert(spec.name.clone(), plan.totals);
+        if loaded.is_none() {
+            tracing::warn!(task = %self.task.task_name, store = %spec.name,
+                "no snapshot for this store in the checkpoint: resetting it to empty");
+        }
+
+        // Room for what is downloaded or copied (hard links cost nothing).
+        let need: u64 = plan
+            .files
+            .iter()
+            .filter(|f| match &f.source {
+                Source::Download => true,
+                Source::Local(_) => !is_immutable(&f.path),
+                Source::Staged => false,
+            })
+            .map(|f| f.entry.file_metadata.size)
+            .sum();
+        if let Some(avail) = available_bytes(&spec.dir) {
+            if need > avail {
+                return Err(Error::new(
+                    ErrorKind::Io,
+                    format!(
+                        "restore of store {} needs {need} bytes on disk, {avail} are free; nothing was changed",
+                        spec.name
+                    ),
+                ));
+            }
+        }
+
+        let progress = self.progress.get(&spec.name).cloned().unwrap_or_default();
+        let t = plan.totals;
+        progress
+            .files_to_fetch
+            .store(t.files_to_download, Ordering::Relaxed);
+        progress
+            .bytes_to_fetch
+            .store(t.bytes_to_download, Ordering::Relaxed);
+        progress.files_fetched.store(0, Ordering::Relaxed);
+        progress.bytes_fetched.store(0, Ordering::Relaxed);
+        progress
+            .files_reused
+            .store(t.files_reused, Ordering::Relaxed);
+        progress
+            .bytes_reused
+            .store(t.bytes_reused, Ordering::Relaxed);
+
+        let staging = staging_dir(&spec.dir)?;
+        match self
+            .stage_and_swap(spec, scope, plan, &progress, &staging)
+            .await
+        {
+            Err(e) if e.is_no_space() => {
+                let st = staging.clone();
+                let _ = tokio::task::spawn_blocking(move || remove_tree(&st)).await;
+                Err(e.context(format!(
+                    "restore of store {}: the disk is full; the staging dir was removed and the old state kept",
+                    spec.name
+                )))
+            }
+            other => other,
+        }
+    }
+
+    async fn stage_and_swap(
+        &self,
+        spec: &StoreSpec,
+        scope: &StoreScope,
+        plan: RestorePlan,
+        progress: &Arc<RestoreProgress>,
+        staging: &Path,
+    ) -> Result<()> {
+        let t = plan.totals;
+        let staging = staging.to_path_buf();
+        {
+            let (staging, plan) = (staging.clone(), plan.clone());
+            tokio::task::spawn_blocking(move || prepare_staging(&staging, &plan))
+                .await
+                .map_err(|e| Error::task("staging", e))??;
+        }
+
+        let downloads: Vec<PlannedFile> = plan
+            .files
+            .iter()
+            .filter(|f| f.source == Source::Download)
+            .cloned()
+            .collect();
+        futures::stream::iter(downloads)
+            .map(|f| {
+                let progress = Arc::clone(progress);
+                let staging = staging.clone();
+                async move {
+                    self.download_one(scope, &staging, &f).await?;
+                    crate::crash::point("restore.mid-download");
+                    progress.files_fetched.fetch_add(1, Ordering::Relaxed);
+                    progress
+                        .bytes_fetched
+                        .fetch_add(f.entry.file_metadata.size, Ordering::Relaxed);
+                    Ok::<_, Error>(())
+                }
+            })
+            .buffer_unordered(self.settings.downloads.max(1))
+            .try_collect::<Vec<()>>()
+            .await
+            .map_err(|e| e.context(format!("restore store {}", spec.name)))?;
+
+        let marker = RestoredMarker {
+            checkpoint_id: plan.marker.map(|m| m.checkpoint_id),
+            index: plan.marker.map(|m| m.to_string()),
+        };
+        let dir = spec.dir.clone();
+        tokio::task::spawn_blocking(move || {
+            crate::crash::point("restore.before-marker");
+            let bytes =
+                serde_json::to_vec(&marker).map_err(|e| Error::invalid(format!("marker: {e}")))?;
+            let path = staging.join(RESTORED_MARKER);
+            std::fs::write(&path, bytes)
+                .map_err(Error::io_with(format!("write {}", path.display())))?;
+            std::fs::File::open(&path)
+                .and_then(|f| f.sync_all())
+                .map_err(Error::io_with(format!("fsync {}", path.display())))?;
+            fsync_tree(&staging)?;
+            crate::crash::point("restore.after-marker");
+            swap_in(&dir, &staging)
+        })
+        .await
+        .map_err(|e| Error::task("swap", e))??;
+        tracing::info!(store = %spec.name, files = t.files, downloaded = t.bytes_to_download, reused = t.bytes_reused, "store restored");
+        let labels = [
+            ("task", self.task.task_name.clone()),
+            ("store", spec.name.clone()),
+        ];
+        metrics::counter!("blobsnap_restore_files_downloaded_total", &labels)
+            .increment(t.files_to_download);
+        metrics::counter!("blobsnap_restore_bytes_downloaded_total", &labels)
+            .increment(t.bytes_to_download);
+        metrics::counter!("blobsnap_restore_files_reused_total", &labels).increment(t.files_reused);
+        metrics::counter!("blobsnap_restore_bytes_reused_total", &labels).increment(t.bytes_reused);
+        Ok(())
+    }
+
+    async fn download_one(
+        &self,
+        scope: &StoreScope,
+        staging: &Path,
+        f: &PlannedFile,
+    ) -> Result<()> {
+        let blob = &f.entry.blobs[0].blob_id;
+        let key = scope.key(blob)?;
+        let dest = staging.join(&f.path);
+        let tmp = dest.with_file_name(format!(
+            ".{}.blobsnap-part",
+            dest.file_name().and_then(|n| n.to_str()).unwrap_or("file")
+        ));
+        let opts = DownloadOptions {
+            expected_size: f.entry.file_metadata.size,
+            expected_sha256: f.entry.sha256,
+            part_size: self.settings.part_size,
+            concurrency: self.settings.part_concurrency,
+        };
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            if self.settings.cancel.is_cancelled() {
+                return Err(Error::new(ErrorKind::Cancelled, "restore cancelled"));
+            }
+            match download_to_file(self.blob_store.as_ref(), &key, &tmp, opts).await {
+                Ok(_) => break,
+                Err(e)
+                    if e.kind() == ErrorKind::Corrupt && attempt < self.settings.max_attempts =>
+                {
+                    tracing::warn!(file = %f.path, %key, attempt, error = %e, "downloaded blob failed verification; fetching it again");
+                }
+                Err(e) if matches!(e.kind(), ErrorKind::Corrupt | ErrorKind::NotFound) => {
+                    let _ = std::fs::remove_file(&tmp);
+                    return Err(e.context(format!(
+                        "file {} (blob {key}) after {attempt} attempts",
+                        f.path
+                    )));
+                }
+                Err(e) if e.is_transient() && attempt < self.settings.max_attempts => {
+                    tracing::warn!(file = %f.path, %key, attempt, error = %e, "download failed; retrying");
+                }
+                Err(e) => {
+                    let _ = std::fs::remove_file(&tmp);
+                    return Err(e.context(format!("file {} (blob {key})", f.path)));
+                }
+            }
+        }
+        if let Some(mode) = f.entry.file_metadata.mode() {
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
+                .map_err(Error::io_with(format!("chmod {}", tmp.display())))?;
+        }
+        std::fs::rename(&tmp, &dest)
+            .map_err(Error::io_with(format!("rename into {}", dest.display())))
+    }
+}
+
+#[async_trait]
+impl TaskRestoreManager for BlobRestoreManager {
+    /// Read and check the index of every store that has a marker in `checkpoint`: its bytes
+    /// against the marker's SHA-256, its names, its metadata against this job/task/store and
+    /// its checkpoint id against the checkpoint's. Stores without a marker will be reset.
+    async fn init(&self, checkpoint: Option<&Checkpoint>) -> Result<()> {
+        let v2 = checkpoint.and_then(Checkpoint::as_v2);
+        if checkpoint.is_some() && v2.is_none() {
+            tracing::warn!(task = %self.task.task_name, "checkpoint is V1: it names no blob snapshots; stores will be reset");
+        }
+        let mut loaded = HashMap::new();
+        for (spec, scope) in &self.stores {
+            let entry = match v2.and_then(|c| c.marker(FACTORY_NAME, &spec.name).map(|m| (c.id, m)))
+            {
+                None => None,
+                Some((cp_id, m)) => {
+                    let who = Expected {
+                        job_name: &self.task.job_name,
+                        job_id: &self.task.job_id,
+                        task_name: &self.task.task_name,
+                        store_name: &spec.name,
+                    };
+                    let snap = load_snapshot(self.blob_store.as_ref(), &who, m)
+                        .await
+                        .map_err(|e| e.context(format!("store {}", spec.name)))?;
+                    debug_assert_eq!(&snap.scope, scope);
+                    if snap.index.snapshot_metadata.checkpoint_id != cp_id {
+                        return Err(Error::corrupt(format!(
+                            "store {}: index {} belongs to checkpoint {}, the checkpoint is {cp_id}",
+                            spec.name, snap.marker, snap.index.snapshot_metadata.checkpoint_id
+                        )));
+                    }
+                    Some(snap)
+                }
+            };
+            loaded.insert(spec.name.clone(), entry);
+        }
+        *lock(&self.loaded)? = Some(loaded);
+        Ok(())
+    }
+
+    /// Restore every store; stops cleanly when cancelled (the old state stays in place).
+    async fn restore(&self) -> Result<()> {
+        // The same three steps as a printed restore: what is planned is what is done.
+        let work = async {
+            self.recover().await?;
+            let plans = self.plan().await?;
+            self.execute(plans).await
+        };
+        tokio::select! {
+            r = work => r,
+            () = self.settings.cancel.cancelled() => Err(Error::new(ErrorKind::Cancelled, "restore cancelled; the store dirs are unchanged")),
+        }
+    }
+
+    async fn close(&self) -> Result<()> {
+        Ok(())
+    }
+}

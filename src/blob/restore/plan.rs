@@ -1,0 +1,514 @@
+//! The restore plan: what each file of an index comes from (staged, a local copy proven by
+//! its SHA-256, or a download) and what local files are left over. [`Inventory::of`] reads the
+//! disk; [`decide`] is pure.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::backend::StoreSpec;
+use crate::digest::{hash_file, hash_files_in_parallel, Sha256};
+use crate::error::{Error, Result};
+use crate::index::{FileIndex, IndexMarker, SnapshotIndex};
+use crate::local::swap::{sibling, staging_dir};
+
+/// Where a file of the restored tree comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// Already in the staging dir of an interrupted restore, verified.
+    Staged,
+    /// A local file with the same size and SHA-256 (recomputed now).
+    Local(PathBuf),
+    /// The blob store.
+    Download,
+}
+
+/// One file of the plan.
+#[derive(Clone, Debug)]
+pub struct PlannedFile {
+    /// Path relative to the store dir.
+    pub path: String,
+    /// Its index entry.
+    pub entry: FileIndex,
+    /// Where its bytes come from.
+    pub source: Source,
+}
+
+/// Totals of a plan.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PlanTotals {
+    /// Files in the snapshot.
+    pub files: u64,
+    /// Bytes in the snapshot.
+    pub bytes: u64,
+    /// Files reused from local disk (live dir, checkpoint dirs, staging).
+    pub files_reused: u64,
+    /// Their bytes.
+    pub bytes_reused: u64,
+    /// Files to download.
+    pub files_to_download: u64,
+    /// Their bytes.
+    pub bytes_to_download: u64,
+    /// Files in the live store dir that the snapshot does not have (gone after the swap).
+    pub files_to_delete: u64,
+}
+
+/// What restoring one store will do.
+#[derive(Clone, Debug)]
+pub struct RestorePlan {
+    /// The store.
+    pub store: String,
+    /// The index restored from (`None`: reset to empty).
+    pub marker: Option<IndexMarker>,
+    /// Every file of the snapshot.
+    pub files: Vec<PlannedFile>,
+    /// Every directory of the snapshot (relative, parents first).
+    pub dirs: Vec<String>,
+    /// Live files not in the snapshot.
+    pub leftover: Vec<String>,
+    /// Totals.
+    pub totals: PlanTotals,
+}
+
+impl fmt::Display for RestorePlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let t = &self.totals;
+        match &self.marker {
+            Some(m) => writeln!(f, "restore store {} from {m}", self.store)?,
+            None => writeln!(f, "reset store {} to empty (no snapshot)", self.store)?,
+        }
+        writeln!(
+            f,
+            "  {} files, {} bytes: reuse {} files ({} bytes), download {} files ({} bytes), delete {} local files",
+            t.files, t.bytes, t.files_reused, t.bytes_reused, t.files_to_download, t.bytes_to_download, t.files_to_delete
+        )?;
+        for p in &self.files {
+            let how = match &p.source {
+                Source::Staged => "staged".to_string(),
+                Source::Local(from) => format!("reuse {}", from.display()),
+                Source::Download => format!("download {}", p.entry.blobs[0].blob_id),
+            };
+            writeln!(f, "  {:>12}  {}  {how}", p.entry.file_metadata.size, p.path)?;
+        }
+        for l in &self.leftover {
+            writeln!(f, "  {:>12}  {l}  delete", "")?;
+        }
+        Ok(())
+    }
+}
+
+/// Regular files below `dir`, relative path → (full path, size). Missing dir: empty.
+fn list_files(dir: &Path) -> Result<BTreeMap<String, (PathBuf, u64)>> {
+    fn walk(dir: &Path, rel: &str, out: &mut BTreeMap<String, (PathBuf, u64)>) -> Result<()> {
+        let entries = match std::fs::read_dir(dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(Error::io(format!("list {}", dir.display()), e)),
+        };
+        for entry in entries {
+            let entry = entry.map_err(Error::io_with(format!("list {}", dir.display())))?;
+            let Ok(name) = entry.file_name().into_string() else {
+                continue;
+            };
+            let path = entry.path();
+            let md = std::fs::symlink_metadata(&path)
+                .map_err(Error::io_with(format!("stat {}", path.display())))?;
+            let r = format!("{rel}{name}");
+            if md.is_dir() {
+                walk(&path, &format!("{r}/"), out)?;
+            } else if md.is_file() {
+                out.insert(r, (path, md.len()));
+            }
+        }
+        Ok(())
+    }
+    let mut out = BTreeMap::new();
+    walk(dir, "", &mut out)?;
+    Ok(out)
+}
+
+/// SHA-256 of each file (`None` if unreadable), on up to as many threads as there are cores.
+fn hash_in_parallel(paths: &[PathBuf]) -> HashMap<PathBuf, Option<Sha256>> {
+    let refs: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
+    paths
+        .iter()
+        .cloned()
+        .zip(hash_files_in_parallel(&refs))
+        .map(|(p, d)| (p, d.ok().map(|d| d.sha256)))
+        .collect()
+}
+
+/// What is on local disk for one store: the files a restore could reuse.
+#[derive(Clone, Debug, Default)]
+pub struct Inventory {
+    /// The live store dir: relative path -> (full path, size).
+    pub live: BTreeMap<String, (PathBuf, u64)>,
+    /// The staging dir of an interrupted restore, the same way.
+    pub staged: BTreeMap<String, (PathBuf, u64)>,
+    /// Every local file by size — the live dir first, then every local checkpoint dir.
+    pub by_size: HashMap<u64, Vec<PathBuf>>,
+}
+
+impl Inventory {
+    /// List the live, staging and local checkpoint dirs of `spec` (blocking).
+    pub fn of(spec: &StoreSpec) -> Result<Inventory> {
+        let staged = list_files(&staging_dir(&spec.dir)?)?;
+        let live = list_files(&spec.dir)?;
+        let mut by_size: HashMap<u64, Vec<PathBuf>> = HashMap::new();
+        for (path, size) in live.values() {
+            by_size.entry(*size).or_default().push(path.clone());
+        }
+        let checkpoints = sibling(&spec.dir, ".checkpoints")?;
+        if let Ok(entries) = std::fs::read_dir(&checkpoints) {
+            for e in entries.flatten() {
+                for (path, size) in list_files(&e.path())?.into_values() {
+                    by_size.entry(size).or_default().push(path);
+                }
+            }
+        }
+        Ok(Inventory {
+            live,
+            staged,
+            by_size,
+        })
+    }
+
+    /// The likely reuse candidates of `index`: the same path with the same size, staged or
+    /// live (hashed first and in parallel: reusing most of a store is bound by this re-hash).
+    fn likely(&self, index: &SnapshotIndex) -> Vec<PathBuf> {
+        index
+            .present_files()
+            .into_iter()
+            .filter_map(|(path, entry)| {
+                let size = entry.file_metadata.size;
+                self.staged
+                    .get(&path)
+                    .filter(|(_, s)| *s == size)
+                    .or_else(|| self.live.get(&path).filter(|(_, s)| *s == size))
+                    .map(|(p, _)| p.clone())
+            })
+            .collect()
+    }
+}
+
+/// Plan the restore of `spec` to `index` (blocking: lists the local dirs and hashes the
+/// candidates; the decision is [`decide`]'s).
+pub fn plan_store(
+    spec: &StoreSpec,
+    marker: Option<IndexMarker>,
+    index: Option<&SnapshotIndex>,
+) -> Result<RestorePlan> {
+    let inventory = Inventory::of(spec)?;
+    let likely = index.map(|i| inventory.likely(i)).unwrap_or_default();
+    let mut hashes: HashMap<PathBuf, Option<Sha256>> = hash_in_parallel(&likely);
+    let hash_of = |p: &Path| -> Option<Sha256> {
+        *hashes
+            .entry(p.to_path_buf())
+            .or_insert_with(|| hash_file(p).ok().map(|d| d.sha256))
+    };
+    decide(&spec.name, marker, index, &inventory, hash_of)
+}
+
+/// The restore decision, with no I/O of its own: for each file of `index`, reuse a staged
+/// file of the same path, else a local file of the same size (the same path in the live dir
+/// first), whose SHA-256 — as `hash_of` computes it (`None`: unreadable) — is the index's;
+/// else download it. Live files the snapshot lacks are leftovers. An entry without a SHA-256
+/// or with other than one blob is `Corrupt` (a restore must verify every byte).
+pub fn decide(
+    store: &str,
+    marker: Option<IndexMarker>,
+    index: Option<&SnapshotIndex>,
+    inventory: &Inventory,
+    mut hash_of: impl FnMut(&Path) -> Option<Sha256>,
+) -> Result<RestorePlan> {
+    let Inventory {
+        live,
+        staged,
+        by_size,
+    } = inventory;
+    let mut files = Vec::new();
+    let mut dirs = Vec::new();
+    let mut totals = PlanTotals::default();
+    if let Some(index) = index {
+        fn collect_dirs(d: &crate::index::DirIndex, prefix: &str, out: &mut Vec<String>) {
+            for s in &d.sub_dirs_present {
+                let p = format!("{prefix}{}", s.dir_name);
+                out.push(p.clone());
+                collect_dirs(s, &format!("{p}/"), out);
+            }
+        }
+        collect_dirs(&index.dir_index, "", &mut dirs);
+        for (path, entry) in index.present_files() {
+            let sha = entry.sha256.ok_or_else(|| {
+                Error::corrupt(format!(
+                    "index entry {path} has no sha256 (a Samza index?): blobsnap restores only verifiable files"
+                ))
+            })?;
+            if entry.blobs.len() != 1 {
+                return Err(Error::corrupt(format!(
+                    "index entry {path} has {} blobs; blobsnap restores single-blob files",
+                    entry.blobs.len()
+                )));
+            }
+            let size = entry.file_metadata.size;
+            totals.files += 1;
+            totals.bytes += size;
+            let source = if staged
+                .get(&path)
+                .is_some_and(|(p, s)| *s == size && hash_of(p) == Some(sha))
+            {
+                Source::Staged
+            } else {
+                // Prefer the same path in the live dir, then any candidate of that size.
+                let mut cands: Vec<PathBuf> = Vec::new();
+                if let Some((p, s)) = live.get(&path) {
+                    if *s == size {
+                        cands.push(p.clone());
+                    }
+                }
+                cands.extend(by_size.get(&size).into_iter().flatten().cloned());
+                match cands.into_iter().find(|p| hash_of(p) == Some(sha)) {
+                    Some(p) => Source::Local(p),
+                    None => Source::Download,
+                }
+            };
+            match source {
+                Source::Download => {
+                    totals.files_to_download += 1;
+                    totals.bytes_to_download += size;
+                }
+                _ => {
+                    totals.files_reused += 1;
+                    totals.bytes_reused += size;
+                }
+            }
+            files.push(PlannedFile {
+                path,
+                entry: entry.clone(),
+                source,
+            });
+        }
+    }
+    let wanted: HashSet<&str> = files.iter().map(|f| f.path.as_str()).collect();
+    let leftover: Vec<String> = live
+        .keys()
+        .filter(|k| !wanted.contains(k.as_str()))
+        .cloned()
+        .collect();
+    totals.files_to_delete = leftover.len() as u64;
+    Ok(RestorePlan {
+        store: store.to_owned(),
+        marker,
+        files,
+        dirs,
+        leftover,
+        totals,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    //! [`decide`] alone: no disk, no store — the inventory and the hashes are given.
+    use super::*;
+    use crate::index::{DirIndex, FileBlob, FileMetadata, SnapshotMetadata};
+
+    fn sha(b: &[u8]) -> Sha256 {
+        Sha256::of(b)
+    }
+
+    fn file(name: &str, content: &[u8]) -> FileIndex {
+        FileIndex {
+            file_name: name.into(),
+            blobs: vec![FileBlob {
+                blob_id: format!("blobs/1-0/{}", sha(content).to_hex()),
+                offset: 0,
+            }],
+            file_metadata: FileMetadata {
+                creation_time_millis: 0,
+                last_modified_time_millis: 0,
+                size: content.len() as u64,
+                owner: String::new(),
+                group: String::new(),
+                permissions: "rw-r--r--".into(),
+            },
+            checksum: 0,
+            sha256: Some(sha(content)),
+        }
+    }
+
+    fn index(files: Vec<FileIndex>, sub: Vec<DirIndex>) -> SnapshotIndex {
+        SnapshotIndex {
+            format_version: crate::index::FORMAT_VERSION,
+            creation_time_millis: 0,
+            snapshot_metadata: SnapshotMetadata {
+                checkpoint_id: "1-0".parse().unwrap(),
+                job_name: "j".into(),
+                job_id: "1".into(),
+                task_name: "t".into(),
+                store_name: "s".into(),
+            },
+            dir_index: DirIndex {
+                files_present: files,
+                sub_dirs_present: sub,
+                ..DirIndex::default()
+            },
+            prev_snapshot_index_blob_id: None,
+        }
+    }
+
+    /// An inventory of (relative path, size) in the live and staging dirs and of full paths
+    /// in checkpoint dirs, and the hashes of every path in it.
+    fn inventory(
+        live: &[(&str, &[u8])],
+        staged: &[(&str, &[u8])],
+        checkpoints: &[(&str, &[u8])],
+    ) -> (Inventory, HashMap<PathBuf, Sha256>) {
+        let mut inv = Inventory::default();
+        let mut hashes = HashMap::new();
+        for (rel, bytes) in live {
+            let p = PathBuf::from("/live").join(rel);
+            inv.live
+                .insert(rel.to_string(), (p.clone(), bytes.len() as u64));
+            inv.by_size
+                .entry(bytes.len() as u64)
+                .or_default()
+                .push(p.clone());
+            hashes.insert(p, sha(bytes));
+        }
+        for (rel, bytes) in staged {
+            let p = PathBuf::from("/staging").join(rel);
+            inv.staged
+                .insert(rel.to_string(), (p.clone(), bytes.len() as u64));
+            hashes.insert(p, sha(bytes));
+        }
+        for (full, bytes) in checkpoints {
+            let p = PathBuf::from(full);
+            inv.by_size
+                .entry(bytes.len() as u64)
+                .or_default()
+                .push(p.clone());
+            hashes.insert(p, sha(bytes));
+        }
+        (inv, hashes)
+    }
+
+    fn plan_of(
+        idx: &SnapshotIndex,
+        inv: &Inventory,
+        hashes: &HashMap<PathBuf, Sha256>,
+    ) -> (RestorePlan, Vec<PathBuf>) {
+        let mut asked = Vec::new();
+        let plan = decide("s", None, Some(idx), inv, |p| {
+            asked.push(p.to_path_buf());
+            hashes.get(p).copied()
+        })
+        .unwrap();
+        (plan, asked)
+    }
+
+    fn source_of<'a>(plan: &'a RestorePlan, path: &str) -> &'a Source {
+        &plan.files.iter().find(|f| f.path == path).unwrap().source
+    }
+
+    #[test]
+    fn staged_then_same_path_then_any_local_copy_then_download() {
+        let idx = index(
+            vec![
+                file("000001.sst", b"one"),
+                file("000002.sst", b"two two"),
+                file("000003.sst", b"three three"),
+                file("MANIFEST-000004", b"new manifest"),
+            ],
+            vec![DirIndex {
+                dir_name: "sub".into(),
+                files_present: vec![file("x", b"xx")],
+                ..DirIndex::default()
+            }],
+        );
+        let (inv, hashes) = inventory(
+            // 000001 live with the right bytes; 000002 live but changed (same size);
+            // MANIFEST-000004 live, stale (other size); an old file the snapshot lacks.
+            &[
+                ("000001.sst", b"one"),
+                ("000002.sst", b"two TWO"),
+                ("MANIFEST-000004", b"old"),
+                ("000000.log", b"log"),
+            ],
+            // 000003 staged by an interrupted restore.
+            &[("000003.sst", b"three three")],
+            // 000002's bytes in a local checkpoint dir.
+            &[("/live.checkpoints/1-0/000002.sst", b"two two")],
+        );
+        let (plan, _) = plan_of(&idx, &inv, &hashes);
+        assert_eq!(
+            source_of(&plan, "000001.sst"),
+            &Source::Local("/live/000001.sst".into())
+        );
+        assert_eq!(
+            source_of(&plan, "000002.sst"),
+            &Source::Local("/live.checkpoints/1-0/000002.sst".into())
+        );
+        assert_eq!(source_of(&plan, "000003.sst"), &Source::Staged);
+        assert_eq!(source_of(&plan, "MANIFEST-000004"), &Source::Download);
+        assert_eq!(source_of(&plan, "sub/x"), &Source::Download);
+        assert_eq!(plan.dirs, ["sub"]);
+        assert_eq!(plan.leftover, ["000000.log"]);
+        let t = plan.totals;
+        assert_eq!(
+            (
+                t.files,
+                t.files_reused,
+                t.files_to_download,
+                t.files_to_delete
+            ),
+            (5, 3, 2, 1)
+        );
+        assert_eq!(t.bytes_to_download, (b"new manifest".len() + 2) as u64);
+        assert_eq!(t.bytes, t.bytes_reused + t.bytes_to_download);
+    }
+
+    #[test]
+    fn a_file_is_never_reused_on_its_size_alone_nor_hashed_when_no_size_matches() {
+        let idx = index(vec![file("a.sst", b"aaaa")], vec![]);
+        // Same size, other bytes (an unreadable file hashes to None).
+        let (inv, mut hashes) = inventory(&[("a.sst", b"AAAA"), ("b.sst", b"bbbb")], &[], &[]);
+        let (plan, asked) = plan_of(&idx, &inv, &hashes);
+        assert_eq!(source_of(&plan, "a.sst"), &Source::Download);
+        assert_eq!(
+            asked.len(),
+            3,
+            "the same path (twice: live and by size) and b.sst: {asked:?}"
+        );
+        hashes.clear();
+        let (plan, _) = plan_of(&idx, &inv, &hashes);
+        assert_eq!(source_of(&plan, "a.sst"), &Source::Download);
+        // No local file of that size: nothing hashed at all.
+        let (inv, hashes) = inventory(&[("c.sst", b"ccccc")], &[], &[]);
+        let (plan, asked) = plan_of(&idx, &inv, &hashes);
+        assert_eq!(source_of(&plan, "a.sst"), &Source::Download);
+        assert!(asked.is_empty(), "{asked:?}");
+    }
+
+    #[test]
+    fn an_entry_a_restore_cannot_verify_is_corrupt_and_no_snapshot_resets() {
+        let mut f = file("a.sst", b"a");
+        f.sha256 = None;
+        let (inv, hashes) = inventory(&[("old", b"x")], &[], &[]);
+        let e = decide("s", None, Some(&index(vec![f], vec![])), &inv, |p| {
+            hashes.get(p).copied()
+        })
+        .unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Corrupt, "{e}");
+        assert!(e.to_string().contains("a.sst"), "{e}");
+        let mut two = file("b.sst", b"b");
+        two.blobs.push(two.blobs[0].clone());
+        let e = decide("s", None, Some(&index(vec![two], vec![])), &inv, |_| None).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Corrupt, "{e}");
+        // No snapshot: everything live is a leftover, nothing downloads.
+        let plan = decide("s", None, None, &inv, |_| None).unwrap();
+        assert!(plan.files.is_empty());
+        assert_eq!(plan.leftover, ["old"]);
+    }
+}
