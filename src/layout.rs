@@ -12,9 +12,10 @@
 //! Keys are relative to the blob store's root (the S3 store applies its bucket prefix). User
 //! names (job, job id, task, store, backup name) are escaped with
 //! [`escape_segment`](crate::blobstore::escape_segment). The golden tests below pin every
-//! shape: changing one orphans every stored snapshot.
+//! shape: changing one orphans every stored snapshot. [`parse`] is the one reader of these
+//! shapes (the sweep, `blobsnap ls`, the checkpoint store's listing).
 
-use crate::blobstore::{BlobKey, Scope};
+use crate::blobstore::{unescape_segment, BlobKey, Scope};
 use crate::digest::Sha256;
 use crate::error::Result;
 use crate::id::CheckpointId;
@@ -119,6 +120,147 @@ impl StoreScope {
     }
 }
 
+/// A key of the layout, read back by [`parse`]: the deployment it belongs to and what it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParsedKey {
+    /// The job's name, unescaped (`manual` for a CLI backup).
+    pub job_name: String,
+    /// The job's id, unescaped (a CLI backup's name).
+    pub job_id: String,
+    /// What the key is.
+    pub kind: KeyKind,
+}
+
+/// What a key of a deployment is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeyKind {
+    /// `scope.json`.
+    OwnerRecord,
+    /// `checkpoints/<task>/<seq:020>.json`.
+    Checkpoint {
+        /// The task.
+        task: String,
+        /// The checkpoint's number.
+        seq: u64,
+    },
+    /// `writers/<task>/<writer>.json`.
+    Writer {
+        /// The task.
+        task: String,
+    },
+    /// `tasks/<task>/stores/<store>/index/<checkpoint-id>.<sha256>.json`.
+    Index {
+        /// The task.
+        task: String,
+        /// The store.
+        store: String,
+        /// The index's marker.
+        marker: IndexMarker,
+    },
+    /// `tasks/<task>/stores/<store>/blobs/<checkpoint-id>/<sha256>`.
+    Blob {
+        /// The task.
+        task: String,
+        /// The store.
+        store: String,
+        /// The checkpoint that first uploaded it.
+        checkpoint_id: CheckpointId,
+        /// The SHA-256 of its content.
+        sha256: Sha256,
+    },
+    /// Of no known shape, in the area of `task` when it is under `checkpoints/<task>/`,
+    /// `writers/<task>/` or `tasks/<task>/` (`swept`: under `tasks/`, where only indexes and
+    /// blobs belong — the sweep reports such a key and never deletes it).
+    Unknown {
+        /// The task whose area it is in, if any.
+        task: Option<String>,
+        /// Whether it is under `tasks/`.
+        swept: bool,
+    },
+}
+
+impl KeyKind {
+    /// The task whose area the key is in.
+    pub fn task(&self) -> Option<&str> {
+        match self {
+            KeyKind::OwnerRecord => None,
+            KeyKind::Checkpoint { task, .. }
+            | KeyKind::Writer { task }
+            | KeyKind::Index { task, .. }
+            | KeyKind::Blob { task, .. } => Some(task),
+            KeyKind::Unknown { task, .. } => task.as_deref(),
+        }
+    }
+}
+
+/// The sequence number of a checkpoint file name, `<seq:020>.json` (exactly 20 digits).
+pub fn checkpoint_seq(file_name: &str) -> Option<u64> {
+    let digits = file_name.strip_suffix(".json")?;
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// Read a key back into the layout: `None` for a key with fewer than three segments
+/// (`<job>/<job-id>/…`) or a segment that does not unescape. A name segment (task, store) that
+/// does not unescape makes the key [`KeyKind::Unknown`].
+pub fn parse(key: &BlobKey) -> Option<ParsedKey> {
+    let parts: Vec<&str> = key.as_str().split('/').collect();
+    let [job, id, rest @ ..] = parts.as_slice() else {
+        return None;
+    };
+    if rest.is_empty() {
+        return None;
+    }
+    let (job_name, job_id) = (unescape_segment(job).ok()?, unescape_segment(id).ok()?);
+    let name = |s: &str| unescape_segment(s).ok();
+    let area = match rest {
+        ["checkpoints" | "writers", t, ..] => Some((name(t), false)),
+        ["tasks", t, ..] => Some((name(t), true)),
+        _ => None,
+    };
+    let known = match rest {
+        ["scope.json"] => Some(KeyKind::OwnerRecord),
+        ["checkpoints", t, file] => checkpoint_seq(file)
+            .zip(name(t))
+            .map(|(seq, task)| KeyKind::Checkpoint { task, seq }),
+        ["writers", t, file] if file.ends_with(".json") => {
+            name(t).map(|task| KeyKind::Writer { task })
+        }
+        ["tasks", t, "stores", st, "index", file] => format!("index/{file}")
+            .parse::<IndexMarker>()
+            .ok()
+            .zip(name(t).zip(name(st)))
+            .map(|(marker, (task, store))| KeyKind::Index {
+                task,
+                store,
+                marker,
+            }),
+        ["tasks", t, "stores", st, "blobs", cp, sha] => cp
+            .parse::<CheckpointId>()
+            .ok()
+            .zip(sha.parse::<Sha256>().ok())
+            .zip(name(t).zip(name(st)))
+            .map(|((checkpoint_id, sha256), (task, store))| KeyKind::Blob {
+                task,
+                store,
+                checkpoint_id,
+                sha256,
+            }),
+        _ => None,
+    };
+    let kind = known.unwrap_or_else(|| KeyKind::Unknown {
+        task: area.as_ref().and_then(|(t, _)| t.clone()),
+        swept: area.is_some_and(|(_, swept)| swept),
+    });
+    Some(ParsedKey {
+        job_name,
+        job_id,
+        kind,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,6 +302,105 @@ mod tests {
         assert_eq!(
             JobScope::manual("nightly 1").unwrap().scope().as_str(),
             "manual/nightly%201/"
+        );
+    }
+
+    /// `parse` reads back every shape the scopes write, and nothing else as a known shape.
+    #[test]
+    fn parse_reads_back_every_shape() {
+        let job = JobScope::new("word.count", "1/2").unwrap();
+        let store = job.store("Partition 0", "counts").unwrap();
+        let id: CheckpointId = "1700000000123-0".parse().unwrap();
+        let sha = Sha256::of(b"");
+        let marker = IndexMarker::of(id, b"{}");
+        let kind = |k: &BlobKey| {
+            let p = parse(k).unwrap();
+            assert_eq!(
+                (p.job_name.as_str(), p.job_id.as_str()),
+                ("word.count", "1/2")
+            );
+            p.kind
+        };
+        let task = || "Partition 0".to_string();
+        assert_eq!(kind(&job.owner_record().unwrap()), KeyKind::OwnerRecord);
+        assert_eq!(
+            kind(&job.checkpoint_key("Partition 0", 7).unwrap()),
+            KeyKind::Checkpoint {
+                task: task(),
+                seq: 7
+            }
+        );
+        assert_eq!(
+            kind(&job.writers("Partition 0").unwrap().key("w-1.json").unwrap()),
+            KeyKind::Writer { task: task() }
+        );
+        assert_eq!(
+            kind(&store.index_key(&marker).unwrap()),
+            KeyKind::Index {
+                task: task(),
+                store: "counts".into(),
+                marker
+            }
+        );
+        assert_eq!(
+            kind(&store.key(&StoreScope::blob_id(id, sha)).unwrap()),
+            KeyKind::Blob {
+                task: task(),
+                store: "counts".into(),
+                checkpoint_id: id,
+                sha256: sha
+            }
+        );
+        // Near misses are unknown, in the area they are in.
+        for (rel, swept) in [
+            ("blobs/1700000000123-0/not-a-sha", true),
+            ("index/1700000000123-0.json", true),
+            ("notes.txt", true),
+        ] {
+            let k = store.key(rel).unwrap();
+            assert_eq!(
+                kind(&k),
+                KeyKind::Unknown {
+                    task: Some(task()),
+                    swept
+                },
+                "{k}"
+            );
+        }
+        let seq7 = job
+            .checkpoints("Partition 0")
+            .unwrap()
+            .key("7.json")
+            .unwrap();
+        assert_eq!(
+            kind(&seq7),
+            KeyKind::Unknown {
+                task: Some(task()),
+                swept: false
+            }
+        );
+        let probe = job.scope().key("gc-probe-0123").unwrap();
+        assert_eq!(
+            kind(&probe),
+            KeyKind::Unknown {
+                task: None,
+                swept: false
+            }
+        );
+        assert_eq!(parse(&BlobKey::new("lonely").unwrap()), None);
+        assert_eq!(parse(&BlobKey::new("a/b").unwrap()), None);
+        let manual = JobScope::manual("nightly 1").unwrap();
+        let p = parse(
+            &manual
+                .store("backup", "db")
+                .unwrap()
+                .index_key(&marker)
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            (p.job_name.as_str(), p.job_id.as_str()),
+            ("manual", "nightly 1")
         );
     }
 

@@ -22,20 +22,17 @@
 //! half the grace is abandoned before it can commit (the backup side enforces it); and an
 //! upload in flight only reuses blobs of the task's newest committed snapshot, which is a root.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
 
 use futures::TryStreamExt as _;
 use serde::Serialize;
 
 use super::{load_snapshot, Expected, FACTORY_NAME};
-use crate::blobstore::{
-    unescape_segment, BlobKey, BlobStore, MultipartUpload, Probe, PutBody, PutOptions, Scope,
-};
+use crate::blobstore::{BlobKey, BlobStore, MultipartUpload, Probe, PutBody, PutOptions, Scope};
 use crate::checkpoint::{BlobCheckpointStore, CheckpointStore};
 use crate::error::{Error, Result};
-use crate::index::IndexMarker;
-use crate::layout::JobScope;
+use crate::layout::{parse, JobScope, KeyKind};
 
 /// What to sweep.
 #[derive(Clone, Debug)]
@@ -94,28 +91,6 @@ fn millis(t: SystemTime) -> u64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
-}
-
-/// `tasks/<task>/stores/<store>/(blobs/<id>/<sha>|index/<id>.<sha>.json)` → (task, store), or
-/// `None` for a key of no known shape.
-fn known_shape(rel: &str) -> Option<(String, String)> {
-    let parts: Vec<&str> = rel.split('/').collect();
-    let (task, store, rest) = match parts.as_slice() {
-        ["tasks", task, "stores", store, rest @ ..] => (task, store, rest),
-        _ => return None,
-    };
-    let ok = match rest {
-        ["blobs", id, sha] => {
-            id.parse::<crate::checkpoint::CheckpointId>().is_ok()
-                && sha.parse::<crate::digest::Sha256>().is_ok()
-        }
-        ["index", name] => format!("index/{name}").parse::<IndexMarker>().is_ok(),
-        _ => false,
-    };
-    if !ok {
-        return None;
-    }
-    Some((unescape_segment(task).ok()?, unescape_segment(store).ok()?))
 }
 
 /// The server's current time: PUT a probe object under the job scope, HEAD it, delete it.
@@ -185,17 +160,8 @@ async fn plan_sweep_at(
     let mut tasks: HashSet<String> = HashSet::new();
     let listing: Vec<_> = store.list(job.scope()).try_collect().await?;
     for m in &listing {
-        let Some(rel) = m.key.strip_scope(job.scope()) else {
-            continue;
-        };
-        let mut parts = rel.split('/');
-        match (parts.next(), parts.next()) {
-            (Some("checkpoints"), Some(t)) | (Some("tasks"), Some(t)) => {
-                if let Ok(t) = unescape_segment(t) {
-                    tasks.insert(t);
-                }
-            }
-            _ => {}
+        if let Some(task) = parse(&m.key).as_ref().and_then(|p| p.kind.task()) {
+            tasks.insert(task.to_string());
         }
     }
     let cps = BlobCheckpointStore::new(std::sync::Arc::clone(shared), job.clone());
@@ -238,15 +204,16 @@ async fn plan_sweep_at(
     plan.live = live.len() as u64;
 
     for m in listing {
-        let Some(rel) = m.key.strip_scope(job.scope()) else {
-            continue;
-        };
-        if !rel.starts_with("tasks/") {
-            continue; // checkpoints/, scope.json, probes: never swept
-        }
-        let Some((task, store_name)) = known_shape(rel) else {
-            plan.unknown.push(m.key.as_str().to_string());
-            continue;
+        let (task, store_name) = match parse(&m.key).map(|p| p.kind) {
+            Some(KeyKind::Index { task, store, .. } | KeyKind::Blob { task, store, .. }) => {
+                (task, store)
+            }
+            Some(KeyKind::Unknown { swept: true, .. }) => {
+                plan.unknown.push(m.key.as_str().to_string());
+                continue;
+            }
+            // checkpoints/, writers/, scope.json, probes: never swept.
+            _ => continue,
         };
         if settings.task.as_ref().is_some_and(|t| *t != task)
             || settings.store.as_ref().is_some_and(|s| *s != store_name)
@@ -317,17 +284,4 @@ pub async fn execute_sweep_with_progress(
     metrics::counter!("blobsnap_gc_sweep_objects_deleted_total").increment(deleted);
     metrics::counter!("blobsnap_gc_sweep_bytes_deleted_total").increment(plan.bytes);
     Ok(deleted)
-}
-
-/// Summaries of a plan by store, for printing.
-pub fn plan_by_store(plan: &SweepPlan) -> BTreeMap<String, (u64, u64)> {
-    let mut out: BTreeMap<String, (u64, u64)> = BTreeMap::new();
-    for d in &plan.delete {
-        let key = d.key.split("/blobs/").next().unwrap_or(&d.key);
-        let key = key.split("/index/").next().unwrap_or(key).to_string();
-        let e = out.entry(key).or_default();
-        e.0 += 1;
-        e.1 += d.size;
-    }
-    out
 }

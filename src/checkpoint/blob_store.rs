@@ -44,12 +44,7 @@ impl BlobCheckpointStore {
 
     fn seq_of(&self, task: &str, key: &BlobKey) -> Option<u64> {
         let scope = self.job.checkpoints(task).ok()?;
-        let name = key.strip_scope(&scope)?;
-        let digits = name.strip_suffix(".json")?;
-        if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        digits.parse().ok()
+        crate::layout::checkpoint_seq(key.strip_scope(&scope)?)
     }
 
     async fn seqs(&self, task: &str) -> Result<Vec<(u64, BlobKey)>> {

@@ -22,7 +22,8 @@ pub(crate) async fn ls_command(args: &StoreArgs, json: bool) -> blobsnap::Result
         snapshots: u64,
         blobs: u64,
         bytes: u64,
-        newest: Option<String>,
+        #[serde(serialize_with = "newest_marker")]
+        newest: Option<IndexMarker>,
     }
     #[derive(Default, serde::Serialize)]
     struct TaskInfo {
@@ -34,56 +35,46 @@ pub(crate) async fn ls_command(args: &StoreArgs, json: bool) -> blobsnap::Result
     }
     let mut jobs: std::collections::BTreeMap<String, std::collections::BTreeMap<String, TaskInfo>> =
         Default::default();
-    let un = |s: &str| blobsnap::blobstore::unescape_segment(s).unwrap_or_else(|_| s.to_string());
     for m in &all {
-        let parts: Vec<&str> = m.key.as_str().split('/').collect();
-        if parts.len() < 4 {
+        use blobsnap::layout::KeyKind;
+        let Some(p) = blobsnap::layout::parse(&m.key) else {
             continue;
-        }
-        let job = format!("{}/{}", un(parts[0]), un(parts[1]));
-        match &parts[2..] {
-            ["checkpoints", task, file] => {
-                let t = jobs.entry(job).or_default().entry(un(task)).or_default();
+        };
+        let job = format!("{}/{}", p.job_name, p.job_id);
+        match p.kind {
+            KeyKind::Checkpoint { task, seq } => {
+                let t = jobs.entry(job).or_default().entry(task).or_default();
                 t.checkpoints += 1;
-                if let Some(seq) = file
-                    .strip_suffix(".json")
-                    .and_then(|f| f.parse::<u64>().ok())
-                {
-                    if seq >= t.latest_seq {
-                        t.latest_seq = seq;
-                        let now = blobsnap::backend::Clock::now(&blobsnap::backend::SystemClock);
-                        t.latest_age_secs = m
-                            .last_modified
-                            .and_then(|lm| now.duration_since(lm).ok())
-                            .map(|d| d.as_secs());
-                    }
+                if seq >= t.latest_seq {
+                    t.latest_seq = seq;
+                    let now = blobsnap::backend::Clock::now(&blobsnap::backend::SystemClock);
+                    t.latest_age_secs = m
+                        .last_modified
+                        .and_then(|lm| now.duration_since(lm).ok())
+                        .map(|d| d.as_secs());
                 }
             }
-            ["tasks", task, "stores", store, kind, rest @ ..] => {
-                let t = jobs.entry(job).or_default().entry(un(task)).or_default();
-                let s = t.stores.entry(un(store)).or_default();
-                match *kind {
-                    "index" => {
-                        s.snapshots += 1;
-                        // Newest by checkpoint id (never by the key's text: "…-10" sorts
-                        // before "…-9"); a key that is no marker is counted, not ranked.
-                        let marker = format!("index/{}", rest.join("/"));
-                        if let Ok(m) = marker.parse::<IndexMarker>() {
-                            let newer = s.newest.as_ref().is_none_or(|n| {
-                                n.parse::<IndexMarker>()
-                                    .map_or(true, |n| n.checkpoint_id < m.checkpoint_id)
-                            });
-                            if newer {
-                                s.newest = Some(marker);
-                            }
-                        }
-                    }
-                    "blobs" => {
-                        s.blobs += 1;
-                        s.bytes += m.size;
-                    }
-                    _ => {}
+            KeyKind::Index {
+                task,
+                store,
+                marker,
+            } => {
+                let t = jobs.entry(job).or_default().entry(task).or_default();
+                let s = t.stores.entry(store).or_default();
+                s.snapshots += 1;
+                // Newest by checkpoint id (never by the key's text: "…-10" sorts before "…-9").
+                if s.newest
+                    .as_ref()
+                    .is_none_or(|n| n.checkpoint_id < marker.checkpoint_id)
+                {
+                    s.newest = Some(marker);
                 }
+            }
+            KeyKind::Blob { task, store, .. } => {
+                let t = jobs.entry(job).or_default().entry(task).or_default();
+                let s = t.stores.entry(store).or_default();
+                s.blobs += 1;
+                s.bytes += m.size;
             }
             _ => {}
         }
@@ -109,10 +100,18 @@ pub(crate) async fn ls_command(args: &StoreArgs, json: bool) -> blobsnap::Result
                     s.snapshots,
                     s.blobs,
                     s.bytes,
-                    s.newest.as_deref().unwrap_or("-")
+                    s.newest.as_ref().map_or("-".to_string(), |m| m.to_string())
                 );
             }
         }
     }
     Ok(())
+}
+
+/// The newest marker as the text of its key (as `ls --json` always printed it).
+fn newest_marker<S: serde::Serializer>(m: &Option<IndexMarker>, s: S) -> Result<S::Ok, S::Error> {
+    match m {
+        Some(m) => s.serialize_str(&m.to_string()),
+        None => s.serialize_none(),
+    }
 }
