@@ -21,6 +21,9 @@ use crate::error::Result;
 use crate::id::CheckpointId;
 use crate::index::IndexMarker;
 
+/// The first segment of every manual (CLI) backup's key: `manual/<name>/…`.
+pub const MANUAL_JOB: &str = "manual";
+
 /// The scope of one job deployment (`<job>/<job-id>/`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JobScope(Scope);
@@ -33,7 +36,7 @@ impl JobScope {
 
     /// The scope of a manual (CLI) backup named `name`: `manual/<name>/`.
     pub fn manual(name: &str) -> Result<Self> {
-        Ok(JobScope(Scope::root().child("manual")?.escaped(name)?))
+        Ok(JobScope(Scope::root().child(MANUAL_JOB)?.escaped(name)?))
     }
 
     /// The scope itself.

@@ -7,6 +7,7 @@
 //! - [`restore::BlobRestoreManager`]: plan (reuse local bytes, download what is missing),
 //!   execute into a staging dir with verified downloads, swap atomically.
 //! - [`diff`]: local tree vs index, shared by backup and restore.
+//! - [`manual`]: backups of a closed RocksDB dir outside any job (`blobsnap backup`).
 //!
 //! Markers are stored in CheckpointV2 under [`FACTORY_NAME`].
 
@@ -15,6 +16,7 @@ pub mod backup;
 pub mod diff;
 pub mod factory;
 pub mod gc;
+pub mod manual;
 pub mod restore;
 pub mod verify;
 

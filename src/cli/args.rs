@@ -97,14 +97,14 @@ pub(crate) struct SnapshotArgs {
 }
 
 impl SnapshotArgs {
-    /// The store of the manual backup `name`: manual backups are a job named `manual` whose
-    /// id is the backup's name, with one task (`backup`) and one store (`db`).
+    /// The store of the manual backup `name` ([`blobsnap::blob::manual`]).
     pub(crate) fn manual(name: &str) -> Self {
+        use blobsnap::blob::manual::{JOB, STORE, TASK};
         SnapshotArgs {
-            job: "manual".into(),
+            job: JOB.into(),
             job_id: name.into(),
-            task: "backup".into(),
-            store: "db".into(),
+            task: TASK.into(),
+            store: STORE.into(),
         }
     }
 }

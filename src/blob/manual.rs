@@ -1,0 +1,142 @@
+//! Manual backups (`blobsnap backup --db D --name N`): a backup of a closed RocksDB directory
+//! (or a RocksDB checkpoint directory) made outside any job.
+//!
+//! A manual backup is a job named [`JOB`] whose id is the backup's name, with one task
+//! ([`TASK`]) and one store ([`STORE`]), so the layout, restore, verify and the sweep apply
+//! unchanged: each backup is a checkpoint of that task, pinning its snapshot, and the next
+//! backup of the same name uploads only what the last one lacks.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::backup::{BackupProgress, BackupSettings, BlobBackupManager, UploadStats};
+use super::FACTORY_NAME;
+use crate::backend::{Clock as _, StoreSpec, SystemClock, TaskBackupManager as _, TaskContext};
+use crate::blobstore::BlobStore;
+use crate::checkpoint::{
+    BlobCheckpointStore, Checkpoint, CheckpointId, CheckpointIdGen, CheckpointStore as _,
+    CheckpointV2,
+};
+use crate::error::{Error, Result};
+use crate::index::IndexMarker;
+use crate::layout::JobScope;
+use crate::local::rocks::ClosedDb;
+
+/// The job name of every manual backup.
+pub const JOB: &str = crate::layout::MANUAL_JOB;
+/// The one task of a manual backup.
+pub const TASK: &str = "backup";
+/// The one store of a manual backup.
+pub const STORE: &str = "db";
+
+/// What [`backup`] made.
+#[derive(Clone, Debug)]
+pub struct ManualBackup {
+    /// The snapshot's marker (restore it with `--name` and this marker, or the latest).
+    pub marker: IndexMarker,
+    /// The checkpoint that pins it.
+    pub checkpoint_id: CheckpointId,
+    /// Files, bytes, and what was uploaded.
+    pub stats: UploadStats,
+}
+
+/// Back up the RocksDB directory `db_dir` as the manual backup `name`.
+///
+/// A database dir (it has a `LOCK` file) is backed up as it is, never opened: opening it with
+/// this RocksDB would replay its WAL, flush, and write a new MANIFEST and OPTIONS in a format
+/// the application's own (older) RocksDB may refuse. RocksDB's own lock is held for the whole
+/// upload (a running process holds it: `Conflict`), and only the live files are read (not
+/// `LOCK`, the info logs, obsolete MANIFESTs). A checkpoint dir (no `LOCK`) is uploaded as it
+/// is. The hashes of immutable files are cached in `hash_cache_dir` (never next to the
+/// database), so an incremental backup reads only new files.
+///
+/// `watch` sees the upload's progress once it starts; what it returns is dropped when the
+/// upload ends (a progress bar).
+pub async fn backup<W>(
+    store: Arc<dyn BlobStore>,
+    db_dir: &Path,
+    name: &str,
+    hash_cache_dir: Option<PathBuf>,
+    watch: impl FnOnce(Arc<BackupProgress>) -> W,
+) -> Result<ManualBackup> {
+    if !db_dir.join("CURRENT").is_file() {
+        return Err(Error::invalid(format!(
+            "{} is not a RocksDB directory (no CURRENT file)",
+            db_dir.display()
+        )));
+    }
+    let task = TaskContext {
+        job_name: JOB.into(),
+        job_id: name.to_string(),
+        task_name: TASK.into(),
+    };
+    let pins = BlobCheckpointStore::new(Arc::clone(&store), JobScope::manual(name)?);
+    let last = pins.latest(TASK).await?;
+    let closed = if db_dir.join("LOCK").exists() {
+        Some(ClosedDb::lock(db_dir)?)
+    } else {
+        None
+    };
+    let only = closed.as_ref().map(|c| c.live_files()).transpose()?;
+    let mut ids = CheckpointIdGen::after(
+        last.as_ref()
+            .and_then(|c| c.checkpoint.as_v2())
+            .map(|c| c.id),
+    );
+    let id = ids.next(SystemClock.now_millis())?;
+    let spec = StoreSpec {
+        name: STORE.into(),
+        dir: db_dir.to_path_buf(),
+    };
+    let mgr = BlobBackupManager::new(
+        Arc::clone(&store),
+        task,
+        std::slice::from_ref(&spec),
+        Arc::new(SystemClock),
+        BackupSettings {
+            hash_cache: true,
+            hash_cache_dir,
+            only,
+            ..Default::default()
+        },
+    )?;
+    mgr.init(last.as_ref().map(|c| &c.checkpoint)).await?;
+    let watching = mgr.progress(STORE).map(watch);
+    let result = mgr
+        .upload(
+            id,
+            &Default::default(),
+            &[(STORE.to_string(), db_dir.to_path_buf())].into(),
+        )
+        .await;
+    drop(watching);
+    drop(closed);
+    let markers = result?;
+    let marker = markers
+        .get(STORE)
+        .ok_or_else(|| Error::invalid(format!("backup {name}: the upload returned no marker")))?
+        .parse::<IndexMarker>()?;
+    let checkpoint = Checkpoint::V2(CheckpointV2 {
+        id,
+        input_offsets: Default::default(),
+        state_checkpoint_markers: [(FACTORY_NAME.to_string(), markers)].into(),
+    });
+    let seq = last.as_ref().map_or(0, |c| c.seq) + 1;
+    pins.write(
+        TASK,
+        seq,
+        &format!("cli-{:016x}", rand::random::<u64>()),
+        &checkpoint,
+    )
+    .await?;
+    let stats = mgr
+        .last_upload_stats()
+        .get(STORE)
+        .copied()
+        .unwrap_or_default();
+    Ok(ManualBackup {
+        marker,
+        checkpoint_id: id,
+        stats,
+    })
+}
