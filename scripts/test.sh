@@ -56,6 +56,9 @@ cargo fmt --all -- --check
 
 stage "cargo clippy"
 cargo clippy --locked --all-targets -- -D warnings
+# The library alone, as an embedding application builds it (no clap, indicatif, exporter or
+# log subscriber).
+cargo clippy --locked --lib --no-default-features -- -D warnings
 
 stage "cargo test (unit, formats, conformance on local + in-process s3s-fs)"
 cargo test --locked

@@ -18,6 +18,7 @@
 use std::io::Write;
 use std::sync::RwLock;
 
+#[cfg(feature = "subscriber")]
 use tracing_subscriber::fmt::MakeWriter;
 
 static SECRETS: RwLock<Vec<String>> = RwLock::new(Vec::new());
@@ -66,8 +67,9 @@ pub fn scrub(text: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
-/// A [`MakeWriter`] whose writers scrub registered secrets from every write (a `tracing`
-/// subscriber writes each formatted event with one call).
+/// A `tracing_subscriber` `MakeWriter` (feature `subscriber`, on by default) whose writers
+/// scrub registered secrets from every write (a `tracing` subscriber writes each formatted
+/// event with one call).
 #[derive(Clone, Debug)]
 pub struct RedactingWriter<M>(M);
 
@@ -98,6 +100,7 @@ impl<W: Write> Write for Redacting<W> {
     }
 }
 
+#[cfg(feature = "subscriber")]
 impl<'a, M: MakeWriter<'a>> MakeWriter<'a> for RedactingWriter<M> {
     type Writer = Redacting<M::Writer>;
 
