@@ -229,6 +229,23 @@ pub async fn run_task(
     r
 }
 
+/// The stores of `task`: each named store of the job in its own dir under the state dir.
+fn store_specs(settings: &JobSettings, task: &str) -> Result<Vec<StoreSpec>> {
+    if settings.stores.is_empty() {
+        return Err(Error::invalid("a job needs at least one store"));
+    }
+    settings
+        .stores
+        .iter()
+        .map(|name| {
+            Ok(StoreSpec {
+                name: name.clone(),
+                dir: store_dir(&settings.state_dir, name, task)?,
+            })
+        })
+        .collect()
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn run_task_leased(
     settings: &JobSettings,
@@ -248,19 +265,7 @@ async fn run_task_leased(
         job_id: settings.job_id.clone(),
         task_name: task.clone(),
     };
-    if settings.stores.is_empty() {
-        return Err(Error::invalid("a job needs at least one store"));
-    }
-    let specs: Vec<StoreSpec> = settings
-        .stores
-        .iter()
-        .map(|name| {
-            Ok(StoreSpec {
-                name: name.clone(),
-                dir: store_dir(&settings.state_dir, name, &task)?,
-            })
-        })
-        .collect::<Result<_>>()?;
+    let specs = store_specs(settings, &task)?;
     // Every store dir is ours from before the claim and the restore until its database is
     // closed (the end of this function): a second process or task of the same task on this
     // host gets Conflict here, before it claims or touches anything.
