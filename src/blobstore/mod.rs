@@ -280,6 +280,25 @@ pub trait BlobStore: Send + Sync + fmt::Debug + fmt::Display {
     ) -> Result<Vec<MultipartUpload>>;
 }
 
+/// For implementations of [`BlobStore::incomplete_uploads`]: abort, one by one with `abort`,
+/// those of the `listed` uploads begun before `abort_before`, and return them all.
+pub(crate) async fn abort_listed<F, Fut>(
+    listed: Vec<MultipartUpload>,
+    abort_before: Option<SystemTime>,
+    abort: F,
+) -> Result<Vec<MultipartUpload>>
+where
+    F: Fn(MultipartUpload) -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    if let Some(cutoff) = abort_before {
+        for u in listed.iter().filter(|u| u.begun_before(cutoff)) {
+            abort(u.clone()).await?;
+        }
+    }
+    Ok(listed)
+}
+
 /// Collect a whole listing (convenience for tests and small scopes).
 pub async fn list_all(store: &dyn BlobStore, scope: &Scope) -> Result<Vec<ObjectMeta>> {
     use futures::TryStreamExt as _;

@@ -512,13 +512,11 @@ impl BlobStore for S3Store {
         scope: &Scope,
         abort_before: Option<SystemTime>,
     ) -> Result<Vec<MultipartUpload>> {
-        let uploads = self.list_uploads(scope).await?;
-        if let Some(cutoff) = abort_before {
-            for u in uploads.iter().filter(|u| u.begun_before(cutoff)) {
-                self.abort_upload(u).await?;
-            }
-        }
-        Ok(uploads)
+        let listed = self.list_uploads(scope).await?;
+        super::abort_listed(listed, abort_before, |u| async move {
+            self.abort_upload(&u).await
+        })
+        .await
     }
 }
 
