@@ -143,7 +143,8 @@ async fn run(name: &str, h: support::Harness, size_mib: u64) {
         name: "bench".into(),
         dir: tmp.path().join("restored"),
     };
-    let restore = |spec: StoreSpec| {
+    // Timed from the index GET (init) to the exchange; the DB open is timed apart.
+    let restore = |spec: StoreSpec, hash_cache: bool| {
         let store = Arc::clone(&store_for_restore);
         let task = task_for_restore.clone();
         let cp = cp2.clone();
@@ -152,38 +153,57 @@ async fn run(name: &str, h: support::Harness, size_mib: u64) {
                 store,
                 task,
                 std::slice::from_ref(&spec),
-                RestoreSettings::default(),
+                RestoreSettings {
+                    hash_cache,
+                    ..Default::default()
+                },
             )
             .expect("restorer");
-            r.init(Some(&cp)).await.expect("init");
             let t = Instant::now();
+            r.init(Some(&cp)).await.expect("init");
             r.restore().await.expect("restore");
             (t.elapsed().as_secs_f64(), r.plan_totals()["bench"])
         }
     };
     let before = counters.snapshot();
-    let (empty_s, empty_plan) = restore(target.clone()).await;
+    let (empty_s, empty_plan) = restore(target.clone(), true).await;
     let empty = counters.snapshot().since(&before);
-    // Remove about 10 % of the bytes (whole SSTs), then restore again.
-    let mut removed = 0u64;
-    let mut ssts: Vec<_> = std::fs::read_dir(&target.dir)
-        .expect("ls")
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".sst"))
-        .map(|e| (e.path(), e.metadata().expect("stat").len()))
-        .collect();
-    ssts.sort();
-    let total = dir_size(&target.dir);
-    for (p, len) in ssts {
-        if removed * 10 >= total {
-            break;
-        }
-        std::fs::remove_file(p).expect("rm");
-        removed += len;
-    }
+    // Everything local (a restart on the same host, nothing lost): the restore wrote the
+    // files and recorded them in the hash cache, as a dead task's backups had.
     let before = counters.snapshot();
-    let (partial_s, partial_plan) = restore(target.clone()).await;
+    let (whole_s, whole_plan) = restore(target.clone(), true).await;
+    let whole = counters.snapshot().since(&before);
+    // Remove about 10 % of the bytes (whole SSTs), then restore again: with the hash cache,
+    // then (10 % removed again) without it, every reused file read whole.
+    let drop_tenth = |dir: &std::path::Path| {
+        let mut removed = 0u64;
+        let mut ssts: Vec<_> = std::fs::read_dir(dir)
+            .expect("ls")
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".sst"))
+            .map(|e| (e.path(), e.metadata().expect("stat").len()))
+            .collect();
+        ssts.sort();
+        let total = dir_size(dir);
+        for (p, len) in ssts {
+            if removed * 10 >= total {
+                break;
+            }
+            std::fs::remove_file(p).expect("rm");
+            removed += len;
+        }
+        (removed, total)
+    };
+    let (removed, total) = drop_tenth(&target.dir);
+    let before = counters.snapshot();
+    let (partial_s, partial_plan) = restore(target.clone(), true).await;
     let partial = counters.snapshot().since(&before);
+    drop_tenth(&target.dir);
+    let (uncached_s, uncached_plan) = restore(target.clone(), false).await;
+    let t = Instant::now();
+    let opened = blobsnap::local::rocks::RocksStore::open("bench", &target.dir).expect("open");
+    let open_ms = t.elapsed().as_secs_f64() * 1000.0;
+    drop(opened);
 
     println!(
         "\n== {name}: {} ({size_mib} MiB of values, generated in {gen_s:.1} s)",
@@ -231,15 +251,36 @@ async fn run(name: &str, h: support::Harness, size_mib: u64) {
         empty_plan.files_to_download
     );
     println!(
-        "restore into a dir holding {:.0} % of the bytes: {:.2} s ({:.2} of the empty-dir time), {:.1} MiB downloaded ({} missing), {} GET requests, {} files reused",
+        "restore into the dir it restored (100 % local): {:.3} s ({:.3} of the empty-dir time), {} bytes downloaded, {} GET requests, {} files proved by the hash cache, {} read ({:.1} MiB)",
+        whole_s,
+        whole_s / empty_s,
+        whole.get.bytes,
+        whole.get.requests,
+        whole_plan.files_proved_by_cache,
+        whole_plan.files_hashed,
+        whole_plan.bytes_hashed as f64 / (1 << 20) as f64
+    );
+    println!(
+        "restore into a dir holding {:.0} % of the bytes: {:.2} s ({:.2} of the empty-dir time), {:.1} MiB downloaded ({} missing), {} GET requests, {} files reused, {} proved by the hash cache, {} read ({:.1} MiB)",
         100.0 - removed as f64 * 100.0 / total as f64,
         partial_s,
         partial_s / empty_s,
         partial.get.bytes as f64 / (1 << 20) as f64,
         removed,
         partial.get.requests,
-        partial_plan.files_reused
+        partial_plan.files_reused,
+        partial_plan.files_proved_by_cache,
+        partial_plan.files_hashed,
+        partial_plan.bytes_hashed as f64 / (1 << 20) as f64
     );
+    println!(
+        "the same without the hash cache (every reused file read): {:.2} s ({:.2} of the empty-dir time), {} read ({:.1} MiB)",
+        uncached_s,
+        uncached_s / empty_s,
+        uncached_plan.files_hashed,
+        uncached_plan.bytes_hashed as f64 / (1 << 20) as f64
+    );
+    println!("DB open after the restore: {open_ms:.1} ms");
     h.cleanup().await;
 }
 

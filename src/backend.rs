@@ -167,6 +167,29 @@ pub trait TaskRestoreManager: Send + Sync {
     async fn restore(&self) -> Result<()>;
     /// Release resources.
     async fn close(&self) -> Result<()>;
+
+    /// What the last restore of each store did, for reports (a backend without statistics
+    /// returns none).
+    fn last_restore(&self) -> BTreeMap<String, RestoreSummary> {
+        BTreeMap::new()
+    }
+}
+
+/// What one store's last restore did, as any backend can report it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RestoreSummary {
+    /// Files in the snapshot.
+    pub files: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Files downloaded.
+    pub files_downloaded: u64,
+    /// Bytes downloaded.
+    pub bytes_downloaded: u64,
+    /// Files reused from local disk.
+    pub files_reused: u64,
+    /// Their bytes.
+    pub bytes_reused: u64,
 }
 
 /// Creates and validates a backend's external resources (Samza's `StateBackendAdmin`).

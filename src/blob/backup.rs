@@ -246,17 +246,10 @@ impl BlobBackupManager {
             }
             let scope = job.store(&task.task_name, &spec.name)?;
             let cache = settings.hash_cache.then(|| {
-                let path = match &settings.hash_cache_dir {
-                    Some(d) => {
-                        let abs = std::fs::canonicalize(&spec.dir).unwrap_or(spec.dir.clone());
-                        d.join(format!(
-                            "{}.blobsnap-hashcache",
-                            Sha256::of(abs.as_os_str().as_encoded_bytes())
-                        ))
-                    }
-                    None => HashCache::path_for(&spec.dir),
-                };
-                Arc::new(HashCache::load(path))
+                Arc::new(HashCache::load(HashCache::path_in(
+                    &spec.dir,
+                    settings.hash_cache_dir.as_deref(),
+                )))
             });
             specs.push((spec.clone(), scope, cache));
             progress.insert(spec.name.clone(), Arc::default());

@@ -97,6 +97,10 @@ impl CheckpointStore for BlobCheckpointStore {
         }
     }
 
+    async fn latest_seq(&self, task: &str) -> Result<Option<u64>> {
+        Ok(self.seqs(task).await?.pop().map(|(seq, _)| seq))
+    }
+
     async fn history(&self, task: &str, limit: usize) -> Result<Vec<CommittedCheckpoint>> {
         let seqs = self.seqs(task).await?;
         let mut out = Vec::new();

@@ -46,6 +46,12 @@ pub trait CheckpointStore: Send + Sync + std::fmt::Debug {
     /// The latest committed checkpoint of `task`, or `None` for a task that never committed.
     async fn latest(&self, task: &str) -> Result<Option<CommittedCheckpoint>>;
 
+    /// The sequence number of the latest committed checkpoint of `task`, without reading it
+    /// (a standby's poll: one listing).
+    async fn latest_seq(&self, task: &str) -> Result<Option<u64>> {
+        Ok(self.latest(task).await?.map(|c| c.seq))
+    }
+
     /// Up to `limit` committed checkpoints of `task`, newest first.
     async fn history(&self, task: &str, limit: usize) -> Result<Vec<CommittedCheckpoint>>;
 

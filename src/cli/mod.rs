@@ -12,6 +12,7 @@ mod probe;
 mod progress;
 mod restore;
 mod show;
+mod standby;
 mod verify;
 
 use clap::{Parser, Subcommand};
@@ -44,6 +45,12 @@ pub(crate) enum Command {
         #[command(subcommand)]
         action: AdminAction,
     },
+    /// Keep a warm standby of one task of the demo job on this host: follow its committed
+    /// checkpoints without claiming the task (nothing is written to the blob store) and keep
+    /// its stores restored and verified in `<store dir>.blobsnap-standby`, downloading only
+    /// what each commit adds. A task then started on this host (`blobsnap demo --dir DIR`)
+    /// links from the standby and downloads at most the last commit.
+    Standby(standby::StandbyArgs),
     /// Back up a closed RocksDB directory (or a RocksDB checkpoint directory) into its own
     /// scope, `manual/<name>/`, deduplicated against the previous backup of that name. Each
     /// backup is pinned by a checkpoint record, so `gc --job manual --job-id NAME` keeps it.
@@ -99,6 +106,7 @@ pub(crate) async fn run(cli: Cli) -> blobsnap::Result<()> {
         Command::Gc(args) => gc::run(&cli.store, cli.json, args).await,
         Command::Admin { action } => admin::run(&cli.store, cli.json, action).await,
         Command::Backup(args) => backup::run(&cli.store, cli.json, args).await,
+        Command::Standby(args) => standby::run(&cli.store, cli.json, args).await,
         Command::Ls => ls::run(&cli.store, cli.json).await,
         Command::Inspect(args) => inspect::run(&cli.store, cli.json, args).await,
         Command::Diff(args) => diff::run(&cli.store, cli.json, args).await,

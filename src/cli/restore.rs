@@ -70,7 +70,13 @@ pub(crate) async fn run(
         blob_store,
         ctx,
         std::slice::from_ref(&spec),
-        RestoreSettings::default(),
+        RestoreSettings {
+            // The same cache as `blobsnap backup`'s: in the user's cache dir, never beside the
+            // target (a restore of a dir that `blobsnap backup` backed up proves its SSTs
+            // without reading them).
+            hash_cache_dir: Some(super::args::user_cache_dir().join("hashcache")),
+            ..Default::default()
+        },
     )?;
     let checkpoint = Checkpoint::V2(CheckpointV2 {
         id: parsed.checkpoint_id,

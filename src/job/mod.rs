@@ -9,6 +9,7 @@
 //! files), and resumes from the checkpointed offset — so state and offsets always come from
 //! the same commit, whatever killed the previous run.
 
+pub mod standby;
 pub mod wordcount;
 
 use std::collections::BTreeMap;
@@ -151,6 +152,9 @@ pub struct TaskSummary {
     pub sweeps: u64,
     /// Objects deleted by sweeps.
     pub swept: u64,
+    /// Seconds from the task's start (claim, restore, DB open) to its first processed
+    /// message, when it processed one (metric `blobsnap_task_first_message_seconds`).
+    pub first_message_secs: Option<f64>,
     /// Set when the last checkpoint could not be restored and an older one was
     /// ([`JobSettings::restore_fallback`]): the checkpoint id restored, and why the newer ones
     /// were skipped.
@@ -230,7 +234,7 @@ pub async fn run_task(
 }
 
 /// The stores of `task`: each named store of the job in its own dir under the state dir.
-fn store_specs(settings: &JobSettings, task: &str) -> Result<Vec<StoreSpec>> {
+pub(crate) fn store_specs(settings: &JobSettings, task: &str) -> Result<Vec<StoreSpec>> {
     if settings.stores.is_empty() {
         return Err(Error::invalid("a job needs at least one store"));
     }
@@ -258,6 +262,7 @@ async fn run_task_leased(
     lease: &WriterLease,
     job: &JobScope,
 ) -> Result<TaskSummary> {
+    let started = std::time::Instant::now();
     let blob_store = Arc::clone(blob_store);
     let task = task_name(partition);
     let ctx = TaskContext {
@@ -345,6 +350,13 @@ async fn run_task_leased(
             break;
         };
         processor.process(&stores, &msg)?;
+        if summary.processed == 0 {
+            // From the task's start (before its claim and restore) to its first message.
+            let secs = started.elapsed().as_secs_f64();
+            summary.first_message_secs = Some(secs);
+            metrics::gauge!("blobsnap_task_first_message_seconds", "task" => task.clone())
+                .set(secs);
+        }
         // Processing is synchronous: without a yield now and then, the tasks of a job would
         // keep every runtime thread busy and the async stages of their commits would starve
         // until the input ends (found on Garage: 2 commits in a 60,000-message run).

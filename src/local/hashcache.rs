@@ -63,7 +63,53 @@ impl std::fmt::Debug for HashCache {
     }
 }
 
+impl CacheKey {
+    /// The key of the file `name` whose `symlink_metadata` is `md`.
+    pub fn of(name: &str, md: &std::fs::Metadata) -> CacheKey {
+        use std::os::unix::fs::MetadataExt as _;
+        CacheKey {
+            name: name.to_owned(),
+            dev: md.dev(),
+            ino: md.ino(),
+            size: md.len(),
+            mtime_ns: md.mtime() as i128 * 1_000_000_000 + md.mtime_nsec() as i128,
+        }
+    }
+}
+
 impl HashCache {
+    /// The cache file of the store at `store_dir`: beside it, or, with `cache_dir`, in that
+    /// dir under a name derived from the store dir's absolute path (a manual backup keeps its
+    /// cache in the user's cache dir, never next to the database).
+    pub fn path_in(store_dir: &Path, cache_dir: Option<&Path>) -> PathBuf {
+        match cache_dir {
+            Some(d) => {
+                // The dir may not exist yet (a restore's target): its parent's real path.
+                let abs = std::fs::canonicalize(store_dir)
+                    .or_else(|_| {
+                        let (parent, name) = (store_dir.parent(), store_dir.file_name());
+                        match (parent, name) {
+                            (Some(p), Some(n)) => {
+                                let p = if p.as_os_str().is_empty() {
+                                    Path::new(".")
+                                } else {
+                                    p
+                                };
+                                std::fs::canonicalize(p).map(|p| p.join(n))
+                            }
+                            _ => Err(std::io::Error::from(std::io::ErrorKind::NotFound)),
+                        }
+                    })
+                    .unwrap_or(store_dir.to_path_buf());
+                d.join(format!(
+                    "{}.blobsnap-hashcache",
+                    Sha256::of(abs.as_os_str().as_encoded_bytes())
+                ))
+            }
+            None => Self::path_for(store_dir),
+        }
+    }
+
     /// The cache file of the store at `store_dir`.
     pub fn path_for(store_dir: &Path) -> PathBuf {
         let mut p = store_dir.as_os_str().to_owned();

@@ -234,13 +234,7 @@ fn scan(
                 .push(scan(&path, name, None, cache, owners, stats, pending)?);
         } else if ft.is_file() {
             stats.files.fetch_add(1, Ordering::Relaxed);
-            let key = CacheKey {
-                name: name.clone(),
-                dev: md.dev(),
-                ino: md.ino(),
-                size: md.len(),
-                mtime_ns: md.mtime() as i128 * 1_000_000_000 + md.mtime_nsec() as i128,
-            };
+            let key = CacheKey::of(&name, &md);
             let cached = if is_immutable(&name) {
                 cache.and_then(|c| c.get(&key))
             } else {

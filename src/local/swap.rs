@@ -19,6 +19,12 @@ pub fn sibling(dir: &Path, suffix: &str) -> Result<PathBuf> {
     Ok(dir.with_file_name(n))
 }
 
+/// `<store dir>.blobsnap-standby`: where a warm standby of the store's task keeps its copy
+/// (`job::standby`), beside the store dir, on the same filesystem (its files are hard-linked).
+pub fn standby_dir(store_dir: &Path) -> Result<PathBuf> {
+    sibling(store_dir, ".blobsnap-standby")
+}
+
 /// `<store dir>.blobsnap-staging`
 pub fn staging_dir(store_dir: &Path) -> Result<PathBuf> {
     sibling(store_dir, ".blobsnap-staging")

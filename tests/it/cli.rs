@@ -1067,3 +1067,107 @@ async fn latest_by_default_index_show_sample_and_scoped_gc() {
     let (code, v, err) = run(&t, &[&["verify", "--deep"][..], &snap].concat()).await;
     assert_eq!(code, Some(0), "{err} {v}");
 }
+
+/// `blobsnap standby` follows the demo's task into the standby dir beside the task's store dir
+/// on its own host, writes nothing to the blob store, and stops at `--until-seq`; a demo run
+/// on that host then resumes from the committed offset with its counts right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_standby_command_follows_the_demo_and_a_failover_links_from_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = local_target(tmp.path());
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    let (code, v, err) = demo_run(&t, &a).await;
+    assert_eq!(
+        (code, &v["check"]),
+        (Some(0), &serde_json::json!("ok")),
+        "{err}"
+    );
+    let (_, ls, _) = run(&t, &["ls"]).await;
+    let (_, tasks) = ls["jobs"].as_object().unwrap().iter().next().unwrap();
+    let seq = tasks["Partition 0"]["latest_seq"].as_u64().unwrap();
+    let objects = tree(&tmp.path().join("store"));
+
+    let b_dir = b.display().to_string();
+    let until = seq.to_string();
+    let (code, v, err) = run(
+        &t,
+        &[
+            "standby",
+            "--dir",
+            &b_dir,
+            "--poll-ms",
+            "20",
+            "--until-seq",
+            &until,
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["applied"], seq, "{v}");
+    assert_eq!(
+        tree(&tmp.path().join("store")),
+        objects,
+        "the standby wrote nothing to the blob store"
+    );
+    let standby = b.join("state/counts/Partition_0.blobsnap-standby");
+    assert!(standby.join("RESTORED").is_file(), "{}", standby.display());
+    assert!(
+        !b.join("state/counts/Partition_0").exists(),
+        "not the task's store dir"
+    );
+
+    // Host a is gone: the task runs on host b, from the standby's copy.
+    let (code, v, err) = demo_run(&t, &b).await;
+    assert_eq!(
+        (code, &v["check"]),
+        (Some(0), &serde_json::json!("ok")),
+        "{err}"
+    );
+    assert_eq!(
+        v["tasks"][0]["resumed-from"],
+        serde_json::json!(a_offset(&a)),
+        "{v}"
+    );
+}
+
+/// One demo run of 3,000 lines on one partition in `dir`.
+async fn demo_run(t: &Target, dir: &Path) -> (Option<i32>, serde_json::Value, String) {
+    let dir = dir.display().to_string();
+    run(
+        t,
+        &[
+            "demo",
+            "--dir",
+            &dir,
+            "--partitions",
+            "1",
+            "--lines",
+            "3000",
+        ],
+    )
+    .await
+}
+
+/// Every file below `dir`, relative path → content.
+fn tree(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                let rel = p.strip_prefix(dir).unwrap().display().to_string();
+                out.insert(rel, std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    out
+}
+
+/// The input offset the demo on `dir` committed last (its partition file's length: the demo
+/// ran to the end of its input).
+fn a_offset(dir: &Path) -> u64 {
+    std::fs::metadata(dir.join("input/0.txt")).unwrap().len()
+}

@@ -26,3 +26,4 @@ mod prereqs;
 mod restore;
 mod restore_crash;
 mod server_scripts;
+mod standby;

@@ -169,6 +169,22 @@ async fn restore(fx: &Fx, spec: &StoreSpec, cp: Option<&Checkpoint>) -> blobsnap
     Ok(fx.fetched() - before)
 }
 
+/// A restore manager for `spec` at `cp`, recovered and with its plan made (not executed).
+async fn planned(
+    fx: &Fx,
+    spec: &StoreSpec,
+    cp: &Checkpoint,
+) -> (
+    BlobRestoreManager,
+    Vec<blobsnap::blob::restore::RestorePlan>,
+) {
+    let r = fx.restorer(spec);
+    r.init(Some(cp)).await.unwrap();
+    r.recover().await.unwrap();
+    let plans = r.plan().await.unwrap();
+    (r, plans)
+}
+
 mod cases {
     use super::*;
 
@@ -306,6 +322,122 @@ mod cases {
             entry.sha256
         );
         assert_eq!(all_keys(&dst.dir), expected);
+    }
+
+    /// A restart on the same host (the store dir as the dead process left it): every SST is
+    /// proved by the hash cache the backup kept — not read —, the small mutable files are
+    /// read, nothing is downloaded. An SST whose cache key changed (a new mtime) is read
+    /// again, and the restore records its new key; a MANIFEST changed in place with the same
+    /// size and mtime is never reused unverified.
+    pub async fn same_host_restart_proves_by_the_hash_cache(h: &Harness) {
+        use blobsnap::blob::restore::{Proof, Source};
+        let mut fx = Fx::new(h);
+        let src = fx.spec("src");
+        let db = RocksStore::open("counts", &src.dir).unwrap();
+        let mgr = fx.backup(&src);
+        mgr.init(None).await.unwrap();
+        write_keys(&db, 0, 3000, 1);
+        let cp = fx.commit(&mgr, &db).await;
+        drop(mgr);
+        let expected = {
+            drop(db);
+            all_keys(&src.dir)
+        };
+        let idx = fx.index(&cp).await;
+        let ssts: Vec<String> = idx
+            .present_files()
+            .into_iter()
+            .map(|(p, _)| p)
+            .filter(|p| p.ends_with(".sst"))
+            .collect();
+        assert!(!ssts.is_empty(), "{ssts:?}");
+
+        let (r, plans) = planned(&fx, &src, &cp).await;
+        let plan = &plans[0];
+        assert_eq!(plan.totals.files_to_download, 0, "{}: {plan}", h.name);
+        for f in &plan.files {
+            let want = if f.path.ends_with(".sst") {
+                Proof::HashCache
+            } else {
+                Proof::Read
+            };
+            assert_eq!(f.proof, Some(want), "{}: {}\n{plan}", h.name, f.path);
+        }
+        assert_eq!(plan.totals.files_proved_by_cache, ssts.len() as u64);
+        let before = fx.fetched();
+        r.execute(plans).await.unwrap();
+        assert_eq!(fx.fetched() - before, 0, "{}", h.name);
+        assert_eq!(all_keys(&src.dir), expected);
+
+        // A new mtime: the cache key differs, so the SST is read again (and still reused).
+        let touched = src.dir.join(&ssts[0]);
+        let mtime = std::fs::metadata(&touched).unwrap().modified().unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&touched)
+            .unwrap()
+            .set_modified(mtime + std::time::Duration::from_secs(1))
+            .unwrap();
+        let (r, plans) = planned(&fx, &src, &cp).await;
+        for f in &plans[0].files {
+            if f.path.ends_with(".sst") {
+                let want = if f.path == ssts[0] {
+                    Proof::Read
+                } else {
+                    Proof::HashCache
+                };
+                assert_eq!(f.proof, Some(want), "{}: {}", h.name, f.path);
+                assert!(matches!(f.source, Source::Local(_)), "{}", f.path);
+            }
+        }
+        r.execute(plans).await.unwrap();
+        // The restore recorded the new key: next time the cache proves it.
+        let (_, plans) = planned(&fx, &src, &cp).await;
+        let again = plans[0].files.iter().find(|f| f.path == ssts[0]).unwrap();
+        assert_eq!(again.proof, Some(Proof::HashCache), "{}", h.name);
+
+        // A MANIFEST changed in place, size and mtime kept, and no other local copy: read,
+        // found different, downloaded.
+        let (manifest, entry) = idx
+            .present_files()
+            .into_iter()
+            .find(|(p, _)| p.starts_with("MANIFEST-"))
+            .unwrap();
+        std::fs::remove_dir_all(format!("{}.checkpoints", src.dir.display())).unwrap();
+        let path = src.dir.join(&manifest);
+        let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+        {
+            use std::io::{Seek as _, SeekFrom, Write as _};
+            let mut f = std::fs::File::options().write(true).open(&path).unwrap();
+            f.seek(SeekFrom::Start(entry.file_metadata.size / 2))
+                .unwrap();
+            f.write_all(b"\xff\x00").unwrap();
+            f.set_modified(mtime).unwrap();
+        }
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            entry.file_metadata.size
+        );
+        assert_ne!(
+            Some(Sha256::of(&std::fs::read(&path).unwrap())),
+            entry.sha256
+        );
+        let (r, plans) = planned(&fx, &src, &cp).await;
+        let m = plans[0].files.iter().find(|f| f.path == manifest).unwrap();
+        assert_eq!(m.source, Source::Download, "{}: {}", h.name, plans[0]);
+        let before = fx.fetched();
+        r.execute(plans).await.unwrap();
+        assert_eq!(
+            fx.fetched() - before,
+            entry.file_metadata.size,
+            "{}",
+            h.name
+        );
+        assert_eq!(
+            Some(Sha256::of(&std::fs::read(&path).unwrap())),
+            entry.sha256
+        );
+        assert_eq!(all_keys(&src.dir), expected);
     }
 
     /// No marker (new store, or killed before the first commit): the store is reset to empty,
@@ -601,6 +733,7 @@ mod cases {
 
 store_suites!([
     round_trip_and_exact_reuse,
+    same_host_restart_proves_by_the_hash_cache,
     cancelled_mid_download_keeps_old_state_and_the_rerun_reuses_it,
     older_snapshot_junk_and_corrupt_local_file,
     no_snapshot_resets_the_store,

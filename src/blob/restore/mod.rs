@@ -39,15 +39,26 @@ use crate::blobstore::{download_to_file, BlobStore, DownloadOptions};
 use crate::checkpoint::{Checkpoint, CheckpointId};
 use crate::error::{Error, ErrorKind, Result};
 use crate::layout::{JobScope, StoreScope};
+use crate::local::hashcache::{CacheKey, HashCache};
+use crate::local::lock::StoreDirLock;
 use crate::local::scan::is_immutable;
-use crate::local::swap::{available_bytes, fsync_tree, remove_tree, roll_forward, swap_in};
+use crate::local::swap::{
+    available_bytes, fsync_tree, remove_tree, roll_forward, standby_dir, swap_in,
+};
 
 mod plan;
 mod stage;
 
 pub use crate::local::swap::staging_dir;
-pub use plan::{decide, plan_store, Inventory, PlanTotals, PlannedFile, RestorePlan, Source};
+pub use plan::{
+    decide, plan_store, proved_by_cache, Inventory, PlanTotals, PlannedFile, Proof, RestorePlan,
+    Source, Sources,
+};
 use stage::prepare_staging;
+
+/// How long a restore waits for a standby to finish applying a commit before it plans
+/// without the standby's copy.
+pub const STANDBY_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Name of the marker file written into a restored store.
 pub use crate::index::RESTORED_MARKER;
@@ -67,6 +78,12 @@ pub struct RestoreSettings {
     pub max_attempts: u32,
     /// Cancels the restore (also stops when the `restore()` future is dropped).
     pub cancel: CancellationToken,
+    /// Prove reusable immutable local files by the store's hash cache (the one the backup
+    /// keeps, DESIGN §7) instead of reading them, and record every restored immutable file in
+    /// it. Off: every reused file is read whole and its SHA-256 compared.
+    pub hash_cache: bool,
+    /// Where the hash cache lives (as [`BackupSettings::hash_cache_dir`](super::backup::BackupSettings::hash_cache_dir); `None`: beside the store dir).
+    pub hash_cache_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for RestoreSettings {
@@ -77,6 +94,8 @@ impl Default for RestoreSettings {
             part_concurrency: 4,
             max_attempts: 3,
             cancel: CancellationToken::new(),
+            hash_cache: true,
+            hash_cache_dir: None,
         }
     }
 }
@@ -108,6 +127,36 @@ pub struct RestoredMarker {
     pub index: Option<String>,
 }
 
+/// Record in `cache` the SHA-256 of every immutable file of the tree just restored into
+/// `dir` (each one verified: downloaded and checked, or proved before it was reused), so that
+/// the next restore and the next backup need not read it. A cache that cannot be saved only
+/// costs a re-read later: logged, not an error.
+fn remember(cache: &HashCache, dir: &Path, files: &[PlannedFile]) {
+    for f in files {
+        let (Some(sha256), Some(name)) = (f.entry.sha256, f.path.rsplit('/').next()) else {
+            continue;
+        };
+        if !is_immutable(name) {
+            continue;
+        }
+        let path = dir.join(&f.path);
+        match std::fs::symlink_metadata(&path) {
+            Ok(md) if md.is_file() && md.len() == f.entry.file_metadata.size => {
+                let digest = crate::digest::FileDigest {
+                    sha256,
+                    crc32: f.entry.checksum,
+                    size: md.len(),
+                };
+                cache.insert(CacheKey::of(name, &md), digest);
+            }
+            _ => {}
+        }
+    }
+    if let Err(e) = cache.save() {
+        tracing::warn!(error = %e, "could not save the hash cache after a restore; the next backup reads the files again");
+    }
+}
+
 /// The blob backend's restore manager for one task.
 pub struct BlobRestoreManager {
     blob_store: Arc<dyn BlobStore>,
@@ -117,6 +166,11 @@ pub struct BlobRestoreManager {
     loaded: Mutex<Option<HashMap<String, Option<LoadedSnapshot>>>>,
     progress: HashMap<String, Arc<RestoreProgress>>,
     plans: Mutex<BTreeMap<String, PlanTotals>>,
+    /// Each store's hash cache, where [`RestoreSettings::hash_cache`] is on.
+    caches: HashMap<String, Arc<HashCache>>,
+    /// The standby dirs this manager plans to link from, locked from the plan to the end of
+    /// that store's execution (a standby does not change them meanwhile).
+    standby_locks: Mutex<HashMap<String, StoreDirLock>>,
 }
 
 impl fmt::Debug for BlobRestoreManager {
@@ -143,9 +197,14 @@ impl BlobRestoreManager {
         let job = JobScope::new(&task.job_name, &task.job_id)?;
         let mut specs = Vec::new();
         let mut progress = HashMap::new();
+        let mut caches = HashMap::new();
         for s in stores {
             specs.push((s.clone(), job.store(&task.task_name, &s.name)?));
             progress.insert(s.name.clone(), Arc::default());
+            if settings.hash_cache {
+                let path = HashCache::path_in(&s.dir, settings.hash_cache_dir.as_deref());
+                caches.insert(s.name.clone(), Arc::new(HashCache::load(path)));
+            }
         }
         Ok(BlobRestoreManager {
             blob_store,
@@ -155,6 +214,8 @@ impl BlobRestoreManager {
             loaded: Mutex::new(None),
             progress,
             plans: Mutex::new(BTreeMap::new()),
+            caches,
+            standby_locks: Mutex::new(HashMap::new()),
         })
     }
 
@@ -174,12 +235,25 @@ impl BlobRestoreManager {
         let mut plans = Vec::new();
         for (spec, _) in &self.stores {
             let l = loaded.get(&spec.name).cloned().flatten();
+            let standby = self.lock_standby(spec).await?;
             let spec = spec.clone();
+            let mut caches: Vec<Arc<HashCache>> =
+                self.caches.get(&spec.name).cloned().into_iter().collect();
+            if standby && self.settings.hash_cache {
+                let dir = standby_dir(&spec.dir)?;
+                let path = HashCache::path_in(&dir, self.settings.hash_cache_dir.as_deref());
+                caches.push(Arc::new(HashCache::load(path)));
+            }
             let plan = tokio::task::spawn_blocking(move || {
+                let caches: Vec<&HashCache> = caches.iter().map(|c| c.as_ref()).collect();
                 plan_store(
                     &spec,
                     l.as_ref().map(|l| l.marker),
                     l.as_ref().map(|l| l.index.as_ref()),
+                    Sources {
+                        standby,
+                        caches: &caches,
+                    },
                 )
             })
             .await
@@ -187,6 +261,35 @@ impl BlobRestoreManager {
             plans.push(plan);
         }
         Ok(plans)
+    }
+
+    /// Take the lock of `spec`'s standby dir, if a standby keeps one: `true` when held (the
+    /// plan may link from it). A standby holds it only while it applies one commit, so this
+    /// waits for that, up to [`STANDBY_WAIT`]; then it plans without the standby.
+    async fn lock_standby(&self, spec: &StoreSpec) -> Result<bool> {
+        if lock(&self.standby_locks)?.contains_key(&spec.name) {
+            return Ok(true);
+        }
+        let dir = standby_dir(&spec.dir)?;
+        if !dir.is_dir() {
+            return Ok(false);
+        }
+        let start = tokio::time::Instant::now();
+        loop {
+            match StoreDirLock::acquire(&dir) {
+                Ok(held) => {
+                    lock(&self.standby_locks)?.insert(spec.name.clone(), held);
+                    return Ok(true);
+                }
+                Err(e) if e.kind() == ErrorKind::Conflict && start.elapsed() < STANDBY_WAIT => {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                Err(e) => {
+                    tracing::warn!(store = %spec.name, error = %e, "standby copy not used");
+                    return Ok(false);
+                }
+            }
+        }
     }
 
     fn loaded(&self) -> Result<HashMap<String, Option<LoadedSnapshot>>> {
@@ -228,7 +331,9 @@ impl BlobRestoreManager {
                     l.as_ref().map(|l| l.marker)
                 )));
             }
-            self.execute_store(spec, scope, l, plan).await?;
+            let done = self.execute_store(spec, scope, l, plan).await;
+            lock(&self.standby_locks)?.remove(&spec.name);
+            done?;
         }
         Ok(())
     }
@@ -352,6 +457,8 @@ impl BlobRestoreManager {
             index: plan.marker.map(|m| m.to_string()),
         };
         let dir = spec.dir.clone();
+        let cache = self.caches.get(&spec.name).cloned();
+        let restored = plan.files.clone();
         tokio::task::spawn_blocking(move || {
             crate::crash::point("restore.before-marker");
             let bytes =
@@ -364,7 +471,11 @@ impl BlobRestoreManager {
                 .map_err(Error::io_with(format!("fsync {}", path.display())))?;
             fsync_tree(&staging)?;
             crate::crash::point("restore.after-marker");
-            swap_in(&dir, &staging)
+            swap_in(&dir, &staging)?;
+            if let Some(cache) = cache {
+                remember(&cache, &dir, &restored);
+            }
+            Ok(())
         })
         .await
         .map_err(|e| Error::task("swap", e))??;
@@ -489,10 +600,33 @@ impl TaskRestoreManager for BlobRestoreManager {
             let plans = self.plan().await?;
             self.execute(plans).await
         };
-        tokio::select! {
+        let start = tokio::time::Instant::now();
+        let r = tokio::select! {
             r = work => r,
             () = self.settings.cancel.cancelled() => Err(Error::new(ErrorKind::Cancelled, "restore cancelled; the store dirs are unchanged")),
+        };
+        if r.is_ok() {
+            metrics::histogram!("blobsnap_restore_seconds", "task" => self.task.task_name.clone())
+                .record(start.elapsed().as_secs_f64());
         }
+        r
+    }
+
+    fn last_restore(&self) -> BTreeMap<String, crate::backend::RestoreSummary> {
+        self.plan_totals()
+            .into_iter()
+            .map(|(store, t)| {
+                let summary = crate::backend::RestoreSummary {
+                    files: t.files,
+                    bytes: t.bytes,
+                    files_downloaded: t.files_to_download,
+                    bytes_downloaded: t.bytes_to_download,
+                    files_reused: t.files_reused,
+                    bytes_reused: t.bytes_reused,
+                };
+                (store, summary)
+            })
+            .collect()
     }
 
     async fn close(&self) -> Result<()> {

@@ -12,7 +12,9 @@ use crate::backend::StoreSpec;
 use crate::digest::{hash_file, hash_files_in_parallel, Sha256};
 use crate::error::{Error, Result};
 use crate::index::{FileIndex, IndexMarker, SnapshotIndex};
-use crate::local::swap::{sibling, staging_dir};
+use crate::local::hashcache::{CacheKey, HashCache};
+use crate::local::scan::is_immutable;
+use crate::local::swap::{sibling, staging_dir, standby_dir};
 
 /// Where a file of the restored tree comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,6 +36,19 @@ pub struct PlannedFile {
     pub entry: FileIndex,
     /// Where its bytes come from.
     pub source: Source,
+    /// How a reused file was proved to hold them (`None` for a download).
+    pub proof: Option<Proof>,
+}
+
+/// How a reused local file was proved to hold the indexed bytes (DESIGN §8).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Proof {
+    /// Read whole, its SHA-256 compared with the index's.
+    Read,
+    /// The hash cache's entry for this very inode, unchanged in size and nanosecond mtime
+    /// since its SHA-256 was computed (immutable files only: `*.sst`, `*.blob`).
+    HashCache,
 }
 
 /// Totals of a plan.
@@ -53,6 +68,13 @@ pub struct PlanTotals {
     pub bytes_to_download: u64,
     /// Files in the live store dir that the snapshot does not have (gone after the swap).
     pub files_to_delete: u64,
+    /// Reused files proved by the hash cache ([`Proof::HashCache`]): not read.
+    pub files_proved_by_cache: u64,
+    /// Local files read whole to compute their SHA-256 (reuse candidates, whether they
+    /// matched or not).
+    pub files_hashed: u64,
+    /// Their bytes.
+    pub bytes_hashed: u64,
 }
 
 /// What restoring one store will do.
@@ -84,10 +106,19 @@ impl fmt::Display for RestorePlan {
             "  {} files, {} bytes: reuse {} files ({} bytes), download {} files ({} bytes), delete {} local files",
             t.files, t.bytes, t.files_reused, t.bytes_reused, t.files_to_download, t.bytes_to_download, t.files_to_delete
         )?;
+        writeln!(
+            f,
+            "  proofs of reused files: {} by the hash cache, {} local files read ({} bytes)",
+            t.files_proved_by_cache, t.files_hashed, t.bytes_hashed
+        )?;
         for p in &self.files {
+            let by = match p.proof {
+                Some(Proof::HashCache) => " (proved by the hash cache)",
+                _ => "",
+            };
             let how = match &p.source {
-                Source::Staged => "staged".to_string(),
-                Source::Local(from) => format!("reuse {}", from.display()),
+                Source::Staged => format!("staged{by}"),
+                Source::Local(from) => format!("reuse {}{by}", from.display()),
                 Source::Download => format!("download {}", p.entry.blobs[0].blob_id),
             };
             writeln!(f, "  {:>12}  {}  {how}", p.entry.file_metadata.size, p.path)?;
@@ -147,18 +178,25 @@ pub struct Inventory {
     pub live: BTreeMap<String, (PathBuf, u64)>,
     /// The staging dir of an interrupted restore, the same way.
     pub staged: BTreeMap<String, (PathBuf, u64)>,
-    /// Every local file by size — the live dir first, then every local checkpoint dir.
+    /// Every local file by size — the live dir first, then a standby's copy, then every local
+    /// checkpoint dir.
     pub by_size: HashMap<u64, Vec<PathBuf>>,
 }
 
 impl Inventory {
-    /// List the live, staging and local checkpoint dirs of `spec` (blocking).
-    pub fn of(spec: &StoreSpec) -> Result<Inventory> {
+    /// List the live, staging and local checkpoint dirs of `spec`, and with `standby` the
+    /// standby dir (whose lock the caller holds) (blocking).
+    pub fn of(spec: &StoreSpec, standby: bool) -> Result<Inventory> {
         let staged = list_files(&staging_dir(&spec.dir)?)?;
         let live = list_files(&spec.dir)?;
         let mut by_size: HashMap<u64, Vec<PathBuf>> = HashMap::new();
         for (path, size) in live.values() {
             by_size.entry(*size).or_default().push(path.clone());
+        }
+        if standby {
+            for (path, size) in list_files(&standby_dir(&spec.dir)?)?.into_values() {
+                by_size.entry(size).or_default().push(path);
+            }
         }
         let checkpoints = sibling(&spec.dir, ".checkpoints")?;
         if let Ok(entries) = std::fs::read_dir(&checkpoints) {
@@ -193,22 +231,89 @@ impl Inventory {
     }
 }
 
-/// Plan the restore of `spec` to `index` (blocking: lists the local dirs and hashes the
-/// candidates; the decision is [`decide`]'s).
+/// The SHA-256 the hash cache proves for the local file `path`: only an immutable file
+/// (`*.sst`, `*.blob`), only for this very inode with the size and nanosecond mtime it had
+/// when its SHA-256 was computed (DESIGN §7's key); `None` otherwise (it must be read).
+pub fn proved_by_cache(cache: &HashCache, path: &Path) -> Option<Sha256> {
+    let name = path.file_name()?.to_str()?;
+    if !is_immutable(name) {
+        return None;
+    }
+    let md = std::fs::symlink_metadata(path).ok()?;
+    if !md.is_file() {
+        return None;
+    }
+    cache.get(&CacheKey::of(name, &md)).map(|d| d.sha256)
+}
+
+/// Where a restore may look for local copies and their proofs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Sources<'a> {
+    /// Include the standby dir (its lock held by the caller).
+    pub standby: bool,
+    /// Hash caches whose entries may prove an immutable file (the store's, the standby's):
+    /// an entry is about an inode, so any of them proves it wherever it was recorded.
+    pub caches: &'a [&'a HashCache],
+}
+
+/// Plan the restore of `spec` to `index` (blocking: lists the local dirs and proves the
+/// candidates — by a hash cache where it can, else by reading them; the decision is
+/// [`decide`]'s).
 pub fn plan_store(
     spec: &StoreSpec,
     marker: Option<IndexMarker>,
     index: Option<&SnapshotIndex>,
+    sources: Sources<'_>,
 ) -> Result<RestorePlan> {
-    let inventory = Inventory::of(spec)?;
-    let likely = index.map(|i| inventory.likely(i)).unwrap_or_default();
-    let mut hashes: HashMap<PathBuf, Option<Sha256>> = hash_in_parallel(&likely);
+    let inventory = Inventory::of(spec, sources.standby)?;
+    let caches = sources.caches;
+    let proved = |p: &Path| caches.iter().find_map(|c| proved_by_cache(c, p));
+    let mut proofs: HashMap<PathBuf, Option<Sha256>> = HashMap::new();
+    let mut by_cache: HashSet<PathBuf> = HashSet::new();
+    let mut likely = Vec::new();
+    for p in index.map(|i| inventory.likely(i)).unwrap_or_default() {
+        match proved(&p) {
+            Some(sha) => {
+                by_cache.insert(p.clone());
+                proofs.insert(p, Some(sha));
+            }
+            None => likely.push(p),
+        }
+    }
+    // The rest of the likely ones are read in parallel (a restore that reuses most of a
+    // store without a cache is bound by this).
+    let (mut hashed, mut hashed_bytes) = (likely.len() as u64, 0u64);
+    for (p, sha) in hash_in_parallel(&likely) {
+        hashed_bytes += std::fs::symlink_metadata(&p).map_or(0, |m| m.len());
+        proofs.insert(p, sha);
+    }
     let hash_of = |p: &Path| -> Option<Sha256> {
-        *hashes
-            .entry(p.to_path_buf())
-            .or_insert_with(|| hash_file(p).ok().map(|d| d.sha256))
+        *proofs.entry(p.to_path_buf()).or_insert_with(|| {
+            if let Some(sha) = proved(p) {
+                by_cache.insert(p.to_path_buf());
+                return Some(sha);
+            }
+            let d = hash_file(p).ok()?;
+            hashed += 1;
+            hashed_bytes += d.size;
+            Some(d.sha256)
+        })
     };
-    decide(&spec.name, marker, index, &inventory, hash_of)
+    let mut plan = decide(&spec.name, marker, index, &inventory, hash_of)?;
+    for f in &mut plan.files {
+        let from = match &f.source {
+            Source::Local(p) => Some(p),
+            Source::Staged => inventory.staged.get(&f.path).map(|(p, _)| p),
+            Source::Download => None,
+        };
+        if from.is_some_and(|p| by_cache.contains(p)) {
+            f.proof = Some(Proof::HashCache);
+            plan.totals.files_proved_by_cache += 1;
+        }
+    }
+    plan.totals.files_hashed = hashed;
+    plan.totals.bytes_hashed = hashed_bytes;
+    Ok(plan)
 }
 
 /// The restore decision, with no I/O of its own: for each file of `index`, reuse a staged
@@ -284,10 +389,12 @@ pub fn decide(
                     totals.bytes_reused += size;
                 }
             }
+            let proof = (source != Source::Download).then_some(Proof::Read);
             files.push(PlannedFile {
                 path,
                 entry: entry.clone(),
                 source,
+                proof,
             });
         }
     }

@@ -1,0 +1,134 @@
+//! `blobsnap standby`: a warm standby of one task of the demo job.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::args::{open_store, StoreArgs};
+use super::progress::mib;
+use blobsnap::blobstore::BlobStore;
+use blobsnap::config::Settings;
+use blobsnap::job::standby::{follow, StandbySettings, StandbyUpdate};
+use clap::Args;
+
+#[derive(Args)]
+pub(crate) struct StandbyArgs {
+    /// The demo's dir on this host (its state dir is DIR/state; without store flags the blob
+    /// store is DIR/store, as for `blobsnap demo`).
+    #[arg(long, default_value = "blobsnap-demo")]
+    pub(crate) dir: PathBuf,
+    /// The task to follow.
+    #[arg(long, default_value = "Partition 0")]
+    pub(crate) task: String,
+    /// The task's stores, comma-separated.
+    #[arg(long, default_value = "counts", value_delimiter = ',')]
+    pub(crate) stores: Vec<String>,
+    /// How often to look for a new checkpoint, in milliseconds (one LIST request each).
+    #[arg(long, default_value_t = 1000)]
+    pub(crate) poll_ms: u64,
+    /// Stop after this checkpoint number is applied (default: follow until interrupted).
+    #[arg(long)]
+    pub(crate) until_seq: Option<u64>,
+}
+
+pub(crate) async fn run(
+    store_args: &StoreArgs,
+    json: bool,
+    args: StandbyArgs,
+) -> blobsnap::Result<()> {
+    let settings = Settings::load(store_args.config.as_deref())?;
+    let job = &settings.job;
+    let has_store_flags = store_args.local.is_some()
+        || store_args.bucket.is_some()
+        || store_args.config.is_some()
+        || std::env::var_os("BLOBSNAP_STORE").is_some();
+    let blob_store: Arc<dyn BlobStore> = if has_store_flags {
+        open_store(store_args).await?
+    } else {
+        let mut local = Settings::load(None)?;
+        local.store.kind = blobsnap::config::StoreKind::Local;
+        local.store.local_dir = args.dir.join("store");
+        local.open_store().await?
+    };
+    let job_settings = blobsnap::job::JobSettings {
+        job_name: job.name.clone(),
+        job_id: job.id.clone(),
+        state_dir: args.dir.join("state"),
+        input_dir: args.dir.join("input"),
+        stream: "lines".into(),
+        stores: args.stores,
+        partitions: 1,
+        commit_every: 1,
+        commit_interval: Default::default(),
+        retention: job.retention,
+        unsafe_no_fencing: true,
+        commit_max_delay: Default::default(),
+        sweep_every_commits: 0,
+        gc_grace: std::time::Duration::from_secs(job.gc_grace_secs),
+        restore_fallback: false,
+        deployment_id: job.deployment_id.clone(),
+        create_resources: false,
+    };
+    let backend: Arc<dyn blobsnap::backend::StateBackendFactory> =
+        Arc::new(blobsnap::blob::factory::BlobStateBackendFactory::new(
+            Arc::clone(&blob_store),
+            None,
+            Default::default(),
+            blobsnap::blob::restore::RestoreSettings::default(),
+            job.deployment_id.clone(),
+        ));
+    let stop = tokio_util::sync::CancellationToken::new();
+    {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let _ = tokio::signal::ctrl_c().await;
+            stop.cancel();
+        });
+    }
+    let until = args.until_seq;
+    let task = args.task.clone();
+    let stop_at = stop.clone();
+    let on_update = move |u: &StandbyUpdate| match u {
+        StandbyUpdate::Applied {
+            seq,
+            checkpoint_id,
+            bytes_downloaded,
+            bytes_reused,
+        } => {
+            let id = checkpoint_id.map(|c| c.to_string()).unwrap_or_default();
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"schema": 1, "task": task, "applied": seq, "checkpoint-id": id,
+                        "bytes-downloaded": bytes_downloaded, "bytes-reused": bytes_reused})
+                );
+            } else {
+                println!(
+                    "standby {task}: checkpoint #{seq} ({id}) applied: downloaded {:.2} MiB, reused {:.2} MiB",
+                    mib(*bytes_downloaded),
+                    mib(*bytes_reused)
+                );
+            }
+            if until.is_some_and(|u| *seq >= u) {
+                stop_at.cancel();
+            }
+        }
+        StandbyUpdate::Skipped { seq, message, .. } => {
+            eprintln!("standby {task}: checkpoint #{seq} not applied: {message}");
+        }
+        StandbyUpdate::Unchanged { .. } => {}
+    };
+    let clock: Arc<dyn blobsnap::backend::Clock> = Arc::new(blobsnap::backend::SystemClock);
+    follow(
+        &job_settings,
+        &args.task,
+        blob_store,
+        &backend,
+        clock,
+        &StandbySettings {
+            poll: std::time::Duration::from_millis(args.poll_ms.max(10)),
+        },
+        stop,
+        &on_update,
+    )
+    .await
+}
