@@ -298,13 +298,7 @@ async fn run_task_leased(
         restore_task(settings, backend, &ctx, &specs, &clock, &checkpoints, last).await?;
     crate::crash::point("task.after-restore");
 
-    let mut stores = Stores::new();
-    for spec in &specs {
-        stores.insert(
-            spec.name.clone(),
-            Arc::new(RocksStore::open(&spec.name, &spec.dir)?),
-        );
-    }
+    let stores = open_stores(&specs)?;
     let (commits, backup) = attach_backup(
         commits,
         backend,
@@ -400,6 +394,17 @@ async fn run_task_leased(
         summary.commits.push(report);
     }
     Ok(summary)
+}
+
+/// Open the task's databases, restored.
+fn open_stores(specs: &[StoreSpec]) -> Result<Stores> {
+    specs
+        .iter()
+        .map(|spec| {
+            let db = RocksStore::open(&spec.name, &spec.dir)?;
+            Ok((spec.name.clone(), Arc::new(db)))
+        })
+        .collect()
 }
 
 /// The backup side of a task: its manager from the factory, based on `last` (the checkpoint

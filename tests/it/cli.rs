@@ -443,8 +443,15 @@ async fn backup_a_closed_db_dedup_restore_ls_and_a_locked_db_is_refused(t: &Targ
         .map(|e| e.metadata().unwrap().len())
         .sum();
     assert!(ssts > 0);
-    assert!(v["plan"]["files_proved_by_cache"].as_u64().unwrap() >= 1, "{v}");
-    assert_eq!(v["plan"]["bytes_hashed"].as_u64().unwrap(), reused - ssts, "{v}");
+    assert!(
+        v["plan"]["files_proved_by_cache"].as_u64().unwrap() >= 1,
+        "{v}"
+    );
+    assert_eq!(
+        v["plan"]["bytes_hashed"].as_u64().unwrap(),
+        reused - ssts,
+        "{v}"
+    );
     assert_eq!(
         v["bytes-hashed"].as_u64().unwrap(),
         reused - ssts + copied,

@@ -1,0 +1,410 @@
+//! Time to the first processed message after a task is killed (not a test: it prints numbers).
+//!
+//! ```sh
+//! cargo bench --bench recovery -- [--size-mib 1024,8192] [--store local|s3]
+//! ```
+//!
+//! For each size: a word-count task whose store holds that much data (random 16 KiB values
+//! beside the counts) runs in a child process against the blob store, commits a few times,
+//! and is SIGKILLed mid-stream while a warm standby (in this process) follows it on a third
+//! "host". Then the task is started again, each time as a new process: (a) on the same host
+//! (its store dir as the killed process left it), (b) on a new host (nothing local), (c) on
+//! the standby's host. Each child reports the time from its start to its first processed
+//! message and the blob bytes it downloaded by then; the parent reports the wall time from
+//! spawn to that message. Restarts are killed as soon as they processed a message.
+//!
+//! `--store local` (the default): a local directory store under the work dir. `--store s3`:
+//! the server of `BLOBSNAP_TEST_S3_ENDPOINT` (as `minio/garage.sh env` or `minio/localstack.sh
+//! env` print it), with `unsafe_no_fencing` (Garage does not fence).
+
+mod common;
+use common::{arg, fill};
+
+use std::io::BufRead as _;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use blobsnap::backend::{StateBackendAdmin as _, StateBackendFactory, SystemClock};
+use blobsnap::blob::factory::BlobStateBackendFactory;
+use blobsnap::blob::restore::RestoreSettings;
+use blobsnap::blobstore::counting::{Counters, CountingStore};
+use blobsnap::blobstore::BlobStore;
+use blobsnap::job::standby::{follow, StandbySettings, StandbyUpdate};
+use blobsnap::job::wordcount::WordCount;
+use blobsnap::job::{Message, Processor, Stores};
+use blobsnap::local::rocks::RocksStore;
+
+const TASK: &str = "Partition 0";
+const LINES: u64 = 3_000_000;
+const COMMIT_EVERY: u64 = 20_000;
+
+fn job(state: &std::path::Path, input: &std::path::Path, id: &str) -> blobsnap::job::JobSettings {
+    blobsnap::job::JobSettings {
+        job_name: "recovery".into(),
+        job_id: id.into(),
+        state_dir: state.to_path_buf(),
+        input_dir: input.to_path_buf(),
+        stream: "lines".into(),
+        partitions: 1,
+        stores: vec!["counts".into()],
+        commit_every: COMMIT_EVERY,
+        commit_interval: Duration::ZERO,
+        retention: 2,
+        unsafe_no_fencing: true,
+        commit_max_delay: Duration::from_secs(600),
+        sweep_every_commits: 0,
+        gc_grace: Duration::from_secs(6 * 3600),
+        restore_fallback: false,
+        deployment_id: "bench".into(),
+        create_resources: true,
+    }
+}
+
+/// The blob store as the settings and the environment name it (the child's and the
+/// standby's are the same).
+async fn open_store() -> Arc<dyn BlobStore> {
+    blobsnap::config::Settings::load(None)
+        .expect("settings")
+        .open_store()
+        .await
+        .expect("open the blob store")
+}
+
+fn backend(store: &Arc<dyn BlobStore>) -> Arc<dyn StateBackendFactory> {
+    Arc::new(BlobStateBackendFactory::new(
+        Arc::clone(store),
+        None,
+        Default::default(),
+        RestoreSettings::default(),
+        "bench",
+    ))
+}
+
+/// Word count that prints `FIRST <seconds since the process started> <blob bytes fetched>`
+/// at its first message.
+struct First {
+    start: Instant,
+    printed: AtomicBool,
+    counters: Arc<Counters>,
+}
+
+impl Processor for First {
+    fn process(&self, stores: &Stores, message: &Message) -> blobsnap::Result<()> {
+        if !self.printed.swap(true, Ordering::SeqCst) {
+            println!(
+                "FIRST {:.3} {}",
+                self.start.elapsed().as_secs_f64(),
+                self.counters.snapshot().get.bytes
+            );
+        }
+        WordCount.process(stores, message)
+    }
+}
+
+/// The task, in this (child) process, until killed or the end of its input.
+fn child(start: Instant) {
+    let state = std::env::var("RECOVERY_STATE").expect("RECOVERY_STATE");
+    let input = std::env::var("RECOVERY_INPUT").expect("RECOVERY_INPUT");
+    let id = std::env::var("RECOVERY_JOB_ID").expect("RECOVERY_JOB_ID");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async move {
+        let settings = job(state.as_ref(), input.as_ref(), &id);
+        let counting = CountingStore::new(open_store().await);
+        let counters = counting.counters();
+        let store: Arc<dyn BlobStore> = Arc::new(counting);
+        let admin = blobsnap::blob::admin::BlobStoreAdmin::new(
+            Arc::clone(&store),
+            None,
+            &settings.job_name,
+            &settings.job_id,
+            &settings.deployment_id,
+        )
+        .expect("admin")
+        .with_gc_grace(settings.gc_grace);
+        admin.create_resources().await.expect("create resources");
+        admin
+            .validate_resources()
+            .await
+            .expect("validate resources");
+        let processor = Arc::new(First {
+            start,
+            printed: AtomicBool::new(false),
+            counters,
+        });
+        let on_commit = |_: &str,
+                         r: &blobsnap::commit::CommitReport,
+                         _: &dyn blobsnap::backend::TaskBackupManager| {
+            println!("COMMIT {}", r.seq);
+        };
+        blobsnap::job::run_task(
+            &settings,
+            0,
+            Arc::clone(&store),
+            &backend(&store),
+            Arc::new(SystemClock),
+            processor,
+            &on_commit,
+        )
+        .await
+        .expect("task");
+    });
+}
+
+/// Fill the store at `dir` with `size_mib` of random values and commit it, input offset 0.
+async fn seed(settings: &blobsnap::job::JobSettings, dir: &std::path::Path, size_mib: u64) {
+    use blobsnap::backend::{StoreEngine, StoreSpec, TaskContext};
+    use blobsnap::checkpoint::{BlobCheckpointStore, Ssp};
+    use blobsnap::commit::{Backend, TaskCommitManager};
+    let store = open_store().await;
+    let admin = blobsnap::blob::admin::BlobStoreAdmin::new(
+        Arc::clone(&store),
+        None,
+        &settings.job_name,
+        &settings.job_id,
+        &settings.deployment_id,
+    )
+    .expect("admin")
+    .with_gc_grace(settings.gc_grace);
+    admin.create_resources().await.expect("create resources");
+    let db = Arc::new(RocksStore::open("counts", dir).expect("open"));
+    fill(&db, 0, size_mib << 20, 1);
+    db.db().flush().expect("flush");
+    db.db().compact_range::<&[u8], &[u8]>(None, None);
+    let ctx = TaskContext {
+        job_name: settings.job_name.clone(),
+        job_id: settings.job_id.clone(),
+        task_name: TASK.into(),
+    };
+    let clock: Arc<dyn blobsnap::backend::Clock> = Arc::new(SystemClock);
+    let checkpoints = Arc::new(BlobCheckpointStore::new(
+        Arc::clone(&store),
+        blobsnap::layout::JobScope::new(&settings.job_name, &settings.job_id).expect("scope"),
+    ));
+    let (commits, last) =
+        TaskCommitManager::start(ctx.clone(), checkpoints, Arc::clone(&clock), 2, true)
+            .await
+            .expect("claim");
+    let specs = [StoreSpec {
+        name: "counts".into(),
+        dir: dir.to_path_buf(),
+    }];
+    let backend = backend(&store);
+    let backup = backend.backup_manager(&ctx, &specs, clock).expect("backup");
+    backup.init(last.as_ref()).await.expect("init");
+    let commits = commits
+        .with_stores(vec![Arc::clone(&db) as Arc<dyn StoreEngine>])
+        .with_backends(
+            vec![Backend {
+                name: backend.name().into(),
+                manager: backup,
+            }],
+            last,
+        );
+    commits
+        .commit(std::collections::BTreeMap::from([(
+            Ssp::new("files", "lines", 0),
+            "0".to_string(),
+        )]))
+        .await
+        .expect("commit");
+}
+
+/// A child process running the task on `state`.
+struct Child {
+    proc: std::process::Child,
+    lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+    spawned: Instant,
+}
+
+fn spawn(state: &std::path::Path, input: &std::path::Path, id: &str) -> Child {
+    let mut proc = std::process::Command::new(std::env::current_exe().expect("exe"))
+        .env("RECOVERY_CHILD", "1")
+        .env("RECOVERY_STATE", state)
+        .env("RECOVERY_INPUT", input)
+        .env("RECOVERY_JOB_ID", id)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn the task");
+    let out = proc.stdout.take().expect("stdout");
+    Child {
+        proc,
+        lines: std::io::BufReader::new(out).lines(),
+        spawned: Instant::now(),
+    }
+}
+
+impl Child {
+    /// The next line the task printed.
+    fn line(&mut self) -> String {
+        self.lines
+            .next()
+            .expect("the task ended early")
+            .expect("read")
+    }
+
+    /// Wait for the first message: (wall seconds from spawn, the child's own seconds, blob
+    /// bytes fetched before it).
+    fn first(&mut self) -> (f64, f64, u64) {
+        loop {
+            let l = self.line();
+            if let Some(rest) = l.strip_prefix("FIRST ") {
+                let wall = self.spawned.elapsed().as_secs_f64();
+                let mut it = rest.split(' ');
+                let own = it.next().and_then(|s| s.parse().ok()).unwrap_or(f64::NAN);
+                let bytes = it.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+                return (wall, own, bytes);
+            }
+        }
+    }
+
+    fn kill(mut self) {
+        let _ = self.proc.kill(); // SIGKILL
+        let _ = self.proc.wait();
+    }
+}
+
+fn main() {
+    let start = Instant::now();
+    if std::env::var_os("RECOVERY_CHILD").is_some() {
+        return child(start);
+    }
+    let sizes: Vec<u64> = arg("--size-mib")
+        .unwrap_or_else(|| "1024,8192".into())
+        .split(',')
+        .map(|s| s.parse().expect("--size-mib"))
+        .collect();
+    let kind = arg("--store").unwrap_or_else(|| "local".into());
+    let work =
+        tempfile::tempdir_in(std::env::var("BENCH_TMP").unwrap_or_else(|_| "/var/tmp".into()))
+            .expect("work dir");
+    match kind.as_str() {
+        "local" => {
+            std::env::set_var("BLOBSNAP_STORE", "local");
+            std::env::set_var("BLOBSNAP_LOCAL_DIR", work.path().join("blobstore"));
+        }
+        "s3" => {
+            let get = |k: &str| {
+                std::env::var(k).unwrap_or_else(|_| panic!("{k} (run minio/garage.sh env)"))
+            };
+            std::env::set_var("BLOBSNAP_STORE", "s3");
+            std::env::set_var("BLOBSNAP_S3_ENDPOINT", get("BLOBSNAP_TEST_S3_ENDPOINT"));
+            std::env::set_var("BLOBSNAP_S3_BUCKET", get("BLOBSNAP_TEST_S3_BUCKET"));
+            std::env::set_var("BLOBSNAP_S3_PATH_STYLE", "true");
+            std::env::set_var("BLOBSNAP_S3_CREATE_ONLY", "ignored");
+            std::env::set_var("AWS_ACCESS_KEY_ID", get("BLOBSNAP_TEST_S3_ACCESS_KEY"));
+            std::env::set_var("AWS_SECRET_ACCESS_KEY", get("BLOBSNAP_TEST_S3_SECRET_KEY"));
+            if let Ok(r) = std::env::var("BLOBSNAP_TEST_S3_REGION") {
+                std::env::set_var("BLOBSNAP_S3_REGION", r);
+            }
+        }
+        other => panic!("--store {other}: local or s3"),
+    }
+    let input = work.path().join("input");
+    blobsnap::job::wordcount::generate_input(&input, 1, LINES, 7).expect("input");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    println!(
+        "| store | case | first message, wall (s) | in the task (s) | downloaded before it (MiB) |"
+    );
+    println!("|---|---|---|---|---|");
+    for size in sizes {
+        let id = format!("bench-{size}-{:08x}", rand::random::<u32>());
+        let host = |h: &str| work.path().join(h).join("state");
+        let (a, b, c) = (host("a"), host("b"), host("c"));
+        // The task's store, prefilled and committed at input offset 0 (as a job that has run
+        // for a while has it; a task with no checkpoint would reset its store to empty).
+        let dir = blobsnap::job::store_dir(&a, "counts", TASK).expect("store dir");
+        let t = Instant::now();
+        rt.block_on(seed(&job(&a, &input, &id), &dir, size));
+        eprintln!(
+            "{size} MiB: seeded and committed in {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+        // A standby on host c, warm before the task runs on (it holds the seeded commit).
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let standby = {
+            let (settings, stop) = (job(&c, &input, &id), stop.clone());
+            rt.spawn(async move {
+                let store = open_store().await;
+                let on_update = move |u: &StandbyUpdate| {
+                    let _ = tx.send(u.clone());
+                };
+                follow(
+                    &settings,
+                    TASK,
+                    Arc::clone(&store),
+                    &backend(&store),
+                    Arc::new(SystemClock),
+                    &StandbySettings {
+                        poll: Duration::from_millis(200),
+                    },
+                    stop,
+                    &on_update,
+                )
+                .await
+            })
+        };
+        let t = Instant::now();
+        let mut standby_seq = 0;
+        while standby_seq == 0 {
+            if let Some(StandbyUpdate::Applied { seq, .. }) = rt.block_on(rx.recv()) {
+                standby_seq = seq;
+            }
+        }
+        eprintln!(
+            "{size} MiB: the standby holds #{standby_seq} after {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+        // The task runs on host a and is killed mid-stream after three commits.
+        let mut task = spawn(&a, &input, &id);
+        let mut commits = 0;
+        while commits < 3 {
+            if task.line().starts_with("COMMIT ") {
+                commits += 1;
+            }
+        }
+        let killed_at = Instant::now();
+        task.kill();
+        eprintln!(
+            "{size} MiB: killed after {commits} commits, {:.1} s into the run",
+            killed_at.duration_since(start).as_secs_f64()
+        );
+        // Let the standby catch up with the last commit (as it would in the seconds a
+        // failover takes to be decided), then stop it.
+        std::thread::sleep(Duration::from_secs(2));
+        stop.cancel();
+        let _ = rt.block_on(standby);
+        while let Ok(u) = rx.try_recv() {
+            if let StandbyUpdate::Applied {
+                seq,
+                bytes_downloaded,
+                ..
+            } = u
+            {
+                eprintln!(
+                    "{size} MiB: standby applied #{seq}, downloading {bytes_downloaded} bytes"
+                );
+            }
+        }
+
+        for (case, state) in [("same host", &a), ("new host", &b), ("standby host", &c)] {
+            let mut t = spawn(state, &input, &id);
+            let (wall, own, bytes) = t.first();
+            t.kill();
+            println!(
+                "| {kind}, {size} MiB | {case} | {wall:.2} | {own:.2} | {:.1} |",
+                bytes as f64 / (1 << 20) as f64
+            );
+        }
+        let _ = std::fs::remove_dir_all(work.path().join("a"));
+        let _ = std::fs::remove_dir_all(work.path().join("b"));
+        let _ = std::fs::remove_dir_all(work.path().join("c"));
+    }
+}
