@@ -47,11 +47,16 @@ except OSError:
 PY
 }
 
-# A base port B with B..B+SPAN-1 all free on 127.0.0.1, from a random start in 20000-59999.
+# A base port B with B..B+SPAN-1 all free on 127.0.0.1, from a random start between 20000
+# and the kernel's ephemeral range (ip_local_port_range, 32768 by default): a port in that
+# range can be taken by any outgoing connection between a node's kill and its restart.
 free_port_range() {
-  local span=$1 base ok
+  local span=$1 base ok lo slots
+  lo=$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+  slots=$(( (lo - 20000 - span) / 10 ))
+  if [ "$slots" -lt 10 ]; then slots=4000; fi
   for _ in $(seq 1 200); do
-    base=$(( 20000 + (RANDOM * 32768 + RANDOM) % 4000 * 10 ))
+    base=$(( 20000 + (RANDOM * 32768 + RANDOM) % slots * 10 ))
     ok=1
     for p in $(seq "$base" $(( base + span - 1 ))); do
       if ! port_free "$p"; then ok=0; break; fi

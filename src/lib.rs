@@ -36,7 +36,8 @@
 //!   [`blob::gc`] (the sweep), [`blob::admin`] (resources, leases),
 //!   [`blob::factory`] (the [`StateBackendFactory`](backend::StateBackendFactory) the runtime
 //!   builds its managers through).
-//! - [`job`]: a small CheckpointV2 job runtime and the demo job.
+//! - [`job`]: a small CheckpointV2 job runtime, the demo job, and a task's warm standby
+//!   ([`job::standby`]: follows its commits read-only so that a failover downloads little).
 //!
 //! The `blobsnap` command is `src/main.rs` (parse, runtime, exit codes) and `src/cli/`, one
 //! module per command; `examples/embed.rs` drives a processing loop of its own through the

@@ -21,10 +21,12 @@ use blobsnap::layout::JobScope;
 use tokio::sync::mpsc;
 
 const TASK: &str = "Partition 0";
+/// The job of the local-store cases.
+const JOB: &str = "wordcount";
 
-fn settings(state: &std::path::Path, input: &std::path::Path) -> JobSettings {
+fn settings(state: &std::path::Path, input: &std::path::Path, job: &str) -> JobSettings {
     JobSettings {
-        job_name: "wordcount".into(),
+        job_name: job.into(),
         job_id: "1".into(),
         state_dir: state.to_path_buf(),
         input_dir: input.to_path_buf(),
@@ -161,8 +163,8 @@ impl Standby {
     }
 }
 
-async fn latest_seq(store: &Arc<dyn BlobStore>) -> (u64, String) {
-    let cps = BlobCheckpointStore::new(Arc::clone(store), JobScope::new("wordcount", "1").unwrap());
+async fn latest_seq(store: &Arc<dyn BlobStore>, job: &str) -> (u64, String) {
+    let cps = BlobCheckpointStore::new(Arc::clone(store), JobScope::new(job, "1").unwrap());
     let c = cps.latest(TASK).await.unwrap().unwrap();
     (c.seq, c.checkpoint.as_v2().unwrap().id.to_string())
 }
@@ -178,13 +180,41 @@ fn standby_marker(settings: &JobSettings) -> RestoredMarker {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_follows_without_writing_and_a_failover_downloads_nothing_it_holds() {
     let tmp = tempfile::tempdir().unwrap();
-    let input = tmp.path().join("input");
-    let host_a = settings(&tmp.path().join("a/state"), &input);
-    let host_b = settings(&tmp.path().join("b/state"), &input);
     let store: Arc<dyn BlobStore> = Arc::new(LocalStore::new(tmp.path().join("store")).unwrap());
+    follows_and_fails_over(store, JOB, false).await;
+}
+
+mod external {
+    use super::*;
+
+    /// The same on the S3 server of the external suites (LocalStack, Garage).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs BLOBSNAP_TEST_S3_ENDPOINT; run by scripts/test.sh"]
+    async fn a_standby_follows_without_writing_and_a_failover_downloads_nothing_it_holds() {
+        let h = support::external().await;
+        let fences = h
+            .store
+            .capabilities(blobsnap::blobstore::Probe::IfUnknown)
+            .await
+            .unwrap()
+            .create_only
+            == blobsnap::blobstore::CreateOnly::Atomic;
+        let job = h.scope.as_str().trim_end_matches('/').to_string();
+        follows_and_fails_over(Arc::clone(&h.store), &job, !fences).await;
+        h.cleanup().await;
+    }
+}
+
+async fn follows_and_fails_over(store: Arc<dyn BlobStore>, job: &str, no_fence: bool) {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("input");
+    let mut host_a = settings(&tmp.path().join("a/state"), &input, job);
+    host_a.unsafe_no_fencing = no_fence;
+    let mut host_b = settings(&tmp.path().join("b/state"), &input, job);
+    host_b.unsafe_no_fencing = no_fence;
     wordcount::generate_input(&input, 1, 3000, 11).unwrap();
     run_job(&host_a, Arc::clone(&store)).await;
-    let (seq1, id1) = latest_seq(&store).await;
+    let (seq1, id1) = latest_seq(&store, job).await;
 
     let counting = CountingStore::new(Arc::clone(&store));
     let counters = counting.counters();
@@ -216,7 +246,7 @@ async fn a_standby_follows_without_writing_and_a_failover_downloads_nothing_it_h
     // what it adds.
     wordcount::generate_input(&input, 1, 4000, 11).unwrap();
     run_job(&host_a, Arc::clone(&store)).await;
-    let (seq2, id2) = latest_seq(&store).await;
+    let (seq2, id2) = latest_seq(&store, job).await;
     assert!(seq2 > seq1);
     let (bytes_downloaded, bytes_reused) = standby.applied(seq2).await;
     assert!(bytes_reused > 0, "it reuses what it holds");
@@ -242,8 +272,7 @@ async fn a_standby_follows_without_writing_and_a_failover_downloads_nothing_it_h
             None
         }),
     ));
-    let cps =
-        BlobCheckpointStore::new(Arc::clone(&store), JobScope::new("wordcount", "1").unwrap());
+    let cps = BlobCheckpointStore::new(Arc::clone(&store), JobScope::new(job, "1").unwrap());
     let committed = cps.latest(TASK).await.unwrap().unwrap();
     let offset: u64 = committed.checkpoint.as_v2().unwrap().input_offsets
         [&Ssp::new("files", "lines", 0)]
@@ -279,13 +308,13 @@ async fn a_standby_follows_without_writing_and_a_failover_downloads_nothing_it_h
 async fn a_standby_skips_what_it_cannot_verify_and_catches_up_from_the_newest() {
     let tmp = tempfile::tempdir().unwrap();
     let input = tmp.path().join("input");
-    let host_a = settings(&tmp.path().join("a/state"), &input);
-    let host_b = settings(&tmp.path().join("b/state"), &input);
+    let host_a = settings(&tmp.path().join("a/state"), &input, JOB);
+    let host_b = settings(&tmp.path().join("b/state"), &input, JOB);
     let store_dir = tmp.path().join("store");
     let store: Arc<dyn BlobStore> = Arc::new(LocalStore::new(&store_dir).unwrap());
     wordcount::generate_input(&input, 1, 2000, 5).unwrap();
     run_job(&host_a, Arc::clone(&store)).await;
-    let (seq1, id1) = latest_seq(&store).await;
+    let (seq1, id1) = latest_seq(&store, JOB).await;
     let mut standby = start(&host_b, Arc::clone(&store));
     assert!(
         matches!(standby.next_change().await, StandbyUpdate::Applied { seq, .. } if seq == seq1)
@@ -297,7 +326,7 @@ async fn a_standby_skips_what_it_cannot_verify_and_catches_up_from_the_newest() 
         wordcount::generate_input(&input, 1, lines, 5).unwrap();
         run_job(&host_a, Arc::clone(&store)).await;
     }
-    let (seq2, id2) = latest_seq(&store).await;
+    let (seq2, id2) = latest_seq(&store, JOB).await;
     assert!(seq2 >= seq1 + 3, "{seq1} → {seq2}");
     // Corrupt a blob only the newest snapshot has (same size).
     let new_blobs: Vec<std::path::PathBuf> = walk(&store_dir)
@@ -335,7 +364,7 @@ async fn a_standby_skips_what_it_cannot_verify_and_catches_up_from_the_newest() 
     std::fs::write(&victim, &good).unwrap();
     wordcount::generate_input(&input, 1, 4400, 5).unwrap();
     run_job(&host_a, Arc::clone(&store)).await;
-    let (seq3, id3) = latest_seq(&store).await;
+    let (seq3, id3) = latest_seq(&store, JOB).await;
     standby.applied(seq3).await;
     assert_eq!(
         standby_marker(&host_b).checkpoint_id.unwrap().to_string(),
@@ -350,12 +379,12 @@ async fn a_standby_skips_what_it_cannot_verify_and_catches_up_from_the_newest() 
 async fn a_snapshot_deleted_under_the_standby_is_skipped() {
     let tmp = tempfile::tempdir().unwrap();
     let input = tmp.path().join("input");
-    let host_a = settings(&tmp.path().join("a/state"), &input);
-    let host_b = settings(&tmp.path().join("b/state"), &input);
+    let host_a = settings(&tmp.path().join("a/state"), &input, JOB);
+    let host_b = settings(&tmp.path().join("b/state"), &input, JOB);
     let store: Arc<dyn BlobStore> = Arc::new(LocalStore::new(tmp.path().join("store")).unwrap());
     wordcount::generate_input(&input, 1, 2000, 9).unwrap();
     run_job(&host_a, Arc::clone(&store)).await;
-    let (seq1, _) = latest_seq(&store).await;
+    let (seq1, _) = latest_seq(&store, JOB).await;
     // The first blob GET finds its object deleted, as a cleanup racing the standby leaves it.
     let armed = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let fire = Arc::clone(&armed);
@@ -382,7 +411,7 @@ async fn a_snapshot_deleted_under_the_standby_is_skipped() {
     );
     wordcount::generate_input(&input, 1, 2600, 9).unwrap();
     run_job(&host_a, Arc::clone(&store)).await;
-    let (seq2, _) = latest_seq(&store).await;
+    let (seq2, _) = latest_seq(&store, JOB).await;
     standby.applied(seq2).await;
     standby.stop().await;
 }
