@@ -377,10 +377,22 @@ impl S3Store {
                     }
                 }
                 [] => {
-                    return Err(Error::permanent(format!(
-                        "{}: every one of {WRITERS} create-only puts of a new key was refused",
-                        self.what("probe", &key)
-                    )))
+                    // A winner whose response was lost (and whose resend was then refused)
+                    // looks like a server that refuses every create-only put: the key tells
+                    // them apart. Found through the fault proxy.
+                    return Err(match self.probe_get_sha(&key).await {
+                        Ok(sha) if bodies.iter().any(|b| Sha256::of(b) == sha) => {
+                            Error::transient(format!(
+                                "{}: every create-only put was refused, but one of them had written the key (its response was lost); probe again",
+                                self.what("probe", &key)
+                            ))
+                        }
+                        Err(e) if e.kind() != ErrorKind::NotFound => e,
+                        _ => Error::permanent(format!(
+                            "{}: every one of {WRITERS} create-only puts of a new key was refused",
+                            self.what("probe", &key)
+                        )),
+                    });
                 }
                 _ => fenced = false,
             }
