@@ -250,6 +250,31 @@ pub(crate) async fn open_admin(
 }
 
 /// `$XDG_CACHE_HOME/blobsnap`, else `~/.cache/blobsnap`, else a temp dir.
+impl StoreArgs {
+    /// Whether the flags, the settings file or the environment name a blob store.
+    pub(crate) fn names_a_store(&self) -> bool {
+        self.local.is_some()
+            || self.bucket.is_some()
+            || self.config.is_some()
+            || std::env::var_os("BLOBSNAP_STORE").is_some()
+    }
+}
+
+/// The demo's blob store (and its standby's): the one the flags name, else the embedded
+/// default, a local store under `dir/store`, with the layers of any other.
+pub(crate) async fn open_demo_store(
+    args: &StoreArgs,
+    dir: &std::path::Path,
+) -> blobsnap::Result<std::sync::Arc<dyn blobsnap::blobstore::BlobStore>> {
+    if args.names_a_store() {
+        return open_store(args).await;
+    }
+    let mut settings = blobsnap::config::Settings::load(None)?;
+    settings.store.kind = blobsnap::config::StoreKind::Local;
+    settings.store.local_dir = dir.join("store");
+    settings.open_store().await
+}
+
 pub(crate) fn user_cache_dir() -> std::path::PathBuf {
     std::env::var_os("XDG_CACHE_HOME")
         .filter(|v| !v.is_empty())

@@ -3,9 +3,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::args::{open_admin, open_store, StoreArgs};
+use super::args::{open_admin, open_demo_store, StoreArgs};
 use super::progress::mib;
-use blobsnap::blobstore::BlobStore;
 use blobsnap::config::Settings;
 use blobsnap::{Error, ErrorKind};
 use clap::Args;
@@ -88,19 +87,8 @@ pub(crate) async fn run(
             format!("job.gc-grace-secs = {gc_grace_secs}: a running job needs at least 60"),
         ));
     }
-    let has_store_flags = store_args.local.is_some()
-        || store_args.bucket.is_some()
-        || store_args.config.is_some()
-        || std::env::var_os("BLOBSNAP_STORE").is_some();
-    let blob_store: Arc<dyn BlobStore> = if has_store_flags {
-        open_store(store_args).await?
-    } else {
-        // The embedded default: a local store under --dir, with the layers of any other.
-        let mut settings = Settings::load(None)?;
-        settings.store.kind = blobsnap::config::StoreKind::Local;
-        settings.store.local_dir = dir.join("store");
-        settings.open_store().await?
-    };
+    let has_store_flags = store_args.names_a_store();
+    let blob_store = open_demo_store(store_args, &dir).await?;
     let settings = JobSettings {
         job_name: job.name.clone(),
         job_id: job.id.clone(),

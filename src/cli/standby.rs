@@ -3,9 +3,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::args::{open_store, StoreArgs};
+use super::args::{open_demo_store, StoreArgs};
 use super::progress::mib;
-use blobsnap::blobstore::BlobStore;
 use blobsnap::config::Settings;
 use blobsnap::job::standby::{follow, StandbySettings, StandbyUpdate};
 use clap::Args;
@@ -37,18 +36,7 @@ pub(crate) async fn run(
 ) -> blobsnap::Result<()> {
     let settings = Settings::load(store_args.config.as_deref())?;
     let job = &settings.job;
-    let has_store_flags = store_args.local.is_some()
-        || store_args.bucket.is_some()
-        || store_args.config.is_some()
-        || std::env::var_os("BLOBSNAP_STORE").is_some();
-    let blob_store: Arc<dyn BlobStore> = if has_store_flags {
-        open_store(store_args).await?
-    } else {
-        let mut local = Settings::load(None)?;
-        local.store.kind = blobsnap::config::StoreKind::Local;
-        local.store.local_dir = args.dir.join("store");
-        local.open_store().await?
-    };
+    let blob_store = open_demo_store(store_args, &args.dir).await?;
     let job_settings = blobsnap::job::JobSettings {
         job_name: job.name.clone(),
         job_id: job.id.clone(),
