@@ -557,7 +557,21 @@ async fn repetition(
                 c.arg("copy")
                     .arg(ctx.rclone_remote(endpoint, &format!("rclone-{tag}")))
                     .arg(&to);
-                timed(c, "rclone copy (restore)").await.0
+                let (copy, _) = timed(c, "rclone copy (restore)").await;
+                // rclone neither verifies nor fsyncs: "rclone + sync" adds the `sync` that
+                // makes its copy as durable as blobsnap's restore.
+                let mut s = std::process::Command::new("sync");
+                s.arg("-f").arg(&to);
+                let (synced, _) = timed(s, "sync after rclone copy").await;
+                let with_sync = Measure {
+                    secs: copy.secs + synced.secs,
+                    rss_kib: copy.rss_kib,
+                    ..Default::default()
+                };
+                if proxy.is_none() {
+                    record("restore", "rclone + sync", with_sync, None);
+                }
+                copy
             }
             _ => {
                 let mut c = ctx.restic(endpoint, &format!("restic-{tag}"));
@@ -703,6 +717,25 @@ async fn limit_line(server: &Server, db: &Path, results: &mut Results) {
         files.len(),
         total as f64 / 1048576.0
     );
+    // The disk's own line: 1 GiB written sequentially and fdatasynced, in this run.
+    let dd_file = db.with_file_name("dd-line");
+    let mut dd = std::process::Command::new("dd");
+    dd.arg("if=/dev/zero")
+        .arg(format!("of={}", dd_file.display()))
+        .args(["bs=1M", "count=1024", "conv=fdatasync", "status=none"]);
+    let (disk, _) = timed(dd, "dd fdatasync").await;
+    let _ = std::fs::remove_file(&dd_file);
+    eprintln!(
+        "  limit       disk {:.1} MiB/s (dd, fdatasync)",
+        mbps(1 << 30, disk.secs)
+    );
+    results
+        .entry(("limit disk".to_string(), "dd fdatasync".to_string()))
+        .or_default()
+        .push(Measure {
+            secs: disk.secs * total as f64 / (1u64 << 30) as f64,
+            ..Default::default()
+        });
     for (s, secs) in [("limit PUT", put_s), ("limit GET", get_s)] {
         results
             .entry((s.to_string(), "S3 layer".to_string()))
@@ -730,14 +763,22 @@ fn report(server: &Server, size: u64, results: &Results, facts: &BTreeMap<String
         "restore 90 %",
         "limit PUT",
         "limit GET",
+        "limit disk",
     ] {
-        for tool in ["blobsnap", "rclone", "restic", "S3 layer"] {
+        for tool in [
+            "blobsnap",
+            "rclone",
+            "rclone + sync",
+            "restic",
+            "S3 layer",
+            "dd fdatasync",
+        ] {
             let Some(v) = results.get(&(scenario.to_string(), tool.to_string())) else {
                 continue;
             };
             let timed: Vec<&Measure> = v
                 .iter()
-                .filter(|m| m.rss_kib > 0 || tool == "S3 layer")
+                .filter(|m| m.rss_kib > 0 || tool == "S3 layer" || tool == "dd fdatasync")
                 .collect();
             let counted = v.iter().find(|m| m.requests > 0);
             let secs = med(scenario, tool).unwrap_or(f64::NAN);
@@ -764,6 +805,27 @@ fn report(server: &Server, size: u64, results: &Results, facts: &BTreeMap<String
                     m.down as f64 / 1048576.0
                 )),
             );
+        }
+    }
+    // Issue 18 §3: a verified, fsynced restore against the lines of the same run.
+    if let (Some(b), Some(get), Some(disk)) = (
+        med("restore", "blobsnap"),
+        med("limit GET", "S3 layer"),
+        med("limit disk", "dd fdatasync"),
+    ) {
+        let line = get.max(disk);
+        println!(
+            "\n- restore vs the line min(GET, disk) = {:.0} MiB/s: {:.2}× (target ≥ 0.9)",
+            mbps(size, line),
+            line / b
+        );
+        for (tool, target) in [("rclone + sync", 1.0), ("restic", 1.5)] {
+            if let Some(t) = med("restore", tool) {
+                println!(
+                    "- restore vs {tool}: {:.2}× faster (target ≥ {target})",
+                    t / b
+                );
+            }
         }
     }
     println!();

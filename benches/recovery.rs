@@ -381,6 +381,7 @@ fn main() {
         std::thread::sleep(Duration::from_secs(2));
         stop.cancel();
         let _ = rt.block_on(standby);
+        let mut last_delta = 0;
         while let Ok(u) = rx.try_recv() {
             if let StandbyUpdate::Applied {
                 seq,
@@ -391,9 +392,11 @@ fn main() {
                 eprintln!(
                     "{size} MiB: standby applied #{seq}, downloading {bytes_downloaded} bytes"
                 );
+                last_delta = bytes_downloaded;
             }
         }
 
+        let mut get_rate = None;
         for (case, state) in [("same host", &a), ("new host", &b), ("standby host", &c)] {
             let mut t = spawn(state, &input, &id);
             let (wall, own, bytes) = t.first();
@@ -402,6 +405,19 @@ fn main() {
                 "| {kind}, {size} MiB | {case} | {wall:.2} | {own:.2} | {:.1} |",
                 bytes as f64 / (1 << 20) as f64
             );
+            if case == "new host" {
+                get_rate = Some(bytes as f64 / own.max(1e-6));
+            }
+            if case == "standby host" {
+                // Issue 18 §2's bound: 2 s + the last commit's new bytes ÷ the GET rate of
+                // the same run (the new host's full download).
+                let bound = 2.0 + get_rate.map_or(0.0, |r| last_delta as f64 / r);
+                eprintln!(
+                    "{size} MiB: standby failover {wall:.2} s; bound 2 s + {:.1} MiB last commit ÷ {:.0} MiB/s = {bound:.2} s",
+                    last_delta as f64 / (1 << 20) as f64,
+                    get_rate.unwrap_or(0.0) / (1 << 20) as f64
+                );
+            }
         }
         let _ = std::fs::remove_dir_all(work.path().join("a"));
         let _ = std::fs::remove_dir_all(work.path().join("b"));

@@ -146,6 +146,11 @@ pub fn bytes_hashed() -> u64 {
 
 static BYTES_HASHED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// Count `n` bytes read back from a local file to hash it elsewhere than [`hash_file`].
+pub(crate) fn count_hashed(n: u64) {
+    BYTES_HASHED.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Hash a file in one sequential read (blocking: call from `spawn_blocking`).
 pub fn hash_file(path: &Path) -> Result<FileDigest> {
     let mut file =
@@ -160,7 +165,7 @@ pub fn hash_file(path: &Path) -> Result<FileDigest> {
             break;
         }
         hasher.update(&buf[..n]);
-        BYTES_HASHED.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        count_hashed(n as u64);
     }
     Ok(hasher.finish())
 }

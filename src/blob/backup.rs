@@ -16,10 +16,14 @@
 //!    transfer budget with every task and store of the process
 //!    ([`LimitStore`](crate::blobstore::limit::LimitStore)).
 //! 4. **index**: build the SnapshotIndex, serialize it once, PUT it create-only under
-//!    `index/<checkpoint-id>.<sha256>.json`. That key is the store's marker.
+//!    `index/<checkpoint-id>.<sha256>.json`. That key is the store's marker. A store whose
+//!    snapshot holds exactly the files of the committed one skips steps 3 and 4: no request,
+//!    and the committed marker is handed back (carried forward), so several checkpoints may
+//!    name one index, which then names the oldest of them.
 //!
 //! [`cleanup`](TaskBackupManager::cleanup) is what makes an uploaded index the committed
-//! baseline. It then expires snapshots beyond [`BackupSettings::retention`] (default 2):
+//! baseline. It then expires snapshots beyond [`BackupSettings::retention`] (default 2
+//! distinct snapshots: a carried marker is one, however many checkpoints name it):
 //! exactly `blobs(leaving) − blobs(retained ∪ uploaded-but-uncommitted)`, by key, from the
 //! indexes in hand, then the leaving index. Never from `files-removed`: with content identity
 //! the same bytes can be removed in one place and present in another.
@@ -126,6 +130,9 @@ pub struct UploadStats {
     pub scan_ms: u64,
     /// Time to upload blobs and the index, ms.
     pub upload_ms: u64,
+    /// The store was unchanged since the committed snapshot: no request was made and the
+    /// committed marker was handed back (carried forward).
+    pub carried_forward: bool,
 }
 
 /// Live progress of one store's upload (Samza's `files-to-upload`, `bytes-uploaded`, …
@@ -327,6 +334,30 @@ impl BlobBackupManager {
         let dd = diff(&local, prev_dir);
         let totals = dd.totals();
 
+        // An unchanged store costs no request: its snapshot holds exactly the files of the
+        // diff base, so the base's marker is handed back and no index is written (DESIGN §7
+        // step 2; restore and cleanup accept a marker named by several checkpoints).
+        if let Some(base) = committed.as_ref().filter(|_| dd.is_unchanged()) {
+            let stats = UploadStats {
+                files: totals.files_retained,
+                bytes: totals.bytes_retained,
+                files_retained: totals.files_retained,
+                bytes_retained: totals.bytes_retained,
+                bytes_hashed: scan_stats.bytes_hashed.load(Ordering::Relaxed),
+                hash_cache_hits: scan_stats.cache_hits.load(Ordering::Relaxed),
+                scan_ms,
+                carried_forward: true,
+                ..Default::default()
+            };
+            if let Some(p) = self.progress.get(&spec.name) {
+                p.reset();
+            }
+            tracing::info!(marker = %base.marker, files = stats.files, "store unchanged: marker carried forward, nothing uploaded");
+            record_upload_metrics(&self.task.task_name, &spec.name, &stats);
+            lock(&self.stats)?.insert(spec.name.clone(), stats);
+            return Ok(base.marker);
+        }
+
         // 3. plan the blobs: reuse what the committed snapshot holds, send each new content once
         let (blob_of, to_put, deduplicated) = plan_blobs(id, committed.as_ref(), &dd);
         let progress = self.progress.get(&spec.name).cloned().unwrap_or_default();
@@ -391,6 +422,7 @@ impl BlobBackupManager {
             index_bytes: index_len,
             scan_ms,
             upload_ms: upload_started.elapsed().as_millis() as u64,
+            carried_forward: false,
         };
         tracing::info!(
             marker = %marker,
@@ -563,6 +595,9 @@ impl BlobBackupManager {
 fn record_upload_metrics(task: &str, store: &str, s: &UploadStats) {
     let labels = [("task", task.to_string()), ("store", store.to_string())];
     metrics::counter!("blobsnap_backup_uploads_total", &labels).increment(1);
+    if s.carried_forward {
+        metrics::counter!("blobsnap_backup_carried_forward_total", &labels).increment(1);
+    }
     metrics::counter!("blobsnap_backup_files_uploaded_total", &labels).increment(s.blobs_uploaded);
     metrics::counter!("blobsnap_backup_bytes_uploaded_total", &labels).increment(s.bytes_uploaded);
     metrics::counter!("blobsnap_backup_files_retained_total", &labels).increment(s.files_retained);

@@ -147,6 +147,21 @@ impl DirDiff<'_> {
         }
     }
 
+    /// Whether the local tree has exactly the files of the previous snapshot: the same
+    /// directories, names, sizes, contents (SHA-256) and permissions. Such a snapshot needs no
+    /// new index: the previous marker is carried forward (DESIGN §7 step 2).
+    pub fn is_unchanged(&self) -> bool {
+        self.files_added.is_empty()
+            && self.files_removed.is_empty()
+            && self.sub_dirs_added.is_empty()
+            && self.sub_dirs_removed.is_empty()
+            && self
+                .files_retained
+                .iter()
+                .all(|(f, p)| f.metadata.mode() == p.file_metadata.mode())
+            && self.sub_dirs_retained.iter().all(DirDiff::is_unchanged)
+    }
+
     /// Every added file, depth first.
     pub fn added_files(&self) -> Vec<&LocalFile> {
         let mut out = Vec::new();

@@ -2,9 +2,12 @@
 //! verified, with ranged parallel GETs for large objects.
 //!
 //! Large downloads use parallel ranged GETs: each range streams into the file at its offset
-//! as its chunks arrive (memory: a few chunks per range in flight, not the range), and the
-//! file is hashed after all ranges have landed (a second sequential read, from the page
-//! cache). Small downloads stream into the file and are hashed on the way.
+//! as its chunks arrive (memory: a few chunks per range in flight, not the range). Ranges
+//! land out of order; a follower thread hashes the landed prefix in order as it grows
+//! (reading it back from the page cache) and starts its writeback every [`FLUSH_EVERY`]
+//! bytes, so that hashing and the disk's flush run while later ranges are still on the wire
+//! and the final fsync has little left to write. Small downloads stream into the file and are
+//! hashed on the way.
 
 use std::os::unix::fs::FileExt as _;
 use std::path::Path;
@@ -15,7 +18,7 @@ use futures::{StreamExt as _, TryStreamExt as _};
 use tokio::io::AsyncWriteExt as _;
 
 use super::{BlobKey, BlobStore};
-use crate::digest::{hash_file, Hasher, Sha256};
+use crate::digest::{Hasher, Sha256};
 use crate::error::{Error, ErrorKind, Result};
 
 /// Stream an object and return its SHA-256 and size, in memory of one chunk at a time (to
@@ -242,7 +245,13 @@ async fn download_ranges(
     opts: DownloadOptions,
 ) -> Result<DownloadStats> {
     let size = opts.expected_size;
-    let file = std::fs::File::create(dest)
+    // Read as well as written: the follower hashes the landed prefix back from it.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(dest)
         .and_then(|f| f.set_len(size).map(|()| f))
         .map_err(|e| Error::io(format!("create {}", dest.display()), e))?;
     let file = Arc::new(file);
@@ -251,32 +260,90 @@ async fn download_ranges(
         .map(|start| start..(start + opts.part_size).min(size))
         .collect();
     let requests = ranges.len() as u64;
-    futures::stream::iter(ranges)
-        .map(|range| {
+    let (landed_tx, landed_rx) = std::sync::mpsc::channel();
+    let follower = {
+        let (file, dest) = (Arc::clone(&file), dest.to_path_buf());
+        tokio::task::spawn_blocking(move || follow_prefix(&file, &dest, size, &landed_rx))
+    };
+    let mut landed = vec![false; ranges.len()];
+    let mut prefix = 0;
+    let downloaded = futures::stream::iter(ranges.iter().cloned().enumerate())
+        .map(|(i, range)| {
             let file = Arc::clone(&file);
             async move {
                 let got = store.get(key, Some(range.clone())).await?;
                 check_size(key, got.meta.size, size)?;
-                write_range(key, got, &range, &file, dest).await
+                write_range(key, got, &range, &file, dest).await?;
+                Ok::<_, Error>(i)
             }
         })
         .buffer_unordered(opts.concurrency.max(1))
-        .try_collect::<Vec<()>>()
-        .await?;
-    let dest_owned = dest.to_path_buf();
-    let digest = tokio::task::spawn_blocking(move || {
-        file.sync_all()
-            .map_err(|e| Error::io(format!("fsync {}", dest_owned.display()), e))?;
-        hash_file(&dest_owned)
-    })
-    .await
-    .map_err(|e| Error::task("hash", e))??;
+        .try_for_each(|i| {
+            landed[i] = true;
+            while landed.get(prefix).copied().unwrap_or(false) {
+                prefix += 1;
+            }
+            let upto = ranges.get(prefix).map_or(size, |r| r.start);
+            // The follower only stops early when this download has already failed.
+            let _ = landed_tx.send(upto);
+            futures::future::ready(Ok(()))
+        })
+        .await;
+    drop(landed_tx);
+    let followed = follower.await.map_err(|e| Error::task("hash", e))?;
+    downloaded?;
+    let digest = followed?;
     check_size(key, digest.size, size)?;
     check_sha(key, digest.sha256, opts.expected_sha256)?;
     Ok(DownloadStats {
         bytes: size,
         requests,
     })
+}
+
+/// Bytes of a ranged download written between two flushes of its follower.
+pub const FLUSH_EVERY: u64 = 32 << 20;
+
+/// The follower of a ranged download (blocking: on its own thread): receives how far the
+/// file has landed without a gap, hashes up to there, starts the writeback of what it hashed
+/// every [`FLUSH_EVERY`] bytes, and when the download ends (the sender is dropped) fsyncs the
+/// file and returns its digest. A download that stopped short is `Transient`.
+fn follow_prefix(
+    file: &std::fs::File,
+    dest: &Path,
+    size: u64,
+    landed: &std::sync::mpsc::Receiver<u64>,
+) -> Result<crate::digest::FileDigest> {
+    let mut hasher = Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let (mut hashed, mut flushed) = (0u64, 0u64);
+    while let Ok(mut upto) = landed.recv() {
+        while let Ok(later) = landed.try_recv() {
+            upto = later;
+        }
+        while hashed < upto {
+            let n = (upto - hashed).min(buf.len() as u64) as usize;
+            file.read_exact_at(&mut buf[..n], hashed)
+                .map_err(|e| Error::io(format!("read back {}", dest.display()), e))?;
+            hasher.update(&buf[..n]);
+            hashed += n as u64;
+        }
+        if hashed - flushed >= FLUSH_EVERY && hashed < size {
+            file.sync_data()
+                .map_err(|e| Error::io(format!("fdatasync {}", dest.display()), e))?;
+            flushed = hashed;
+        }
+    }
+    crate::digest::count_hashed(hashed);
+    if hashed < size {
+        return Err(Error::transient(format!(
+            "download of {} stopped at {hashed} of {size} bytes",
+            dest.display()
+        )));
+    }
+    file.sync_all()
+        .map_err(|e| Error::io(format!("fsync {}", dest.display()), e))?;
+    Ok(hasher.finish())
 }
 
 fn check_size(key: &BlobKey, actual: u64, expected: u64) -> Result<()> {

@@ -590,9 +590,132 @@ mod cases {
         mgr.init(Some(&checkpoint(&markers["x"]))).await.unwrap();
         assert_eq!(mgr.committed_marker("x").unwrap().to_string(), markers["x"]);
     }
+
+    /// An unchanged store costs no request (issue 19 §1): a commit whose snapshot holds
+    /// exactly the files of the committed one makes no request at all and hands back that
+    /// marker; a checkpoint naming the carried marker (its index names an older checkpoint)
+    /// restores the store's keys; cleanup keeps the carried index and its blobs while a
+    /// retained checkpoint names it, and deletes them once none does; a restore refuses an
+    /// index newer than the checkpoint that names it.
+    pub async fn unchanged_store_carries_its_marker_forward(h: &Harness) {
+        use blobsnap::backend::TaskRestoreManager as _;
+        use blobsnap::blob::restore::{BlobRestoreManager, RestoreSettings};
+        let mut fx = Fixture::new(h);
+        let tmp = tempfile::tempdir().unwrap();
+        let spec = StoreSpec {
+            name: "counts".into(),
+            dir: tmp.path().join("counts"),
+        };
+        let mgr = fx.manager(std::slice::from_ref(&spec));
+        mgr.init(None).await.unwrap();
+        let db = RocksStore::open("counts", &spec.dir).unwrap();
+        write_keys(&db, 0, 2000, 1);
+        let (id1, m1, s1) = commit_rocks(&mut fx, &mgr, &db).await;
+        assert!(!s1.carried_forward);
+        let idx1 = fx.index("counts", &m1).await;
+        let cp = |id: CheckpointId, marker: &str| {
+            Checkpoint::V2(CheckpointV2 {
+                id,
+                input_offsets: Default::default(),
+                state_checkpoint_markers: BTreeMap::from([(
+                    FACTORY_NAME.to_string(),
+                    BTreeMap::from([("counts".to_string(), marker.to_string())]),
+                )]),
+            })
+        };
+        let keys_of = |dir: &Path| -> Vec<(Vec<u8>, Vec<u8>)> {
+            let db = RocksStore::open("counts", dir).unwrap();
+            db.db()
+                .iterator(rocksdb::IteratorMode::Start)
+                .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).unwrap())
+                .collect()
+        };
+        let (r_store, r_task) = (Arc::clone(&fx.store), fx.task.clone());
+        let restore_to = |name: &str, checkpoint: Checkpoint| {
+            let dir = tmp.path().join(name);
+            let store = Arc::clone(&r_store);
+            let task = r_task.clone();
+            async move {
+                let spec = StoreSpec {
+                    name: "counts".into(),
+                    dir: dir.clone(),
+                };
+                let r = BlobRestoreManager::new(
+                    store,
+                    task,
+                    std::slice::from_ref(&spec),
+                    RestoreSettings::default(),
+                )
+                .unwrap();
+                r.init(Some(&checkpoint)).await?;
+                r.restore().await.map(|()| dir)
+            }
+        };
+        let want: Vec<(Vec<u8>, Vec<u8>)> = db
+            .db()
+            .iterator(rocksdb::IteratorMode::Start)
+            .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).unwrap())
+            .collect();
+
+        // Three commits with no write: no request at all, the first marker each time.
+        let mut last = id1;
+        for round in 0..3 {
+            let before = fx.counters.snapshot();
+            let (id, m, s) = commit_rocks(&mut fx, &mgr, &db).await;
+            let d = fx.counters.snapshot().since(&before);
+            assert_eq!(m, m1, "{}: round {round} carried the marker", h.name);
+            assert!(s.carried_forward && s.requests == 0, "{s:?}");
+            assert_eq!(s.files, idx1.present_files().len() as u64, "{s:?}");
+            let requests = d.put.calls
+                + d.get.calls
+                + d.head.calls
+                + d.delete.calls
+                + d.list.calls
+                + d.multipart.calls;
+            assert_eq!(requests, 0, "{}: round {round}: {d:?}", h.name);
+            last = id;
+        }
+        // The last checkpoint names the first index: it restores, and the carried snapshot
+        // is still whole (cleanup ran after every commit, with retention 2).
+        let dir = restore_to("restored", cp(last, &m1)).await.unwrap();
+        assert_eq!(keys_of(&dir), want, "{}", h.name);
+        fx.check_blobs("counts", &idx1).await;
+
+        // Two changes: the carried snapshot leaves retention, its index goes with it.
+        write_keys(&db, 2000, 1000, 2);
+        let (_, m5, s5) = commit_rocks(&mut fx, &mgr, &db).await;
+        assert!(!s5.carried_forward && m5 != m1, "{s5:?}");
+        assert_eq!(
+            fx.index("counts", &m5)
+                .await
+                .prev_snapshot_index_blob_id
+                .as_deref(),
+            Some(m1.as_str())
+        );
+        write_keys(&db, 3000, 1000, 3);
+        let (id6, m6, _) = commit_rocks(&mut fx, &mgr, &db).await;
+        let scope = JobScope::new(&fx.task.job_name, &fx.task.job_id)
+            .unwrap()
+            .store(&fx.task.task_name, "counts")
+            .unwrap();
+        let e = fx
+            .store
+            .head(&scope.index_key(&m1.parse().unwrap()).unwrap())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound, "{}: {e}", h.name);
+        let dir = restore_to("restored-6", cp(id6, &m6)).await.unwrap();
+        assert_eq!(keys_of(&dir).len(), 4000);
+
+        // An index newer than the checkpoint naming it is not that checkpoint's.
+        let e = restore_to("refused", cp(id1, &m6)).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+        assert!(e.to_string().contains("newer than the checkpoint"), "{e}");
+    }
 }
 
 store_suites!([
+    unchanged_store_carries_its_marker_forward,
     second_commit_sends_only_new_content,
     nested_removed_rewritten_and_duplicate_files,
     empty_store_and_empty_dir,

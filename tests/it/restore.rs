@@ -689,11 +689,20 @@ mod cases {
             ..Default::default()
         };
         let token = settings.cancel.clone();
-        // The second blob GET cancels: the download in flight finishes, the next ones stop.
+        // A restore fetches the small files first, then the SSTs: the second SST's GET
+        // cancels, the download in flight finishes, the next ones stop.
+        let small = fx
+            .index(&cp)
+            .await
+            .dir_index
+            .files_present
+            .iter()
+            .filter(|f| !f.file_name.ends_with(".sst"))
+            .count() as u64;
         let hooked = support::Hooked::new(
             Arc::clone(&fx.store),
             Box::new(move |_, n| {
-                if n == 1 {
+                if n == small + 1 {
                     token.cancel();
                 }
                 None
@@ -1023,5 +1032,136 @@ async fn a_full_disk_during_a_restore_keeps_the_old_state() {
     assert!(
         std::fs::read_dir(&tiny.path).unwrap().next().is_none(),
         "nothing written, not even a directory"
+    );
+}
+
+/// Two tasks restoring at once through one transfer budget share it (issue 18 §3): neither
+/// waits for the other to finish — when the first task has started its last download, the
+/// other has started at least 40 % of its own — each task fetches its small files (MANIFEST,
+/// OPTIONS, CURRENT) before any SST, and both get back the bytes they had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_restoring_at_once_share_the_budget_fairly() {
+    use blobsnap::blobstore::limit::{Budget, LimitStore};
+    use std::sync::Mutex;
+    let tmp = tempfile::tempdir().unwrap();
+    let local: Arc<dyn BlobStore> =
+        Arc::new(blobsnap::blobstore::local::LocalStore::new(tmp.path().join("store")).unwrap());
+    let tasks = ["Partition 0", "Partition 1"];
+    let ctx = |task: &str| TaskContext {
+        job_name: "fair".into(),
+        job_id: "1".into(),
+        task_name: task.into(),
+    };
+    // key → (task, is an SST), and each task's keys, checkpoint and expected contents.
+    let mut files: BTreeMap<String, (usize, bool)> = BTreeMap::new();
+    let mut backed_up = Vec::new();
+    for (i, task) in tasks.iter().enumerate() {
+        let spec = StoreSpec {
+            name: "counts".into(),
+            dir: tmp.path().join(format!("src-{i}")),
+        };
+        let db = RocksStore::open("counts", &spec.dir).unwrap();
+        for round in 0..6 {
+            support::rocks::write_keys_of(&db, round * 200, 200, i as u64, 2048);
+            db.flush().unwrap();
+        }
+        let mgr = BlobBackupManager::new(
+            Arc::clone(&local),
+            ctx(task),
+            std::slice::from_ref(&spec),
+            Arc::new(SystemClock),
+            BackupSettings::default(),
+        )
+        .unwrap();
+        mgr.init(None).await.unwrap();
+        let id = CheckpointIdGen::new()
+            .next(SystemClock.now_millis())
+            .unwrap();
+        let markers = support::rocks::commit_once(&mgr, &db, id).await;
+        let index =
+            support::index_of_store(local.as_ref(), &ctx(task), "counts", &markers["counts"]).await;
+        let scope = JobScope::new("fair", "1")
+            .unwrap()
+            .store(task, "counts")
+            .unwrap();
+        for f in &index.dir_index.files_present {
+            let key = scope.key(&f.blobs[0].blob_id).unwrap();
+            files.insert(key.as_str().to_string(), (i, f.file_name.ends_with(".sst")));
+        }
+        backed_up.push((checkpoint(id, &markers["counts"]), all_keys(&spec.dir)));
+    }
+    let ssts = files.values().filter(|(_, sst)| *sst).count();
+    assert!(ssts >= 12, "{ssts} SSTs: six per task");
+
+    // One transfer at a time for both, on a store that records the order of the GETs.
+    let order = Arc::new(Mutex::new(Vec::<String>::new()));
+    let hooked = support::Hooked::new(
+        Arc::clone(&local),
+        Box::new({
+            let order = Arc::clone(&order);
+            move |key, _| {
+                order.lock().unwrap().push(key.as_str().to_string());
+                None
+            }
+        }),
+    );
+    let store: Arc<dyn BlobStore> = Arc::new(LimitStore::new(Arc::new(hooked), Budget::new(1)));
+    let restores = tasks.iter().enumerate().map(|(i, task)| {
+        let spec = StoreSpec {
+            name: "counts".into(),
+            dir: tmp.path().join(format!("dst-{i}")),
+        };
+        let r = BlobRestoreManager::new(
+            Arc::clone(&store),
+            ctx(task),
+            std::slice::from_ref(&spec),
+            RestoreSettings {
+                downloads: 2,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let cp = backed_up[i].0.clone();
+        async move {
+            r.init(Some(&cp)).await?;
+            r.restore().await?;
+            Ok::<_, blobsnap::Error>(spec)
+        }
+    });
+    let restored = futures::future::try_join_all(restores).await.unwrap();
+    for (i, spec) in restored.iter().enumerate() {
+        assert_eq!(all_keys(&spec.dir), backed_up[i].1, "task {i}'s bytes");
+    }
+
+    let seq: Vec<(usize, bool)> = order
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|k| files.get(k).copied())
+        .collect();
+    assert_eq!(seq.len(), files.len(), "one GET per file: {seq:?}");
+    for t in 0..tasks.len() {
+        let mine: Vec<bool> = seq
+            .iter()
+            .filter(|(w, _)| *w == t)
+            .map(|(_, s)| *s)
+            .collect();
+        let first_sst = mine.iter().position(|s| *s).unwrap();
+        assert!(
+            mine[first_sst..].iter().all(|s| *s),
+            "task {t} fetched its small files first: {mine:?}"
+        );
+    }
+    let last = |t: usize| seq.iter().rposition(|(w, _)| *w == t).unwrap();
+    let first_done = if last(0) < last(1) { 0 } else { 1 };
+    let other = 1 - first_done;
+    let other_total = seq.iter().filter(|(w, _)| *w == other).count();
+    let other_before = seq[..last(first_done)]
+        .iter()
+        .filter(|(w, _)| *w == other)
+        .count();
+    assert!(
+        other_before * 10 >= other_total * 4,
+        "task {other} had {other_before} of its {other_total} downloads started when task {first_done} started its last: {seq:?}"
     );
 }

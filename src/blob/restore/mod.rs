@@ -4,8 +4,9 @@
 //!
 //! **Plan, then execute.** [`plan_store`] decides, for each file of the index, whether it is
 //! already in the staging dir of an interrupted restore, reusable from a local file (the live
-//! store dir, any local checkpoint dir of the store) with the same size and a SHA-256
-//! **recomputed now**, or to be downloaded; and which local files are left over. The plan has
+//! store dir, a warm standby's dir, any local checkpoint dir of the store) and proved intact —
+//! an immutable file (`*.sst`, `*.blob`) by the hash cache's entry for this very inode, any
+//! other by a SHA-256 **recomputed now** — or to be downloaded; and which local files are left over. The plan has
 //! totals and prints itself. Free disk space is checked against it before anything is written.
 //!
 //! **Execute** builds the new tree in `<store dir>.blobsnap-staging`: SST/blob files are
@@ -13,7 +14,10 @@
 //! files are copied (RocksDB may rewrite them in place), downloads stream into a temp file that
 //! is SHA-256-verified and fsynced before its rename (large blobs as parallel ranged GETs). A
 //! mismatch is retried a bounded number of times, then fails as `Corrupt` naming file and
-//! blob. When the tree is complete: a `RESTORED` marker (checkpoint id, index key), fsync of
+//! blob. The stores of a task restore at once; each fetches its small files first, then its
+//! largest first, and the process's transfer budget (FIFO) shares the wire among the stores
+//! and tasks restoring together. A ranged download is hashed in order and flushed while its
+//! later ranges are still arriving ([`download_to_file`]). When the tree is complete: a `RESTORED` marker (checkpoint id, index key), fsync of
 //! the staging tree bottom-up, `renameat2(RENAME_EXCHANGE)` of staging and store dir, fsync of
 //! the parent, removal of the old tree. Where the filesystem lacks EXCHANGE, two renames with an
 //! intent file, rolled forward by the next restore. A crash at any point leaves the old store
@@ -318,6 +322,7 @@ impl BlobRestoreManager {
         let loaded = self.loaded()?;
         let mut by_store: HashMap<String, RestorePlan> =
             plans.into_iter().map(|p| (p.store.clone(), p)).collect();
+        let mut stores = Vec::with_capacity(self.stores.len());
         for (spec, scope) in &self.stores {
             let l = loaded.get(&spec.name).cloned().flatten();
             let plan = by_store.remove(&spec.name).ok_or_else(|| {
@@ -331,11 +336,20 @@ impl BlobRestoreManager {
                     l.as_ref().map(|l| l.marker)
                 )));
             }
-            let done = self.execute_store(spec, scope, l, plan).await;
-            lock(&self.standby_locks)?.remove(&spec.name);
-            done?;
+            stores.push((spec, scope, l, plan));
         }
-        Ok(())
+        // The stores of a task restore at once: each has `downloads` files in hand, and the
+        // process's transfer budget (a FIFO semaphore) shares what is on the wire among them
+        // and among the tasks of the process, so none waits for another to finish.
+        let done = futures::future::join_all(stores.into_iter().map(
+            |(spec, scope, l, plan)| async move {
+                let done = self.execute_store(spec, scope, l, plan).await;
+                lock(&self.standby_locks)?.remove(&spec.name);
+                done
+            },
+        ))
+        .await;
+        done.into_iter().collect::<Result<Vec<()>>>().map(drop)
     }
 
     async fn execute_store(
@@ -427,12 +441,23 @@ impl BlobRestoreManager {
                 .map_err(|e| Error::task("staging", e))??;
         }
 
-        let downloads: Vec<PlannedFile> = plan
+        let mut downloads: Vec<PlannedFile> = plan
             .files
             .iter()
             .filter(|f| f.source == Source::Download)
             .cloned()
             .collect();
+        // The small files first (one GET each: a store's MANIFEST and OPTIONS do not queue
+        // behind its large SSTs), then the largest first, so that the last files in flight
+        // are the short ones and the store's ranged GETs keep the budget busy to the end.
+        downloads.sort_by_key(|f| {
+            let size = f.entry.file_metadata.size;
+            if size <= self.settings.part_size {
+                (false, size)
+            } else {
+                (true, u64::MAX - size)
+            }
+        });
         futures::stream::iter(downloads)
             .map(|f| {
                 let progress = Arc::clone(progress);
@@ -555,7 +580,8 @@ impl BlobRestoreManager {
 impl TaskRestoreManager for BlobRestoreManager {
     /// Read and check the index of every store that has a marker in `checkpoint`: its bytes
     /// against the marker's SHA-256, its names, its metadata against this job/task/store and
-    /// its checkpoint id against the checkpoint's. Stores without a marker will be reset.
+    /// its checkpoint id against the checkpoint's (equal, or older for a marker carried
+    /// forward; never newer). Stores without a marker will be reset.
     async fn init(&self, checkpoint: Option<&Checkpoint>) -> Result<()> {
         let v2 = checkpoint.and_then(Checkpoint::as_v2);
         if checkpoint.is_some() && v2.is_none() {
@@ -577,9 +603,11 @@ impl TaskRestoreManager for BlobRestoreManager {
                         .await
                         .map_err(|e| e.context(format!("store {}", spec.name)))?;
                     debug_assert_eq!(&snap.scope, scope);
-                    if snap.index.snapshot_metadata.checkpoint_id != cp_id {
+                    // A marker carried forward names an older checkpoint's index (an
+                    // unchanged store); one newer than the checkpoint cannot be its own.
+                    if snap.index.snapshot_metadata.checkpoint_id > cp_id {
                         return Err(Error::corrupt(format!(
-                            "store {}: index {} belongs to checkpoint {}, the checkpoint is {cp_id}",
+                            "store {}: index {} belongs to checkpoint {}, newer than the checkpoint {cp_id}",
                             spec.name, snap.marker, snap.index.snapshot_metadata.checkpoint_id
                         )));
                     }
