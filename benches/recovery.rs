@@ -58,6 +58,7 @@ fn job(state: &std::path::Path, input: &std::path::Path, id: &str) -> blobsnap::
         restore_fallback: false,
         deployment_id: "bench".into(),
         create_resources: true,
+        index_inline_below: blobsnap::blob::backup::INLINE_BELOW,
     }
 }
 

@@ -25,6 +25,7 @@
 //! gc-grace-secs = 86400    # recorded in scope.json: `blobsnap gc` refuses a shorter one
 //! deployment-id = "prod-eu"  # recorded in scope.json: another deployment is refused
 //! create-resources = true  # bucket, abort-multipart rule, owner record; validated always
+//! index-inline-below = "64KiB"  # smaller files travel inline in the index; 0: Samza's v1 shape
 //! ```
 //!
 //! | variable | setting |
@@ -124,6 +125,11 @@ pub struct JobConfig {
     /// aborts incomplete multipart uploads, the owner record). Off: they must exist (see
     /// `blobsnap admin create`); they are validated either way.
     pub create_resources: bool,
+    /// Mutable files (MANIFEST, OPTIONS, CURRENT, WAL) smaller than this travel inline in
+    /// the store's index (format-version 2) instead of as blobs of their own (default 64 KiB). 0 writes Samza's v1 index shape, for a
+    /// Samza reader.
+    #[serde(deserialize_with = "crate::units::bytes")]
+    pub index_inline_below: u64,
 }
 
 impl Default for JobConfig {
@@ -142,6 +148,7 @@ impl Default for JobConfig {
             restore_fallback: false,
             deployment_id: "default".into(),
             create_resources: true,
+            index_inline_below: crate::blob::backup::INLINE_BELOW,
         }
     }
 }

@@ -11,6 +11,10 @@
 //!   [`FORMAT_VERSION`] (`InvalidInput`): an old reader never mis-restores a newer format.
 //! - `sha256` is optional when parsing (Samza's indexes lack it); restore and verify refuse a
 //!   file without one.
+//! - A small file may travel **inline** (`inline-data`, base64, no blob): such an index is
+//!   [`FORMAT_INLINE`] (2); one without inline files is written as [`FORMAT_V1`], Samza's
+//!   shape. The decoded bytes must match the entry's size (checked at parse) and SHA-256
+//!   (checked by the restore, as a downloaded blob's).
 //! - Every name is validated before it can reach a filesystem ([`SnapshotIndex::from_slice`]):
 //!   not empty, not `.` or `..`, no `/`, no NUL, unique within its directory (files and
 //!   sub-directories share one namespace). An index over [`MAX_INDEX_BYTES`] is refused before
@@ -28,8 +32,16 @@ use crate::digest::Sha256;
 use crate::error::{Error, Result};
 use crate::id::CheckpointId;
 
-/// The index format this build writes and the highest it reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The highest index format this build reads (and the one it writes when a file travels
+/// inline): 1 is Samza's shape plus `sha256`, 2 adds `inline-data` (DESIGN §6).
+pub const FORMAT_VERSION: u32 = FORMAT_INLINE;
+
+/// Samza's shape (plus `sha256`): what blobsnap writes when no file of the snapshot travels
+/// inline, readable by every reader of version 1.
+pub const FORMAT_V1: u32 = 1;
+
+/// The first format with `inline-data`: a small file's bytes in the index itself, no blob.
+pub const FORMAT_INLINE: u32 = 2;
 
 /// The largest index accepted, in bytes (checked before parsing).
 pub const MAX_INDEX_BYTES: u64 = 64 << 20;
@@ -103,6 +115,45 @@ pub struct FileIndex {
     /// SHA-256 of the bytes: the file's identity. Absent only in Samza's indexes.
     #[serde(default)]
     pub sha256: Option<Sha256>,
+    /// A small file's bytes, base64 (standard alphabet, padded), carried in the index itself
+    /// instead of a blob (`blobs` is then empty; format-version 2). Not written when absent,
+    /// so an index without inline files keeps Samza's shape.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inline_data: Option<String>,
+}
+
+impl FileIndex {
+    /// The file's bytes when they travel inline: decoded and checked against the entry's size
+    /// (`Corrupt` otherwise). `None` for a file held by blobs.
+    pub fn inline_bytes(&self) -> Result<Option<Vec<u8>>> {
+        use base64::Engine as _;
+        let Some(text) = &self.inline_data else {
+            return Ok(None);
+        };
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .map_err(|e| {
+                Error::corrupt(format!(
+                    "index entry {}: inline-data is not base64: {e}",
+                    self.file_name
+                ))
+            })?;
+        if bytes.len() as u64 != self.file_metadata.size {
+            return Err(Error::corrupt(format!(
+                "index entry {}: inline-data holds {} bytes, the entry says {}",
+                self.file_name,
+                bytes.len(),
+                self.file_metadata.size
+            )));
+        }
+        Ok(Some(bytes))
+    }
+
+    /// Encode `bytes` as this entry's inline data.
+    pub fn encode_inline(bytes: &[u8]) -> String {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    }
 }
 
 /// One blob of a file.
@@ -300,6 +351,17 @@ impl DirIndex {
 }
 
 fn validate_blobs(f: &FileIndex, here: &str) -> Result<()> {
+    if f.inline_data.is_some() {
+        if !f.blobs.is_empty() {
+            return Err(Error::corrupt(format!(
+                "index entry {here}{} has both inline-data and blobs",
+                f.file_name
+            )));
+        }
+        f.inline_bytes()
+            .map_err(|e| e.context(format!("in {here:?}")))?;
+        return Ok(());
+    }
     if f.blobs.is_empty() && f.file_metadata.size > 0 {
         return Err(Error::corrupt(format!(
             "index entry {here}{} has {} bytes but no blob",
@@ -387,6 +449,18 @@ impl SnapshotIndex {
             }
         }
         self.dir_index.validate("", true)?;
+        if self.format_version < FORMAT_INLINE {
+            if let Some((path, _)) = self
+                .present_files()
+                .into_iter()
+                .find(|(_, f)| f.inline_data.is_some())
+            {
+                return Err(Error::corrupt(format!(
+                    "index entry {path} has inline-data in a format-version {} index (inline data needs {FORMAT_INLINE})",
+                    self.format_version
+                )));
+            }
+        }
         // Sizes: a file holds at most off_t's 2^63 - 1 bytes, and the snapshot's total must be
         // a number (a hostile index must be reported as corrupt, not as a disk too small).
         let mut total: u64 = 0;
@@ -636,9 +710,10 @@ mod tests {
             },
             checksum: 0,
             sha256: Some(Sha256::of(content)),
+            inline_data: None,
         };
         let index = |files: Vec<FileIndex>| SnapshotIndex {
-            format_version: FORMAT_VERSION,
+            format_version: FORMAT_V1,
             creation_time_millis: 0,
             snapshot_metadata: SnapshotMetadata {
                 checkpoint_id: "1-0".parse().unwrap(),

@@ -45,11 +45,12 @@ use crate::checkpoint::{Checkpoint, CheckpointId};
 use crate::digest::{FileDigest, Sha256};
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::{
-    DirIndex, FileBlob, FileIndex, IndexMarker, SnapshotIndex, SnapshotMetadata, FORMAT_VERSION,
+    DirIndex, FileBlob, FileIndex, IndexMarker, SnapshotIndex, SnapshotMetadata, FORMAT_INLINE,
+    FORMAT_V1,
 };
 use crate::layout::{JobScope, StoreScope};
 use crate::local::hashcache::HashCache;
-use crate::local::scan::{scan_dir_only, LocalDir, LocalFile, Owners, ScanStats};
+use crate::local::scan::{is_immutable, scan_dir_only, LocalDir, LocalFile, Owners, ScanStats};
 
 /// Blob uploads of one store at once: each holds an open file and, on S3, a connection, so
 /// this bounds a store's descriptors even where no transfer budget
@@ -78,7 +79,16 @@ pub struct BackupSettings {
     /// committed snapshot with a swept blob then). Never off in a job.
     #[doc(hidden)]
     pub abandon_rule: bool,
+    /// Mutable files (all but `*.sst` and `*.blob`) smaller than this travel inline in the
+    /// index (`inline-data`, format-version 2) instead of as blobs of their own, so a commit's
+    /// MANIFEST, OPTIONS, CURRENT and small WAL cost no request. Immutable files stay blobs:
+    /// retained snapshots share them for free. 0: never — every index keeps Samza's v1 shape
+    /// (for a Samza reader).
+    pub inline_below: u64,
 }
+
+/// The default [`BackupSettings::inline_below`]: 64 KiB.
+pub const INLINE_BELOW: u64 = 64 << 10;
 
 impl Default for BackupSettings {
     fn default() -> Self {
@@ -89,6 +99,7 @@ impl Default for BackupSettings {
             gc_grace: std::time::Duration::from_secs(24 * 3600),
             only: None,
             abandon_rule: true,
+            inline_below: INLINE_BELOW,
         }
     }
 }
@@ -133,6 +144,8 @@ pub struct UploadStats {
     /// The store was unchanged since the committed snapshot: no request was made and the
     /// committed marker was handed back (carried forward).
     pub carried_forward: bool,
+    /// Added files carried inline in the index (no blob, no request of their own).
+    pub files_inline: u64,
 }
 
 /// Live progress of one store's upload (Samza's `files-to-upload`, `bytes-uploaded`, …
@@ -359,7 +372,8 @@ impl BlobBackupManager {
         }
 
         // 3. plan the blobs: reuse what the committed snapshot holds, send each new content once
-        let (blob_of, to_put, deduplicated) = plan_blobs(id, committed.as_ref(), &dd);
+        let (blob_of, to_put, to_inline, deduplicated) =
+            plan_blobs(id, committed.as_ref(), &dd, self.settings.inline_below);
         let progress = self.progress.get(&spec.name).cloned().unwrap_or_default();
         progress.reset();
         progress
@@ -380,13 +394,19 @@ impl BlobBackupManager {
         let upload_started = Instant::now();
         self.note_first_put(id)?;
         let requests = self.put_blobs(id, scope, &to_put, &progress).await?;
+        let inline = read_inline(&to_inline).await?;
 
         // 4. the index — unless the commit's uploads took so long that the sweep could have
         //    taken their first blobs (DESIGN §7 step 2; checked again before the checkpoint
         //    write, `before_commit`).
         self.check_age(id, &format!("upload of store {}", spec.name))?;
+        let dir_index = build_dir(&dd, &blob_of, &inline)?;
         let index = SnapshotIndex {
-            format_version: FORMAT_VERSION,
+            format_version: if has_inline(&dir_index) {
+                FORMAT_INLINE
+            } else {
+                FORMAT_V1
+            },
             creation_time_millis: self.clock.now_millis(),
             snapshot_metadata: SnapshotMetadata {
                 checkpoint_id: id,
@@ -395,7 +415,7 @@ impl BlobBackupManager {
                 task_name: self.task.task_name.clone(),
                 store_name: spec.name.clone(),
             },
-            dir_index: build_dir(&dd, &blob_of)?,
+            dir_index,
             prev_snapshot_index_blob_id: committed.as_ref().map(|c| c.marker.to_string()),
         };
         let (marker, index_len) = self.put_index(id, scope, &index).await?;
@@ -423,6 +443,7 @@ impl BlobBackupManager {
             scan_ms,
             upload_ms: upload_started.elapsed().as_millis() as u64,
             carried_forward: false,
+            files_inline: to_inline.len() as u64,
         };
         tracing::info!(
             marker = %marker,
@@ -623,18 +644,64 @@ fn file_index(f: &LocalFile, blob_id: String) -> FileIndex {
         file_metadata: f.metadata.clone(),
         checksum: f.digest.crc32,
         sha256: Some(f.digest.sha256),
+        inline_data: None,
     }
 }
 
-/// Which blobs an upload sends: an added file whose SHA-256 the committed snapshot (or an
-/// earlier file of this upload) already holds reuses that blob; every other content is sent
-/// once, as `blobs/<id>/<sha256>`. Returns the blob of every content, the files to PUT and
-/// how many added files were deduplicated.
+/// Whether any present file of `d` (or below) travels inline.
+fn has_inline(d: &DirIndex) -> bool {
+    d.files_present.iter().any(|f| f.inline_data.is_some())
+        || d.sub_dirs_present.iter().any(has_inline)
+}
+
+/// Read the files that travel inline (small: off the async threads, all at once) and encode
+/// them, by content. Each is checked against the SHA-256 and size the scan found: a file of
+/// a checkpoint dir that changed since is an error, never a wrong index.
+async fn read_inline(files: &[&LocalFile]) -> Result<HashMap<Sha256, String>> {
+    let jobs: Vec<(PathBuf, FileDigest)> =
+        files.iter().map(|f| (f.path.clone(), f.digest)).collect();
+    tokio::task::spawn_blocking(move || {
+        let mut out = HashMap::new();
+        for (path, digest) in jobs {
+            let bytes = std::fs::read(&path)
+                .map_err(Error::io_with(format!("read {}", path.display())))?;
+            if bytes.len() as u64 != digest.size || Sha256::of(&bytes) != digest.sha256 {
+                return Err(Error::new(
+                    ErrorKind::Io,
+                    format!(
+                        "{} changed after it was hashed ({} bytes, {} when scanned): a checkpoint dir must not change",
+                        path.display(),
+                        bytes.len(),
+                        digest.size
+                    ),
+                ));
+            }
+            out.insert(digest.sha256, FileIndex::encode_inline(&bytes));
+        }
+        Ok(out)
+    })
+    .await
+    .map_err(|e| Error::task("read inline files", e))?
+}
+
+/// Which blobs an upload sends: an added mutable file (not `*.sst` or `*.blob`) smaller than
+/// `inline_below` travels inline in the index; an added file whose SHA-256 the committed snapshot (or an earlier file of this
+/// upload) already holds reuses that blob; every other content is sent once, as
+/// `blobs/<id>/<sha256>`. Returns the blob of every content, the files to PUT, the files to
+/// carry inline and how many added files were deduplicated.
+type BlobPlan<'a> = (
+    HashMap<Sha256, String>,
+    Vec<&'a LocalFile>,
+    Vec<&'a LocalFile>,
+    u64,
+);
+
 fn plan_blobs<'a>(
     id: CheckpointId,
     committed: Option<&LoadedSnapshot>,
     dd: &'a DirDiff<'a>,
-) -> (HashMap<Sha256, String>, Vec<&'a LocalFile>, u64) {
+    inline_below: u64,
+) -> BlobPlan<'a> {
     let mut blob_of: HashMap<Sha256, String> = HashMap::new();
     if let Some(c) = committed {
         for (_, f) in c.index.present_files() {
@@ -644,8 +711,17 @@ fn plan_blobs<'a>(
         }
     }
     let mut to_put: Vec<&LocalFile> = Vec::new();
+    let mut to_inline: Vec<&LocalFile> = Vec::new();
     let mut deduplicated = 0u64;
     for f in dd.added_files() {
+        // Only mutable files (MANIFEST, OPTIONS, CURRENT, a WAL): they change at almost every
+        // commit, so a blob of their own would cost a PUT each time. An SST or blob file is
+        // immutable and stays a blob, which retained snapshots share for free (inline, it
+        // would be sent again in every later index).
+        if f.digest.size < inline_below && !is_immutable(&f.name) {
+            to_inline.push(f);
+            continue;
+        }
         let sha = f.digest.sha256;
         if blob_of.contains_key(&sha) {
             deduplicated += 1;
@@ -654,12 +730,16 @@ fn plan_blobs<'a>(
         blob_of.insert(sha, StoreScope::blob_id(id, sha));
         to_put.push(f);
     }
-    (blob_of, to_put, deduplicated)
+    (blob_of, to_put, to_inline, deduplicated)
 }
 
-/// The new DirIndex: retained files keep their blob (with attributes from disk now), added
-/// files get the blob planned for their content.
-fn build_dir(d: &DirDiff<'_>, blob_of: &HashMap<Sha256, String>) -> Result<DirIndex> {
+/// The new DirIndex: retained files keep their blob or inline data (with attributes from
+/// disk now), added files get their inline data or the blob planned for their content.
+fn build_dir(
+    d: &DirDiff<'_>,
+    blob_of: &HashMap<Sha256, String>,
+    inline: &HashMap<Sha256, String>,
+) -> Result<DirIndex> {
     let mut files = Vec::with_capacity(d.files_added.len() + d.files_retained.len());
     for (local, prev) in &d.files_retained {
         let mut fi = (*prev).clone();
@@ -667,6 +747,14 @@ fn build_dir(d: &DirDiff<'_>, blob_of: &HashMap<Sha256, String>) -> Result<DirIn
         files.push(fi);
     }
     for f in &d.files_added {
+        if let Some(data) = inline.get(&f.digest.sha256) {
+            files.push(FileIndex {
+                blobs: Vec::new(),
+                inline_data: Some(data.clone()),
+                ..file_index(f, String::new())
+            });
+            continue;
+        }
         let blob = blob_of.get(&f.digest.sha256).ok_or_else(|| {
             Error::new(
                 ErrorKind::Io,
@@ -677,7 +765,7 @@ fn build_dir(d: &DirDiff<'_>, blob_of: &HashMap<Sha256, String>) -> Result<DirIn
     }
     let mut dirs = Vec::new();
     for sub in d.sub_dirs_added.iter().chain(&d.sub_dirs_retained) {
-        dirs.push(build_dir(sub, blob_of)?);
+        dirs.push(build_dir(sub, blob_of, inline)?);
     }
     Ok(DirIndex {
         dir_name: d.name.clone(),
@@ -868,49 +956,71 @@ impl BlobBackupManager {
     /// window only once its deletes succeeded.
     async fn expire(&self) -> Result<()> {
         let mut total = CleanupStats::default();
+        // Every store's leaving snapshots, decided from the indexes in hand, then one batch
+        // delete for the whole task (DESIGN §7 step 4: a commit costs at most one).
+        let mut keys: Vec<crate::blobstore::BlobKey> = Vec::new();
+        let mut leaving_per_store: Vec<(String, usize)> = Vec::new();
         for (spec, scope, _) in &self.stores {
-            loop {
-                let (leaving, keep) = {
-                    let state = lock(&self.state)?;
-                    let Some(st) = state.get(&spec.name) else {
-                        break;
-                    };
-                    if st.retained.len() <= self.settings.retention.max(1) {
-                        break;
-                    }
-                    let Some(leaving) = st.retained.front().cloned() else {
-                        break;
-                    };
-                    let keep: Vec<Arc<SnapshotIndex>> = st
-                        .retained
-                        .iter()
-                        .skip(1)
-                        .chain(st.uploaded.values())
-                        .map(|s| Arc::clone(&s.index))
-                        .collect();
-                    (leaving, keep)
+            let (leaving, keep) = {
+                let state = lock(&self.state)?;
+                let Some(st) = state.get(&spec.name) else {
+                    continue;
                 };
-                let mut doomed = blob_keys(scope, &leaving.index)?;
-                for idx in &keep {
-                    for k in blob_keys(scope, idx)?.keys() {
-                        doomed.remove(k);
+                let n = st
+                    .retained
+                    .len()
+                    .saturating_sub(self.settings.retention.max(1));
+                if n == 0 {
+                    continue;
+                }
+                let leaving: Vec<LoadedSnapshot> = st.retained.iter().take(n).cloned().collect();
+                let keep: Vec<LoadedSnapshot> = st
+                    .retained
+                    .iter()
+                    .skip(n)
+                    .chain(st.uploaded.values())
+                    .cloned()
+                    .collect();
+                (leaving, keep)
+            };
+            let mut doomed = BTreeMap::new();
+            for l in &leaving {
+                doomed.extend(blob_keys(scope, &l.index)?);
+            }
+            for k in &keep {
+                for key in blob_keys(scope, &k.index)?.keys() {
+                    doomed.remove(key);
+                }
+            }
+            let bytes: u64 = doomed.values().sum();
+            let blobs = doomed.len() as u64;
+            keys.extend(doomed.into_keys());
+            // A leaving index goes unless a snapshot kept names the same marker (markers are
+            // carried forward: DESIGN §7 step 4).
+            for l in &leaving {
+                if !keep.iter().any(|k| k.marker == l.marker) {
+                    keys.push(scope.index_key(&l.marker)?);
+                }
+                tracing::info!(store = %spec.name, expired = %l.marker, "snapshot left retention");
+            }
+            total.snapshots_expired += leaving.len() as u64;
+            total.blobs_deleted += blobs;
+            total.bytes_deleted += bytes;
+            leaving_per_store.push((spec.name.clone(), leaving.len()));
+        }
+        if !keys.is_empty() {
+            let failures = self.blob_store.delete_many(&keys).await?;
+            if let Some((k, e)) = failures.into_iter().next() {
+                return Err(e.context(format!("cleanup: delete {k}")));
+            }
+        }
+        {
+            let mut state = lock(&self.state)?;
+            for (store, n) in leaving_per_store {
+                if let Some(st) = state.get_mut(&store) {
+                    for _ in 0..n {
+                        st.retained.pop_front();
                     }
-                }
-                let mut keys: Vec<_> = doomed.keys().cloned().collect();
-                keys.sort();
-                let bytes: u64 = doomed.values().sum();
-                keys.push(scope.index_key(&leaving.marker)?);
-                let failures = self.blob_store.delete_many(&keys).await?;
-                if let Some((k, e)) = failures.into_iter().next() {
-                    return Err(e.context(format!("cleanup of store {}: delete {k}", spec.name)));
-                }
-                total.snapshots_expired += 1;
-                total.blobs_deleted += keys.len() as u64 - 1;
-                total.bytes_deleted += bytes;
-                tracing::info!(store = %spec.name, expired = %leaving.marker, blobs = keys.len() - 1, bytes, "snapshot left retention");
-                let mut state = lock(&self.state)?;
-                if let Some(st) = state.get_mut(&spec.name) {
-                    st.retained.pop_front();
                 }
             }
         }

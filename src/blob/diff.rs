@@ -219,6 +219,7 @@ mod tests {
             file_metadata: meta(content.len() as u64),
             checksum: crc32fast::hash(content),
             sha256: Some(Sha256::of(content)),
+            inline_data: None,
         }
     }
 

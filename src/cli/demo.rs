@@ -107,6 +107,7 @@ pub(crate) async fn run(
         restore_fallback: restore_fallback || job.restore_fallback,
         deployment_id: job.deployment_id.clone(),
         create_resources: job.create_resources,
+        index_inline_below: job.index_inline_below,
     };
     let admin = open_admin(
         has_store_flags.then_some(store_args),

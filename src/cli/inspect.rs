@@ -62,13 +62,14 @@ pub(crate) async fn run(
                     "path": p, "size": f.file_metadata.size,
                     "sha256": f.sha256.map(|s| s.to_hex()),
                     "blob": f.blobs.first().map(|b| b.blob_id.clone()),
+                    "inline": f.inline_data.is_some(),
                 })).collect::<Vec<_>>(),
                 "total-files": files.len(),
                 "total-bytes": bytes,
                 "uploaded-files": uploaded.len(),
                 "uploaded-bytes": up_bytes,
                 "upload-requests": uploaded.len() + 1,
-                "restore-requests": files.len() + 1,
+                "restore-requests": files.iter().filter(|(_, f)| !f.blobs.is_empty()).count() + 1,
                 "restore-bytes": bytes,
             })
         );
@@ -87,7 +88,9 @@ pub(crate) async fn run(
         );
         for (p, f) in &files {
             let blob = f.blobs.first().map(|b| b.blob_id.as_str()).unwrap_or("-");
-            let new = if blob.starts_with(&own) {
+            let new = if f.inline_data.is_some() {
+                "inline"
+            } else if blob.starts_with(&own) {
                 "new"
             } else {
                 "reused"
@@ -101,7 +104,7 @@ pub(crate) async fn run(
                 uploaded.len(),
                 up_bytes,
                 uploaded.len() + 1,
-                files.len() + 1,
+                files.iter().filter(|(_, f)| !f.blobs.is_empty()).count() + 1,
                 bytes
             );
     }

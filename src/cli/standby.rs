@@ -55,6 +55,7 @@ pub(crate) async fn run(
         restore_fallback: false,
         deployment_id: job.deployment_id.clone(),
         create_resources: false,
+        index_inline_below: blobsnap::blob::backup::INLINE_BELOW,
     };
     let backend: Arc<dyn blobsnap::backend::StateBackendFactory> =
         Arc::new(blobsnap::blob::factory::BlobStateBackendFactory::new(

@@ -70,6 +70,8 @@ pub struct JobSettings {
     pub deployment_id: String,
     /// Create the job's resources before the first commit (they are validated either way).
     pub create_resources: bool,
+    /// Files smaller than this travel inline in the index ([`BackupSettings::inline_below`](crate::blob::backup::BackupSettings::inline_below); 0: Samza's v1 shape).
+    pub index_inline_below: u64,
 }
 
 /// One input message.

@@ -226,6 +226,7 @@ pub async fn run(
         BackupSettings {
             retention: settings.retention,
             gc_grace: settings.gc_grace,
+            inline_below: settings.index_inline_below,
             ..Default::default()
         },
         RestoreSettings::default(),

@@ -77,7 +77,16 @@ impl Fixture {
             .store(&self.task.task_name, store)
             .unwrap();
         for (path, f) in index.present_files() {
-            let key = scope.key(&f.blobs[0].blob_id).unwrap();
+            let Some(blob) = f.blobs.first() else {
+                // Inline: the bytes are in the index.
+                let bytes = f
+                    .inline_bytes()
+                    .unwrap()
+                    .expect("a file without a blob is inline");
+                assert_eq!(Some(Sha256::of(&bytes)), f.sha256, "{path}");
+                continue;
+            };
+            let key = scope.key(&blob.blob_id).unwrap();
             let bytes = get_bytes(self.store.as_ref(), &key, 1 << 30).await.unwrap();
             assert_eq!(Some(Sha256::of(&bytes)), f.sha256, "{path}");
             assert_eq!(bytes.len() as u64, f.file_metadata.size, "{path}");
@@ -124,7 +133,10 @@ mod cases {
         let puts1 = fx.counters.snapshot().since(&before).put;
         assert_eq!(s1.files_retained, 0);
         assert_eq!(s1.files_added, s1.files);
-        assert_eq!(s1.blobs_uploaded + s1.blobs_deduplicated, s1.files_added);
+        assert_eq!(
+            s1.blobs_uploaded + s1.blobs_deduplicated + s1.files_inline,
+            s1.files_added
+        );
         assert_eq!(
             puts1.calls,
             s1.blobs_uploaded + 1,
@@ -162,7 +174,9 @@ mod cases {
             .map(|(p, _)| p)
             .collect();
         for (path, f) in idx2.present_files() {
-            let blob = &f.blobs[0].blob_id;
+            let Some(blob) = f.blobs.first().map(|b| &b.blob_id) else {
+                continue; // inline
+            };
             if old_ssts.contains(&path) {
                 assert!(
                     blob.starts_with(&format!("blobs/{id1}/")),
@@ -181,7 +195,11 @@ mod cases {
         let sent: u64 = idx2
             .present_files()
             .iter()
-            .filter(|(_, f)| f.blobs[0].blob_id.starts_with(&format!("blobs/{id2}/")))
+            .filter(|(_, f)| {
+                f.blobs
+                    .first()
+                    .is_some_and(|b| b.blob_id.starts_with(&format!("blobs/{id2}/")))
+            })
             .map(|(_, f)| {
                 assert!(!first.contains(&f.sha256.unwrap()));
                 1
@@ -202,7 +220,19 @@ mod cases {
             name: "plain".into(),
             dir: tmp.path().join("plain"),
         };
-        let mgr = fx.manager(std::slice::from_ref(&spec));
+        // Blob dedup of plain files: none of them inline (they would all be, as small
+        // mutable files).
+        let mgr = BlobBackupManager::new(
+            Arc::clone(&fx.store),
+            fx.task.clone(),
+            std::slice::from_ref(&spec),
+            Arc::clone(&fx.clock),
+            BackupSettings {
+                inline_below: 0,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         mgr.init(None).await.unwrap();
 
         let cp1 = tmp.path().join("cp1");
@@ -332,10 +362,14 @@ mod cases {
             .await
             .unwrap();
         let s = mgr.last_upload_stats()["big"];
-        assert_eq!(s.blobs_uploaded, 2);
+        assert_eq!(
+            (s.blobs_uploaded, s.files_inline),
+            (1, 1),
+            "CURRENT inline: {s:?}"
+        );
         if matches!(h.kind, support::Kind::S3(_)) {
-            // 2 parts + create + complete, 1 single PUT, 1 index PUT
-            assert_eq!(s.requests, 4 + 1 + 1, "{}: {s:?}", h.name);
+            // 2 parts + create + complete, 1 index PUT (CURRENT rides in it)
+            assert_eq!(s.requests, 4 + 1, "{}: {s:?}", h.name);
         }
         let idx = fx.index("big", &m["big"]).await;
         fx.check_blobs("big", &idx).await;
@@ -712,9 +746,103 @@ mod cases {
         assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
         assert!(e.to_string().contains("newer than the checkpoint"), "{e}");
     }
+
+    /// Small files travel inline (issue 19 §1): a commit that adds one SST makes exactly two
+    /// requests, the SST's PUT and the index's — the changed MANIFEST (and every file under
+    /// 64 KiB) rides in the index, format-version 2 — and the snapshot restores the store's
+    /// keys. With `inline_below = 0` every file is a blob and the index keeps Samza's v1 shape.
+    pub async fn small_files_travel_inline(h: &Harness) {
+        use blobsnap::backend::TaskRestoreManager as _;
+        use blobsnap::blob::restore::{BlobRestoreManager, RestoreSettings};
+        let mut fx = Fixture::new(h);
+        let tmp = tempfile::tempdir().unwrap();
+        let spec = StoreSpec {
+            name: "counts".into(),
+            dir: tmp.path().join("counts"),
+        };
+        let mgr = fx.manager(std::slice::from_ref(&spec));
+        mgr.init(None).await.unwrap();
+        let db = RocksStore::open("counts", &spec.dir).unwrap();
+        write_keys(&db, 0, 2000, 1);
+        commit_rocks(&mut fx, &mgr, &db).await;
+        write_keys(&db, 2000, 1000, 2);
+        let before = fx.counters.snapshot();
+        let (id2, m2, s2) = commit_rocks(&mut fx, &mgr, &db).await;
+        let d = fx.counters.snapshot().since(&before);
+        let requests = d.put.calls
+            + d.get.calls
+            + d.head.calls
+            + d.delete.calls
+            + d.list.calls
+            + d.multipart.calls;
+        assert_eq!((d.put.calls, requests), (2, 2), "{}: {d:?}", h.name);
+        assert_eq!((s2.blobs_uploaded, s2.requests), (1, 2), "{s2:?}");
+        assert!(s2.files_inline >= 1, "the new MANIFEST went inline: {s2:?}");
+        let idx2 = fx.index("counts", &m2).await;
+        assert_eq!(idx2.format_version, blobsnap::index::FORMAT_INLINE);
+        for (path, f) in idx2.present_files() {
+            let small = f.file_metadata.size < blobsnap::blob::backup::INLINE_BELOW
+                && !path.ends_with(".sst");
+            assert_eq!(f.inline_data.is_some(), small, "{path}: {f:?}");
+            assert_eq!(f.blobs.is_empty(), small, "{path}");
+        }
+        fx.check_blobs("counts", &idx2).await;
+        // It restores: the inline files are written from the index, verified.
+        let dst = StoreSpec {
+            name: "counts".into(),
+            dir: tmp.path().join("restored"),
+        };
+        let r = BlobRestoreManager::new(
+            Arc::clone(&fx.store),
+            fx.task.clone(),
+            std::slice::from_ref(&dst),
+            RestoreSettings::default(),
+        )
+        .unwrap();
+        let cp = Checkpoint::V2(CheckpointV2 {
+            id: id2,
+            input_offsets: Default::default(),
+            state_checkpoint_markers: BTreeMap::from([(
+                FACTORY_NAME.to_string(),
+                BTreeMap::from([("counts".to_string(), m2.clone())]),
+            )]),
+        });
+        r.init(Some(&cp)).await.unwrap();
+        r.restore().await.unwrap();
+        let keys = |db: &RocksStore| db.db().iterator(rocksdb::IteratorMode::Start).count();
+        assert_eq!(keys(&RocksStore::open("counts", &dst.dir).unwrap()), 3000);
+
+        // Samza's shape on request: no inline file, format-version 1, no `inline-data` field.
+        let v1 = StoreSpec {
+            name: "v1".into(),
+            dir: tmp.path().join("v1"),
+        };
+        let mgr = BlobBackupManager::new(
+            Arc::clone(&fx.store),
+            fx.task.clone(),
+            std::slice::from_ref(&v1),
+            Arc::clone(&fx.clock),
+            BackupSettings {
+                inline_below: 0,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        mgr.init(None).await.unwrap();
+        let db = RocksStore::open("v1", &v1.dir).unwrap();
+        write_keys(&db, 0, 500, 3);
+        let (_, m, s) = commit_rocks(&mut fx, &mgr, &db).await;
+        assert_eq!(s.files_inline, 0);
+        let idx = fx.index("v1", &m).await;
+        assert_eq!(idx.format_version, blobsnap::index::FORMAT_V1);
+        assert!(idx.present_files().iter().all(|(_, f)| f.blobs.len() == 1));
+        let text = String::from_utf8(idx.to_bytes().unwrap()).unwrap();
+        assert!(!text.contains("inline-data"), "{text}");
+    }
 }
 
 store_suites!([
+    small_files_travel_inline,
     unchanged_store_carries_its_marker_forward,
     second_commit_sends_only_new_content,
     nested_removed_rewritten_and_duplicate_files,
@@ -799,7 +927,8 @@ mod s3_external {
             let snap = spec.checkpoint_dir(id);
             std::fs::create_dir_all(&snap).unwrap();
             std::fs::write(snap.join("000007.sst"), &big).unwrap();
-            std::fs::write(snap.join("MANIFEST-000001"), b"a small file").unwrap();
+            // Over the inline threshold: a single PUT of its own.
+            std::fs::write(snap.join("MANIFEST-000001"), vec![b'm'; 100_000]).unwrap();
             let mgr = BlobBackupManager::new(
                 Arc::clone(&store),
                 ctx.clone(),
@@ -900,7 +1029,7 @@ mod s3_external {
             );
             assert_eq!(
                 std::fs::read(back.dir.join("MANIFEST-000001")).unwrap(),
-                b"a small file",
+                vec![b'm'; 100_000],
                 "{what}"
             );
         }

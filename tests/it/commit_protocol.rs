@@ -122,9 +122,12 @@ async fn process(
             ctx(),
             std::slice::from_ref(&spec),
             vclock,
+            // The stores here are plain files: every one a blob (none inline), whose keys
+            // the protocol cases look at.
             BackupSettings {
                 retention,
                 hash_cache: false,
+                inline_below: 0,
                 ..Default::default()
             },
         )

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use blobsnap::checkpoint::{Checkpoint, CheckpointId, CheckpointV1, CheckpointV2, Ssp};
 use blobsnap::digest::Sha256;
 use blobsnap::index::{
-    DirIndex, FileBlob, FileIndex, FileMetadata, SnapshotIndex, SnapshotMetadata, FORMAT_VERSION,
-    MAX_INDEX_BYTES,
+    DirIndex, FileBlob, FileIndex, FileMetadata, SnapshotIndex, SnapshotMetadata, FORMAT_V1,
+    FORMAT_VERSION, MAX_INDEX_BYTES,
 };
 use blobsnap::ErrorKind;
 use proptest::prelude::*;
@@ -166,6 +166,7 @@ fn file(name: &str, content: &[u8]) -> FileIndex {
         file_metadata: meta(content.len() as u64),
         checksum: crc32fast::hash(content),
         sha256: Some(sha),
+        inline_data: None,
     }
 }
 
@@ -180,7 +181,7 @@ fn dir(name: &str, files: Vec<FileIndex>, subdirs: Vec<DirIndex>) -> DirIndex {
 
 fn sample_index() -> SnapshotIndex {
     SnapshotIndex {
-        format_version: FORMAT_VERSION,
+        format_version: FORMAT_V1,
         creation_time_millis: 1_700_000_000_000,
         snapshot_metadata: SnapshotMetadata {
             checkpoint_id: "1700000000000-1".parse().unwrap(),
@@ -463,7 +464,7 @@ proptest! {
     fn any_valid_index_round_trips(mut root in arb_dir(3), millis in 0u64..i64::MAX as u64, seq in 0u64..1000) {
         root.dir_name = String::new();
         let index = SnapshotIndex {
-            format_version: FORMAT_VERSION,
+            format_version: FORMAT_V1,
             creation_time_millis: millis,
             snapshot_metadata: SnapshotMetadata {
                 checkpoint_id: CheckpointId::new(millis, seq).unwrap(),
@@ -499,4 +500,64 @@ proptest! {
         let _ = SnapshotIndex::from_slice(&bytes);
         let _ = std::str::from_utf8(&bytes).map(|s| s.parse::<blobsnap::index::IndexMarker>());
     }
+}
+
+/// `inline-data` (format-version 2, DESIGN §6): a small file's bytes in the index, no blob.
+/// Such an index round-trips; every malformed variant is refused as `Corrupt` naming the
+/// entry — inline data in a version-1 index, inline data beside blobs, data that is not
+/// base64, data whose length is not the entry's size.
+#[test]
+fn inline_data_round_trips_and_malformed_inline_entries_are_refused() {
+    use blobsnap::index::FORMAT_INLINE;
+    let inline = |name: &str, content: &[u8]| FileIndex {
+        blobs: vec![],
+        inline_data: Some(FileIndex::encode_inline(content)),
+        ..file(name, content)
+    };
+    let mut index = sample_index();
+    index.format_version = FORMAT_INLINE;
+    index.dir_index.files_present[0] = inline("MANIFEST-000005", b"manifest bytes");
+    let bytes = index.to_bytes().unwrap();
+    let text = String::from_utf8(bytes.clone()).unwrap();
+    assert!(
+        text.contains(r#""inline-data":"bWFuaWZlc3QgYnl0ZXM=""#),
+        "{text}"
+    );
+    let back = SnapshotIndex::from_slice(&bytes).unwrap();
+    let f = back
+        .dir_index
+        .files_present
+        .iter()
+        .find(|f| f.file_name == "MANIFEST-000005")
+        .unwrap();
+    assert_eq!(f.inline_bytes().unwrap().unwrap(), b"manifest bytes");
+    assert!(f.blobs.is_empty());
+
+    let refused = |what: &str, edit: &dyn Fn(&mut SnapshotIndex), needle: &str| {
+        let mut bad = index.clone();
+        edit(&mut bad);
+        let e = SnapshotIndex::from_slice(&bad.to_bytes().unwrap()).unwrap_err();
+        assert_eq!(e.kind(), blobsnap::ErrorKind::Corrupt, "{what}: {e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("MANIFEST-000005") && msg.contains(needle),
+            "{what}: {msg}"
+        );
+    };
+    refused("v1", &|i| i.format_version = FORMAT_V1, "format-version 1");
+    refused(
+        "blobs too",
+        &|i| i.dir_index.files_present[0].blobs = file("x", b"x").blobs,
+        "both inline-data and blobs",
+    );
+    refused(
+        "not base64",
+        &|i| i.dir_index.files_present[0].inline_data = Some("***".into()),
+        "not base64",
+    );
+    refused(
+        "short",
+        &|i| i.dir_index.files_present[0].file_metadata.size = 99,
+        "holds 14 bytes",
+    );
 }

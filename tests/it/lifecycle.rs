@@ -145,7 +145,9 @@ async fn retention_case(h: &support::Harness, retention: usize) {
             let idx = support::index_of(store.as_ref(), &ctx, m).await;
             expected.insert(scope.key(m).unwrap().as_str().to_string());
             for (_, f) in idx.present_files() {
-                expected.insert(scope.key(&f.blobs[0].blob_id).unwrap().as_str().to_string());
+                for b in &f.blobs {
+                    expected.insert(scope.key(&b.blob_id).unwrap().as_str().to_string());
+                }
             }
         }
         let actual: BTreeSet<String> = list_all(store.as_ref(), scope.scope())
@@ -1386,6 +1388,7 @@ async fn slow_uploads_skip_commits_and_counts_stay_right() {
             restore_fallback: false,
             deployment_id: "test".into(),
             create_resources: true,
+            index_inline_below: blobsnap::blob::backup::INLINE_BELOW,
         };
         wordcount::generate_input(&settings.input_dir, 2, 1500, 5).unwrap();
         let observer: Arc<blobsnap::job::CommitObserver> = Arc::new(|_, _, _| {});
@@ -1760,13 +1763,17 @@ async fn corrupt_last_snapshot_is_detected_and_fallback_restores_an_older_one() 
                 let old_blobs: BTreeSet<String> = old_idx
                     .present_files()
                     .into_iter()
-                    .map(|(_, f)| f.blobs[0].blob_id.clone())
+                    .flat_map(|(_, f)| f.blobs.iter().map(|b| b.blob_id.clone()))
                     .collect();
                 let idx = support::index_of(store.as_ref(), &ctx, &latest).await;
                 let (_, f) = idx
                     .present_files()
                     .into_iter()
-                    .filter(|(_, f)| f.size() > 0 && !old_blobs.contains(&f.blobs[0].blob_id))
+                    .filter(|(_, f)| {
+                        f.blobs
+                            .first()
+                            .is_some_and(|b| f.size() > 0 && !old_blobs.contains(&b.blob_id))
+                    })
                     .max_by_key(|(_, f)| f.size())
                     .expect("a blob only the latest snapshot has");
                 let key = sscope.key(&f.blobs[0].blob_id).unwrap();
@@ -1900,6 +1907,7 @@ fn job_settings(
         restore_fallback: fallback,
         deployment_id: "test".into(),
         create_resources: true,
+        index_inline_below: blobsnap::blob::backup::INLINE_BELOW,
     }
 }
 
@@ -2283,4 +2291,73 @@ async fn the_sweep_uses_the_servers_clock_not_this_machines() {
             );
         }
     }
+}
+
+/// What a commit costs in requests (issue 19 §1), counted below the job on the local store:
+/// per store, the PUTs its upload reports (one per new blob, one for the index; none for an
+/// unchanged store); per task, on top, the checkpoint PUT, one batch delete for the cleanup
+/// of every store's leaving snapshot, and the checkpoint history's trim: one LIST, a GET of
+/// each retained checkpoint document and the next one (`retention` + 1), one batch delete.
+/// No HEAD. (The trim's reads and its own delete are what is left above issue 19's target of
+/// one delete per commit.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_costs_its_uploads_one_checkpoint_put_and_the_cleanup() {
+    use blobsnap::blobstore::local::LocalStore;
+    use std::sync::Mutex;
+    let tmp = tempfile::tempdir().unwrap();
+    let counting = CountingStore::new(Arc::new(LocalStore::new(tmp.path().join("store")).unwrap()));
+    let counters = counting.counters();
+    let store: Arc<dyn BlobStore> = Arc::new(counting);
+    let settings = job_settings(tmp.path(), &["counts", "lengths"], false);
+    blobsnap::job::wordcount::generate_input(&settings.input_dir, 1, 4000, 11).unwrap();
+    let admin = blobsnap::blob::admin::BlobStoreAdmin::new(
+        Arc::clone(&store),
+        None,
+        &settings.job_name,
+        &settings.job_id,
+        &settings.deployment_id,
+    )
+    .unwrap()
+    .with_gc_grace(settings.gc_grace);
+    // At each commit: the counters now and the PUTs the stores' uploads reported.
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let observer: Arc<blobsnap::job::CommitObserver> = Arc::new({
+        let (seen, counters) = (Arc::clone(&seen), Arc::clone(&counters));
+        move |_, _, backup| {
+            let uploads: u64 = backup.last_upload().values().map(|u| u.requests).sum();
+            seen.lock().unwrap().push((counters.snapshot(), uploads));
+        }
+    });
+    blobsnap::job::wordcount::run(&settings, store, &admin, Arc::new(SystemClock), observer)
+        .await
+        .unwrap();
+    let seen = seen.lock().unwrap();
+    assert!(seen.len() >= 8, "{} commits", seen.len());
+    // From the fourth commit on, retention (2) is full: every commit also expires one.
+    for (i, w) in seen.windows(2).enumerate().skip(2) {
+        let ((before, _), (after, uploads)) = (w[0], w[1]);
+        let d = after.since(&before);
+        assert_eq!(
+            d.put.calls,
+            uploads + 1,
+            "commit {}: the uploads' PUTs and the checkpoint's: {d:?}",
+            i + 2
+        );
+        assert!(
+            d.delete.calls <= 2,
+            "commit {}: the cleanup's batch and the trim's: {d:?}",
+            i + 2
+        );
+        assert!(
+            d.get.calls <= settings.retention as u64 + 1 && d.list.calls <= 1 && d.head.calls == 0,
+            "commit {}: only the trim reads: {d:?}",
+            i + 2
+        );
+    }
+    let deletes: u64 = seen
+        .windows(2)
+        .skip(2)
+        .map(|w| w[1].0.since(&w[0].0).delete.calls)
+        .sum();
+    assert!(deletes > 0, "cleanup deleted something");
 }

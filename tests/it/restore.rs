@@ -203,9 +203,11 @@ mod cases {
             all_keys(&src.dir)
         };
         let idx = fx.index(&cp).await;
+        // Every byte of every blob (the small mutable files come inline with the index).
         let total: u64 = idx
             .present_files()
             .iter()
+            .filter(|(_, f)| !f.blobs.is_empty())
             .map(|(_, f)| f.file_metadata.size)
             .sum();
 
@@ -213,7 +215,7 @@ mod cases {
         let fetched = restore(&fx, &dst, Some(&cp)).await.unwrap();
         assert_eq!(
             fetched, total,
-            "{}: an empty dir downloads every byte",
+            "{}: an empty dir downloads every blob byte",
             h.name
         );
         let marker: RestoredMarker =
@@ -283,7 +285,7 @@ mod cases {
         let missing: u64 = idx2
             .present_files()
             .iter()
-            .filter(|(_, f)| !old.contains(&f.sha256.unwrap()))
+            .filter(|(_, f)| !old.contains(&f.sha256.unwrap()) && !f.blobs.is_empty())
             .map(|(_, f)| f.file_metadata.size)
             .sum();
         let fetched = restore(&fx, &dst, Some(&cp2)).await.unwrap();
@@ -427,10 +429,17 @@ mod cases {
         assert_eq!(m.source, Source::Download, "{}: {}", h.name, plans[0]);
         let before = fx.fetched();
         r.execute(plans).await.unwrap();
+        // Written again from the index when it travels inline, else downloaded.
+        let fetched = if entry.inline_data.is_some() {
+            0
+        } else {
+            entry.file_metadata.size
+        };
+        assert_eq!(fx.fetched() - before, fetched, "{}", h.name);
         assert_eq!(
-            fx.fetched() - before,
-            entry.file_metadata.size,
-            "{}",
+            Some(Sha256::of(&std::fs::read(&path).unwrap())),
+            entry.sha256,
+            "{}: the MANIFEST's indexed bytes are back",
             h.name
         );
         assert_eq!(
@@ -574,7 +583,13 @@ mod cases {
         assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
         // 2. A blob id that leaves the store's scope.
         let mut escape = idx.clone();
-        escape.dir_index.files_present[0].blobs[0].blob_id = "../../other/blobs/x".into();
+        let with_blob = escape
+            .dir_index
+            .files_present
+            .iter()
+            .position(|f| !f.blobs.is_empty())
+            .unwrap();
+        escape.dir_index.files_present[with_blob].blobs[0].blob_id = "../../other/blobs/x".into();
         let e = restore(
             &fx,
             &dst,
@@ -689,7 +704,8 @@ mod cases {
             ..Default::default()
         };
         let token = settings.cancel.clone();
-        // A restore fetches the small files first, then the SSTs: the second SST's GET
+        // A restore fetches the small files first (those not inline in the index), then the
+        // SSTs: the second SST's GET
         // cancels, the download in flight finishes, the next ones stop.
         let small = fx
             .index(&cp)
@@ -697,7 +713,7 @@ mod cases {
             .dir_index
             .files_present
             .iter()
-            .filter(|f| !f.file_name.ends_with(".sst"))
+            .filter(|f| !f.file_name.ends_with(".sst") && !f.blobs.is_empty())
             .count() as u64;
         let hooked = support::Hooked::new(
             Arc::clone(&fx.store),
@@ -769,7 +785,8 @@ async fn hostile_index_corpus_writes_nothing_outside_the_target() {
     let id = fx.ids.next(fx.clock.now_millis()).unwrap();
     let snap = src.checkpoint_dir(id);
     std::fs::create_dir_all(snap.join("sub")).unwrap();
-    std::fs::write(snap.join("000001.sst"), vec![7u8; 10_000]).unwrap();
+    // Over the inline threshold: a blob. The MANIFEST (and the note) travel inline.
+    std::fs::write(snap.join("000001.sst"), vec![7u8; 100_000]).unwrap();
     std::fs::write(snap.join("MANIFEST-000001"), b"manifest").unwrap();
     std::fs::write(snap.join("sub").join("note"), b"in a subdirectory").unwrap();
     let markers = mgr
@@ -859,7 +876,28 @@ async fn hostile_index_corpus_writes_nothing_outside_the_target() {
         ("no blob", |v| {
             v["dir-index"]["files-present"][0]["blobs"] = serde_json::json!([])
         }),
+        ("inline data of other bytes", |v| {
+            // "MANIFEST": the length of "manifest", another SHA-256.
+            v["dir-index"]["files-present"][1]["inline-data"] = "TUFOSUZFU1Q=".into()
+        }),
+        ("inline data of another length", |v| {
+            v["dir-index"]["files-present"][1]["inline-data"] = "b3RoZXI=".into()
+        }),
+        ("inline data that is not base64", |v| {
+            v["dir-index"]["files-present"][1]["inline-data"] = "../..".into()
+        }),
+        ("inline data beside a blob", |v| {
+            let blobs = v["dir-index"]["files-present"][0]["blobs"].clone();
+            v["dir-index"]["files-present"][1]["blobs"] = blobs;
+        }),
+        ("inline data in a version-1 index", |v| {
+            v["format-version"] = serde_json::json!(1)
+        }),
     ];
+    assert!(
+        valid["dir-index"]["files-present"][1]["inline-data"].is_string(),
+        "the MANIFEST travels inline: {valid}"
+    );
     let before_dst = snapshot_of(&dst.dir);
     let before_out = snapshot_of(&outside);
     for (what, mutate) in cases {
@@ -1070,7 +1108,11 @@ async fn tasks_restoring_at_once_share_the_budget_fairly() {
             ctx(task),
             std::slice::from_ref(&spec),
             Arc::new(SystemClock),
-            BackupSettings::default(),
+            // Every file a blob (none inline), to see the small ones fetched first.
+            BackupSettings {
+                inline_below: 0,
+                ..Default::default()
+            },
         )
         .unwrap();
         mgr.init(None).await.unwrap();

@@ -43,6 +43,7 @@ fn settings(state: &std::path::Path, input: &std::path::Path, job: &str) -> JobS
         restore_fallback: false,
         deployment_id: "test".into(),
         create_resources: true,
+        index_inline_below: blobsnap::blob::backup::INLINE_BELOW,
     }
 }
 

@@ -304,13 +304,9 @@ pub async fn referenced(
                     .await
                     .present_files()
                 {
-                    out.insert(
-                        sscope
-                            .key(&f.blobs[0].blob_id)
-                            .unwrap()
-                            .as_str()
-                            .to_string(),
-                    );
+                    for b in &f.blobs {
+                        out.insert(sscope.key(&b.blob_id).unwrap().as_str().to_string());
+                    }
                 }
             }
         }

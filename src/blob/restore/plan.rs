@@ -119,7 +119,10 @@ impl fmt::Display for RestorePlan {
             let how = match &p.source {
                 Source::Staged => format!("staged{by}"),
                 Source::Local(from) => format!("reuse {}{by}", from.display()),
-                Source::Download => format!("download {}", p.entry.blobs[0].blob_id),
+                Source::Download => match p.entry.blobs.first() {
+                    Some(b) => format!("download {}", b.blob_id),
+                    None => "write from the index (inline)".to_string(),
+                },
             };
             writeln!(f, "  {:>12}  {}  {how}", p.entry.file_metadata.size, p.path)?;
         }
@@ -351,7 +354,14 @@ pub fn decide(
                     "index entry {path} has no sha256 (a Samza index?): blobsnap restores only verifiable files"
                 ))
             })?;
-            if entry.blobs.len() != 1 {
+            // Inline bytes are checked now, before anything is written.
+            if let Some(bytes) = entry.inline_bytes()? {
+                if Sha256::of(&bytes) != sha {
+                    return Err(Error::corrupt(format!(
+                        "index entry {path}: its inline data does not have the entry's SHA-256 {sha}"
+                    )));
+                }
+            } else if entry.blobs.len() != 1 {
                 return Err(Error::corrupt(format!(
                     "index entry {path} has {} blobs; blobsnap restores single-blob files",
                     entry.blobs.len()
@@ -442,12 +452,13 @@ mod tests {
             },
             checksum: 0,
             sha256: Some(sha(content)),
+            inline_data: None,
         }
     }
 
     fn index(files: Vec<FileIndex>, sub: Vec<DirIndex>) -> SnapshotIndex {
         SnapshotIndex {
-            format_version: crate::index::FORMAT_VERSION,
+            format_version: crate::index::FORMAT_V1,
             creation_time_millis: 0,
             snapshot_metadata: SnapshotMetadata {
                 checkpoint_id: "1-0".parse().unwrap(),
