@@ -77,6 +77,34 @@ struct State {
     seq: u64,
     last: Option<Checkpoint>,
     cleanup_pending: bool,
+    /// The task's retained checkpoints as this process knows them, oldest first: sequence
+    /// number and checkpoint id — its claim and commits, and after its first trim (which reads
+    /// the history) what that trim kept. Later trims delete from here, reading nothing.
+    written: std::collections::VecDeque<(u64, String)>,
+    /// Whether the history older than `written` has been trimmed (by a listing trim).
+    history_trimmed: bool,
+}
+
+/// The identity the history's retention counts (a claim repeats the last checkpoint: same id).
+fn id_key(checkpoint: &Checkpoint, seq: u64) -> String {
+    checkpoint
+        .as_v2()
+        .map_or_else(|| format!("v1-{seq}"), |v| v.id.to_string())
+}
+
+/// Take out of `written` (oldest first) the checkpoints beyond its newest `keep` distinct
+/// ids; returns their sequence numbers, oldest first.
+fn leaving(written: &mut std::collections::VecDeque<(u64, String)>, keep: usize) -> Vec<u64> {
+    let mut ids = std::collections::HashSet::new();
+    let mut cut = 0;
+    for (i, (_, id)) in written.iter().enumerate().rev() {
+        ids.insert(id.as_str());
+        if ids.len() > keep.max(1) {
+            cut = i + 1;
+            break;
+        }
+    }
+    written.drain(..cut).map(|(seq, _)| seq).collect()
 }
 
 /// Drives the commits of one task.
@@ -188,6 +216,8 @@ impl TaskCommitManager {
                 seq,
                 last: Some(claim.clone()),
                 cleanup_pending: true,
+                written: std::collections::VecDeque::from([(seq, id_key(&claim, seq))]),
+                history_trimmed: false,
             }),
         };
         Ok((mgr, Some(claim)))
@@ -359,6 +389,7 @@ impl TaskCommitManager {
             };
             tracing::info!(task = %self.task.task_name, seq, "an earlier checkpoint write of this writer had landed; adopted it as committed");
             st.seq = seq;
+            st.written.push_back((seq, id_key(&landed, seq)));
             if let Some(v2) = landed.as_v2() {
                 if let Err(ce) = self.run_cleanup(v2.id, &v2.state_checkpoint_markers).await {
                     tracing::warn!(error = %ce, "cleanup for the adopted checkpoint failed; the next cleanup covers it");
@@ -371,19 +402,49 @@ impl TaskCommitManager {
                 .await?;
         }
         st.seq = seq;
+        st.written.push_back((seq, checkpoint.id.to_string()));
         st.last = Some(Checkpoint::V2(checkpoint.clone()));
         let write_ms = t.elapsed().as_millis() as u64;
         crate::crash::point("commit.after-checkpoint");
 
         // 4. cleanup: never un-commits. The history is trimmed first, so that it never names
         //    a snapshot a backend is about to delete.
+        //    The first trim of a process reads the history (what earlier processes left);
+        //    later ones delete exactly what this process wrote and retention let go: one
+        //    request, nothing read.
         let t = Instant::now();
-        if let Err(e) = self
-            .checkpoints
-            .trim(&self.task.task_name, self.retention)
-            .await
-        {
-            tracing::warn!(error = %e, "could not trim the checkpoint history");
+        let trimmed = if st.history_trimmed {
+            let doomed = leaving(&mut st.written, self.retention);
+            if doomed.is_empty() {
+                Ok(())
+            } else {
+                self.checkpoints
+                    .delete_seqs(&self.task.task_name, &doomed)
+                    .await
+            }
+        } else {
+            // What the trim kept (an earlier process's checkpoints among it) is what later
+            // trims count from.
+            let kept = async {
+                self.checkpoints
+                    .trim(&self.task.task_name, self.retention)
+                    .await?;
+                self.checkpoints
+                    .history(&self.task.task_name, usize::MAX)
+                    .await
+            }
+            .await;
+            kept.map(|history| {
+                st.written = history
+                    .iter()
+                    .rev()
+                    .map(|c| (c.seq, id_key(&c.checkpoint, c.seq)))
+                    .collect();
+            })
+        };
+        st.history_trimmed = trimmed.is_ok();
+        if let Err(e) = trimmed {
+            tracing::warn!(error = %e, "could not trim the checkpoint history; the next commit reads it and trims again");
         }
         crate::crash::point("commit.during-cleanup");
         match self.run_cleanup(id, &markers).await {

@@ -69,4 +69,9 @@ pub trait CheckpointStore: Send + Sync + std::fmt::Debug {
     /// (a claim repeats the last checkpoint under a new number: both copies count as one id).
     /// At least the latest is always kept.
     async fn trim(&self, task: &str, keep: usize) -> Result<()>;
+
+    /// Delete exactly the checkpoints `seqs` of `task` (ones the caller wrote and retention
+    /// let go; never the latest), without reading the history: one batch delete on a blob
+    /// store. Deleting a number that is already gone is not an error.
+    async fn delete_seqs(&self, task: &str, seqs: &[u64]) -> Result<()>;
 }
