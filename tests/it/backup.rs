@@ -628,9 +628,9 @@ mod cases {
     /// An unchanged store costs no request (issue 19 §1): a commit whose snapshot holds
     /// exactly the files of the committed one makes no request at all and hands back that
     /// marker; a checkpoint naming the carried marker (its index names an older checkpoint)
-    /// restores the store's keys; cleanup keeps the carried index and its blobs while a
-    /// retained checkpoint names it, and deletes them once none does; a restore refuses an
-    /// index newer than the checkpoint that names it.
+    /// restores the store's keys; a sweep whose roots all name the carried marker keeps its
+    /// index and blobs; cleanup keeps them while a retained checkpoint names it, and deletes
+    /// them once none does; a restore refuses an index newer than the checkpoint naming it.
     pub async fn unchanged_store_carries_its_marker_forward(h: &Harness) {
         use blobsnap::backend::TaskRestoreManager as _;
         use blobsnap::blob::restore::{BlobRestoreManager, RestoreSettings};
@@ -693,6 +693,7 @@ mod cases {
 
         // Three commits with no write: no request at all, the first marker each time.
         let mut last = id1;
+        let mut ids = vec![id1];
         for round in 0..3 {
             let before = fx.counters.snapshot();
             let (id, m, s) = commit_rocks(&mut fx, &mgr, &db).await;
@@ -708,7 +709,63 @@ mod cases {
                 + d.multipart.calls;
             assert_eq!(requests, 0, "{}: round {round}: {d:?}", h.name);
             last = id;
+            ids.push(id);
         }
+        // A sweep (grace 0) with the four checkpoints as its roots, all naming the first
+        // index: the carried index and every blob it names stay.
+        let sweep = blobsnap::blob::gc::SweepSettings {
+            job_name: fx.task.job_name.clone(),
+            job_id: fx.task.job_id.clone(),
+            task: None,
+            store: None,
+            grace: std::time::Duration::ZERO,
+        };
+        let carried_key = JobScope::new(&fx.task.job_name, &fx.task.job_id)
+            .unwrap()
+            .store(&fx.task.task_name, "counts")
+            .unwrap()
+            .index_key(&m1.parse().unwrap())
+            .unwrap();
+        // The control: with no checkpoint naming it, the sweep would take the index.
+        let unrooted = blobsnap::blob::gc::plan_sweep_read_only(&fx.store, &sweep)
+            .await
+            .unwrap();
+        assert!(
+            unrooted
+                .delete
+                .iter()
+                .any(|d| d.key == carried_key.as_str()),
+            "{}: {unrooted:?}",
+            h.name
+        );
+        let cps = blobsnap::checkpoint::BlobCheckpointStore::new(
+            Arc::clone(&fx.store),
+            JobScope::new(&fx.task.job_name, &fx.task.job_id).unwrap(),
+        );
+        for (seq, id) in ids.iter().enumerate() {
+            use blobsnap::checkpoint::CheckpointStore as _;
+            cps.write(&fx.task.task_name, seq as u64 + 1, "test", &cp(*id, &m1))
+                .await
+                .unwrap();
+        }
+        let plan = blobsnap::blob::gc::plan_sweep(&fx.store, &sweep)
+            .await
+            .unwrap();
+        assert_eq!(plan.roots, 4, "{}", h.name);
+        assert!(
+            !plan.delete.iter().any(|d| d.key == carried_key.as_str()),
+            "{}: {plan:?}",
+            h.name
+        );
+        blobsnap::blob::gc::execute_sweep(fx.store.as_ref(), &plan)
+            .await
+            .unwrap();
+        assert_eq!(
+            fx.index("counts", &m1).await,
+            idx1,
+            "{}: the carried index survives the sweep",
+            h.name
+        );
         // The last checkpoint names the first index: it restores, and the carried snapshot
         // is still whole (cleanup ran after every commit, with retention 2).
         let dir = restore_to("restored", cp(last, &m1)).await.unwrap();
