@@ -149,6 +149,21 @@ impl FileIndex {
         Ok(Some(bytes))
     }
 
+    /// [`inline_bytes`](Self::inline_bytes), also checked against the entry's SHA-256
+    /// (`Corrupt` for another one, or for an inline entry without one).
+    pub fn verified_inline_bytes(&self) -> Result<Option<Vec<u8>>> {
+        let Some(bytes) = self.inline_bytes()? else {
+            return Ok(None);
+        };
+        if self.sha256 != Some(Sha256::of(&bytes)) {
+            return Err(Error::corrupt(format!(
+                "index entry {}: its inline data does not have the entry's SHA-256",
+                self.file_name
+            )));
+        }
+        Ok(Some(bytes))
+    }
+
     /// Encode `bytes` as this entry's inline data.
     pub fn encode_inline(bytes: &[u8]) -> String {
         use base64::Engine as _;

@@ -93,15 +93,8 @@ pub async fn verify(
     let mut n = 0usize;
     for (path, f) in &files {
         // A file carried inline is checked here, whatever the depth: its bytes are in hand.
-        match f.inline_bytes() {
-            Ok(Some(bytes)) if Some(crate::digest::Sha256::of(&bytes)) != f.sha256 => {
-                report.problems.push((
-                    ErrorKind::Corrupt,
-                    format!("{path}: its inline data does not have the index's SHA-256"),
-                ))
-            }
-            Ok(_) => {}
-            Err(e) => report.problems.push((e.kind(), format!("{path}: {e}"))),
+        if let Err(e) = f.verified_inline_bytes() {
+            report.problems.push((e.kind(), format!("{path}: {e}")));
         }
         for b in &f.blobs {
             let key = snap.scope.key(&b.blob_id)?;

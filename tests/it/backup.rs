@@ -52,12 +52,16 @@ impl Fixture {
     }
 
     fn manager(&self, stores: &[StoreSpec]) -> BlobBackupManager {
+        self.manager_with(stores, BackupSettings::default())
+    }
+
+    fn manager_with(&self, stores: &[StoreSpec], settings: BackupSettings) -> BlobBackupManager {
         BlobBackupManager::new(
             Arc::clone(&self.store),
             self.task.clone(),
             stores,
             Arc::clone(&self.clock),
-            BackupSettings::default(),
+            settings,
         )
         .unwrap()
     }
@@ -105,6 +109,18 @@ async fn commit_rocks(
     let markers = support::rocks::commit_once(mgr, db, id).await;
     let stats = mgr.last_upload_stats()[db.name()];
     (id, markers[db.name()].clone(), stats)
+}
+
+/// A CheckpointV2 at `id` naming `marker` for `store` (no offsets).
+fn checkpoint_of(id: CheckpointId, store: &str, marker: &str) -> Checkpoint {
+    Checkpoint::V2(CheckpointV2 {
+        id,
+        input_offsets: Default::default(),
+        state_checkpoint_markers: BTreeMap::from([(
+            FACTORY_NAME.to_string(),
+            BTreeMap::from([(store.to_string(), marker.to_string())]),
+        )]),
+    })
 }
 
 fn write(path: &Path, bytes: &[u8]) {
@@ -222,17 +238,13 @@ mod cases {
         };
         // Blob dedup of plain files: none of them inline (they would all be, as small
         // mutable files).
-        let mgr = BlobBackupManager::new(
-            Arc::clone(&fx.store),
-            fx.task.clone(),
+        let mgr = fx.manager_with(
             std::slice::from_ref(&spec),
-            Arc::clone(&fx.clock),
             BackupSettings {
                 inline_below: 0,
                 ..Default::default()
             },
-        )
-        .unwrap();
+        );
         mgr.init(None).await.unwrap();
 
         let cp1 = tmp.path().join("cp1");
@@ -647,16 +659,7 @@ mod cases {
         let (id1, m1, s1) = commit_rocks(&mut fx, &mgr, &db).await;
         assert!(!s1.carried_forward);
         let idx1 = fx.index("counts", &m1).await;
-        let cp = |id: CheckpointId, marker: &str| {
-            Checkpoint::V2(CheckpointV2 {
-                id,
-                input_offsets: Default::default(),
-                state_checkpoint_markers: BTreeMap::from([(
-                    FACTORY_NAME.to_string(),
-                    BTreeMap::from([("counts".to_string(), marker.to_string())]),
-                )]),
-            })
-        };
+        let cp = |id: CheckpointId, marker: &str| checkpoint_of(id, "counts", marker);
         let keys_of = |dir: &Path| -> Vec<(Vec<u8>, Vec<u8>)> {
             let db = RocksStore::open("counts", dir).unwrap();
             db.db()
@@ -856,15 +859,9 @@ mod cases {
             RestoreSettings::default(),
         )
         .unwrap();
-        let cp = Checkpoint::V2(CheckpointV2 {
-            id: id2,
-            input_offsets: Default::default(),
-            state_checkpoint_markers: BTreeMap::from([(
-                FACTORY_NAME.to_string(),
-                BTreeMap::from([("counts".to_string(), m2.clone())]),
-            )]),
-        });
-        r.init(Some(&cp)).await.unwrap();
+        r.init(Some(&checkpoint_of(id2, "counts", &m2)))
+            .await
+            .unwrap();
         r.restore().await.unwrap();
         let keys = |db: &RocksStore| db.db().iterator(rocksdb::IteratorMode::Start).count();
         assert_eq!(keys(&RocksStore::open("counts", &dst.dir).unwrap()), 3000);
@@ -874,17 +871,13 @@ mod cases {
             name: "v1".into(),
             dir: tmp.path().join("v1"),
         };
-        let mgr = BlobBackupManager::new(
-            Arc::clone(&fx.store),
-            fx.task.clone(),
+        let mgr = fx.manager_with(
             std::slice::from_ref(&v1),
-            Arc::clone(&fx.clock),
             BackupSettings {
                 inline_below: 0,
                 ..Default::default()
             },
-        )
-        .unwrap();
+        );
         mgr.init(None).await.unwrap();
         let db = RocksStore::open("v1", &v1.dir).unwrap();
         write_keys(&db, 0, 500, 3);

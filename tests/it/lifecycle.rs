@@ -1919,6 +1919,15 @@ async fn run_job(
     settings: &blobsnap::job::JobSettings,
     store: Arc<dyn BlobStore>,
 ) -> blobsnap::Result<Vec<blobsnap::job::TaskSummary>> {
+    run_job_observed(settings, store, Arc::new(|_, _, _| {})).await
+}
+
+/// [`run_job`], with `observer` called after every commit.
+async fn run_job_observed(
+    settings: &blobsnap::job::JobSettings,
+    store: Arc<dyn BlobStore>,
+    observer: Arc<blobsnap::job::CommitObserver>,
+) -> blobsnap::Result<Vec<blobsnap::job::TaskSummary>> {
     let admin = blobsnap::blob::admin::BlobStoreAdmin::new(
         Arc::clone(&store),
         None,
@@ -1927,7 +1936,6 @@ async fn run_job(
         &settings.deployment_id,
     )?
     .with_gc_grace(settings.gc_grace);
-    let observer: Arc<blobsnap::job::CommitObserver> = Arc::new(|_, _, _| {});
     blobsnap::job::wordcount::run(settings, store, &admin, Arc::new(SystemClock), observer).await
 }
 
@@ -2313,15 +2321,6 @@ async fn a_commit_costs_its_uploads_one_checkpoint_put_and_the_cleanup() {
     let store: Arc<dyn BlobStore> = Arc::new(counting);
     let settings = job_settings(tmp.path(), &["counts", "lengths"], false);
     blobsnap::job::wordcount::generate_input(&settings.input_dir, 1, 4000, 11).unwrap();
-    let admin = blobsnap::blob::admin::BlobStoreAdmin::new(
-        Arc::clone(&store),
-        None,
-        &settings.job_name,
-        &settings.job_id,
-        &settings.deployment_id,
-    )
-    .unwrap()
-    .with_gc_grace(settings.gc_grace);
     // At each commit: the counters now and the PUTs the stores' uploads reported.
     let seen = Arc::new(Mutex::new(Vec::new()));
     let observer: Arc<blobsnap::job::CommitObserver> = Arc::new({
@@ -2331,15 +2330,9 @@ async fn a_commit_costs_its_uploads_one_checkpoint_put_and_the_cleanup() {
             seen.lock().unwrap().push((counters.snapshot(), uploads));
         }
     });
-    blobsnap::job::wordcount::run(
-        &settings,
-        Arc::clone(&store),
-        &admin,
-        Arc::new(SystemClock),
-        observer,
-    )
-    .await
-    .unwrap();
+    run_job_observed(&settings, Arc::clone(&store), observer)
+        .await
+        .unwrap();
     // The trims that read nothing kept exactly the retained checkpoints.
     let cps =
         BlobCheckpointStore::new(Arc::clone(&store), JobScope::new("wordcount", "1").unwrap());

@@ -529,34 +529,33 @@ impl BlobRestoreManager {
             ".{}.blobsnap-part",
             dest.file_name().and_then(|n| n.to_str()).unwrap_or("file")
         ));
-        if let Some(bytes) = f.entry.inline_bytes()? {
-            // Carried in the index: verified like a download, written, fsynced, renamed.
-            if Some(crate::digest::Sha256::of(&bytes)) != f.entry.sha256 {
-                return Err(Error::corrupt(format!(
-                    "file {}: its inline data does not have the index's SHA-256",
-                    f.path
-                )));
+        match f.entry.inline_bytes()? {
+            // Carried in the index (its SHA-256 was checked when the plan was made).
+            Some(bytes) => {
+                let tmp_w = tmp.clone();
+                tokio::task::spawn_blocking(move || {
+                    use std::io::Write as _;
+                    std::fs::File::create(&tmp_w)
+                        .and_then(|mut file| file.write_all(&bytes).and_then(|()| file.sync_all()))
+                        .map_err(Error::io_with(format!("write {}", tmp_w.display())))
+                })
+                .await
+                .map_err(|e| Error::task("write inline file", e))??;
             }
-            let (tmp_w, dest_w) = (tmp.clone(), dest.clone());
-            let mode = f.entry.file_metadata.mode();
-            return tokio::task::spawn_blocking(move || {
-                use std::io::Write as _;
-                let mut file = std::fs::File::create(&tmp_w)
-                    .map_err(Error::io_with(format!("create {}", tmp_w.display())))?;
-                file.write_all(&bytes)
-                    .and_then(|()| file.sync_all())
-                    .map_err(Error::io_with(format!("write {}", tmp_w.display())))?;
-                if let Some(mode) = mode {
-                    use std::os::unix::fs::PermissionsExt as _;
-                    std::fs::set_permissions(&tmp_w, std::fs::Permissions::from_mode(mode))
-                        .map_err(Error::io_with(format!("chmod {}", tmp_w.display())))?;
-                }
-                std::fs::rename(&tmp_w, &dest_w)
-                    .map_err(Error::io_with(format!("rename into {}", dest_w.display())))
-            })
-            .await
-            .map_err(|e| Error::task("write inline file", e))?;
+            None => self.fetch_blob(scope, f, &tmp).await?,
         }
+        if let Some(mode) = f.entry.file_metadata.mode() {
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
+                .map_err(Error::io_with(format!("chmod {}", tmp.display())))?;
+        }
+        std::fs::rename(&tmp, &dest)
+            .map_err(Error::io_with(format!("rename into {}", dest.display())))
+    }
+
+    /// Download `f`'s blob into `tmp`, verified and fsynced, retrying a corrupt or transient
+    /// download a bounded number of times (`tmp` is removed on a final failure).
+    async fn fetch_blob(&self, scope: &StoreScope, f: &PlannedFile, tmp: &Path) -> Result<()> {
         let blob = &f
             .entry
             .blobs
@@ -576,7 +575,7 @@ impl BlobRestoreManager {
             if self.settings.cancel.is_cancelled() {
                 return Err(Error::new(ErrorKind::Cancelled, "restore cancelled"));
             }
-            match download_to_file(self.blob_store.as_ref(), &key, &tmp, opts).await {
+            match download_to_file(self.blob_store.as_ref(), &key, tmp, opts).await {
                 Ok(_) => break,
                 Err(e)
                     if e.kind() == ErrorKind::Corrupt && attempt < self.settings.max_attempts =>
@@ -584,7 +583,7 @@ impl BlobRestoreManager {
                     tracing::warn!(file = %f.path, %key, attempt, error = %e, "downloaded blob failed verification; fetching it again");
                 }
                 Err(e) if matches!(e.kind(), ErrorKind::Corrupt | ErrorKind::NotFound) => {
-                    let _ = std::fs::remove_file(&tmp);
+                    let _ = std::fs::remove_file(tmp);
                     return Err(e.context(format!(
                         "file {} (blob {key}) after {attempt} attempts",
                         f.path
@@ -594,18 +593,12 @@ impl BlobRestoreManager {
                     tracing::warn!(file = %f.path, %key, attempt, error = %e, "download failed; retrying");
                 }
                 Err(e) => {
-                    let _ = std::fs::remove_file(&tmp);
+                    let _ = std::fs::remove_file(tmp);
                     return Err(e.context(format!("file {} (blob {key})", f.path)));
                 }
             }
         }
-        if let Some(mode) = f.entry.file_metadata.mode() {
-            use std::os::unix::fs::PermissionsExt as _;
-            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
-                .map_err(Error::io_with(format!("chmod {}", tmp.display())))?;
-        }
-        std::fs::rename(&tmp, &dest)
-            .map_err(Error::io_with(format!("rename into {}", dest.display())))
+        Ok(())
     }
 }
 

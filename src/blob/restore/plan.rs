@@ -354,14 +354,11 @@ pub fn decide(
                     "index entry {path} has no sha256 (a Samza index?): blobsnap restores only verifiable files"
                 ))
             })?;
-            // Inline bytes are checked now, before anything is written.
-            if let Some(bytes) = entry.inline_bytes()? {
-                if Sha256::of(&bytes) != sha {
-                    return Err(Error::corrupt(format!(
-                        "index entry {path}: its inline data does not have the entry's SHA-256 {sha}"
-                    )));
-                }
-            } else if entry.blobs.len() != 1 {
+            // Inline bytes are checked now, before anything is written (execute trusts them).
+            let inline = entry
+                .verified_inline_bytes()
+                .map_err(|e| e.context(format!("index entry {path}")))?;
+            if inline.is_none() && entry.blobs.len() != 1 {
                 return Err(Error::corrupt(format!(
                     "index entry {path} has {} blobs; blobsnap restores single-blob files",
                     entry.blobs.len()
