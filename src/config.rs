@@ -7,6 +7,10 @@
 //! [store]
 //! kind = "s3"              # or "local" (the default)
 //! local-dir = "/var/lib/blobsnap/store"
+//! max-transfers = 16       # in flight at once, for the whole process
+//! max-upload-rate = "100MiB/s"   # bandwidth and request-rate limits of the whole process
+//! max-download-rate = "200MiB/s" #   (0 or absent: none)
+//! max-request-rate = 500
 //!
 //! [s3]
 //! bucket = "state-backups"
@@ -26,6 +30,12 @@
 //! deployment-id = "prod-eu"  # recorded in scope.json: another deployment is refused
 //! create-resources = true  # bucket, abort-multipart rule, owner record; validated always
 //! index-inline-below = "64KiB"  # smaller files travel inline in the index; 0: Samza's v1 shape
+//!
+//! [cost]                   # prices for `blobsnap cost`, dollars (S3 Standard's list prices)
+//! put-per-1000 = 0.005     # PUT, POST, LIST
+//! get-per-1000 = 0.0004    # GET, HEAD
+//! delete-per-1000 = 0.0
+//! storage-per-gb-month = 0.023
 //! ```
 //!
 //! | variable | setting |
@@ -33,6 +43,8 @@
 //! | `BLOBSNAP_STORE` | `store.kind` (`local` or `s3`) |
 //! | `BLOBSNAP_LOCAL_DIR` | `store.local-dir` |
 //! | `BLOBSNAP_MAX_TRANSFERS` | `store.max-transfers` (default 16, for the whole process) |
+//! | `BLOBSNAP_MAX_UPLOAD_RATE`, `BLOBSNAP_MAX_DOWNLOAD_RATE` | `store.max-upload-rate`, `store.max-download-rate` (bytes/s, `"50MiB/s"`; default 0, no limit) |
+//! | `BLOBSNAP_MAX_REQUEST_RATE` | `store.max-request-rate` (requests/s; default 0, no limit) |
 //! | `BLOBSNAP_S3_BUCKET`, `BLOBSNAP_S3_PREFIX`, `BLOBSNAP_S3_ENDPOINT`, `BLOBSNAP_S3_REGION` | `s3.bucket`, `s3.prefix`, `s3.endpoint`, `s3.region` |
 //! | `BLOBSNAP_S3_PATH_STYLE` | `s3.path-style` (`true`/`false`) |
 //! | `BLOBSNAP_S3_CA_BUNDLE` | `s3.ca-bundle` |
@@ -46,7 +58,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::blobstore::limit::{Budget, LimitStore};
+use crate::blobstore::limit::{Budget, LimitStore, Limits};
 use crate::blobstore::local::LocalStore;
 use crate::blobstore::retry::{RetryPolicy, RetryStore};
 use crate::blobstore::s3::{CreateOnlySetting, S3Config, S3Store};
@@ -73,8 +85,29 @@ pub struct StoreSettings {
     /// Root of the local store.
     pub local_dir: PathBuf,
     /// Transfers (PUT, GET with its body, HEAD, batch delete) in flight at once through the
-    /// opened store, across every task and store of the process ([`LimitStore`]).
+    /// opened store, across every task and store of the process ([`LimitStore`]); the most
+    /// the window opens to when a throttling store has narrowed it.
     pub max_transfers: usize,
+    /// Upload bandwidth of the whole process, bytes/s (`"50MiB/s"`); 0: no limit.
+    #[serde(deserialize_with = "crate::units::rate")]
+    pub max_upload_rate: u64,
+    /// Download bandwidth of the whole process, bytes/s; 0: no limit.
+    #[serde(deserialize_with = "crate::units::rate")]
+    pub max_download_rate: u64,
+    /// Requests per second of the whole process; 0: no limit.
+    pub max_request_rate: u64,
+}
+
+impl StoreSettings {
+    /// The limits of the process's one budget.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            transfers: self.max_transfers,
+            upload_bytes_per_sec: self.max_upload_rate,
+            download_bytes_per_sec: self.max_download_rate,
+            requests_per_sec: self.max_request_rate,
+        }
+    }
 }
 
 impl Default for StoreSettings {
@@ -83,6 +116,9 @@ impl Default for StoreSettings {
             kind: StoreKind::Local,
             local_dir: PathBuf::from("blobsnap-store"),
             max_transfers: 16,
+            max_upload_rate: 0,
+            max_download_rate: 0,
+            max_request_rate: 0,
         }
     }
 }
@@ -165,6 +201,8 @@ pub struct Settings {
     pub s3: S3Config,
     /// Retry policy of every store operation.
     pub retry: RetryPolicy,
+    /// Prices for `blobsnap cost` (S3 Standard's list prices by default).
+    pub cost: crate::blob::cost::Prices,
 }
 
 impl Settings {
@@ -220,6 +258,25 @@ impl Settings {
                 ))
             })?;
         }
+        for (name, field) in [
+            ("BLOBSNAP_MAX_UPLOAD_RATE", &mut self.store.max_upload_rate),
+            (
+                "BLOBSNAP_MAX_DOWNLOAD_RATE",
+                &mut self.store.max_download_rate,
+            ),
+        ] {
+            if let Some(v) = get(name) {
+                *field = crate::units::parse_rate(&v)
+                    .map_err(|why| Error::invalid(format!("{name}: {why}")))?;
+            }
+        }
+        if let Some(v) = get("BLOBSNAP_MAX_REQUEST_RATE") {
+            self.store.max_request_rate = v.parse().map_err(|_| {
+                Error::invalid(format!(
+                    "BLOBSNAP_MAX_REQUEST_RATE={v:?}: expected requests per second (0: no limit)"
+                ))
+            })?;
+        }
         if let Some(v) = get("BLOBSNAP_S3_BUCKET") {
             self.s3.bucket = v;
         }
@@ -260,13 +317,14 @@ impl Settings {
         Ok(())
     }
 
-    /// Open the configured store: the retry layer over the process's one transfer budget
-    /// ([`LimitStore`], `store.max-transfers`) over the counting layer (which publishes
+    /// Open the configured store: the retry layer over the process's one budget
+    /// ([`LimitStore`]: `store.max-transfers`, the bandwidth and request-rate limits, the
+    /// window that narrows when the store throttles) over the counting layer (which publishes
     /// requests by operation and outcome as metrics). Open it once per process and share the
     /// handle: every task and store then draws on the one budget.
     pub async fn open_store(&self) -> Result<Arc<dyn BlobStore>> {
         use crate::blobstore::counting::CountingStore;
-        let budget = Budget::new(self.store.max_transfers);
+        let budget = Budget::with_limits(self.store.limits());
         Ok(match self.store.kind {
             StoreKind::Local => Arc::new(RetryStore::new(
                 LimitStore::new(
@@ -337,6 +395,39 @@ mod tests {
         assert!(s
             .apply_env(|k| (k == "BLOBSNAP_STORE").then(|| "ftp".to_string()))
             .is_err());
+    }
+
+    #[test]
+    fn rate_limits_from_toml_and_env() {
+        let mut s = Settings::from_toml(
+            "[store]\nmax-upload-rate = \"50MiB/s\"\nmax-download-rate = 1048576\nmax-request-rate = 300\n",
+        )
+        .unwrap();
+        let l = s.store.limits();
+        assert_eq!(
+            (
+                l.transfers,
+                l.upload_bytes_per_sec,
+                l.download_bytes_per_sec,
+                l.requests_per_sec
+            ),
+            (16, 50 << 20, 1 << 20, 300)
+        );
+        s.apply_env(|k| match k {
+            "BLOBSNAP_MAX_DOWNLOAD_RATE" => Some("2 MiB/s".into()),
+            "BLOBSNAP_MAX_REQUEST_RATE" => Some("0".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(
+            (s.store.max_download_rate, s.store.max_request_rate),
+            (2 << 20, 0)
+        );
+        let e = s
+            .apply_env(|k| (k == "BLOBSNAP_MAX_UPLOAD_RATE").then(|| "quick".into()))
+            .unwrap_err();
+        assert!(e.to_string().contains("BLOBSNAP_MAX_UPLOAD_RATE"), "{e}");
+        assert!(Settings::from_toml("[store]\nmax-upload-rate = \"fast\"\n").is_err());
     }
 
     #[test]

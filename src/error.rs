@@ -61,6 +61,7 @@ pub struct Error {
     message: String,
     context: Vec<String>,
     source: Option<Source>,
+    throttling: bool,
 }
 
 /// The crate's result type.
@@ -74,7 +75,21 @@ impl Error {
             message: message.into(),
             context: Vec::new(),
             source: None,
+            throttling: false,
         }
+    }
+
+    /// Mark this error as the store asking the client to slow down (S3 `503 SlowDown`,
+    /// `429 Too Many Requests`): the transfer budget narrows for the whole process
+    /// ([`crate::blobstore::limit`]). The kind is unchanged (such an error is `Transient`).
+    pub fn throttling(mut self) -> Self {
+        self.throttling = true;
+        self
+    }
+
+    /// Whether the store answered that the client should slow down.
+    pub fn is_throttling(&self) -> bool {
+        self.throttling
     }
 
     /// Attach an underlying cause.

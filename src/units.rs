@@ -10,6 +10,7 @@ use serde::de::{self, Deserializer, Visitor};
 #[derive(Clone, Copy)]
 enum Unit {
     Bytes,
+    BytesPerSec,
     Millis,
     Secs,
 }
@@ -22,6 +23,9 @@ impl Visitor<'_> for Human {
     fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self.0 {
             Unit::Bytes => "a size: bytes, or a string such as \"64MiB\" or \"1 GB\"",
+            Unit::BytesPerSec => {
+                "a rate: bytes per second, or a string such as \"50MiB\" or \"50MiB/s\""
+            }
             Unit::Millis => "milliseconds, or a duration such as \"30s\" or \"1m 30s\"",
             Unit::Secs => "seconds, or a duration such as \"24h\" or \"90s\"",
         })
@@ -42,6 +46,7 @@ impl Visitor<'_> for Human {
 
 fn parse(unit: Unit, v: &str) -> Result<u64, String> {
     match unit {
+        Unit::BytesPerSec => parse(Unit::Bytes, v.trim().trim_end_matches("/s")),
         Unit::Bytes => v
             .trim()
             .parse::<bytesize::ByteSize>()
@@ -67,6 +72,17 @@ fn parse(unit: Unit, v: &str) -> Result<u64, String> {
 /// A size in bytes: an integer, or `"64MiB"`, `"16 MB"`, `"1GiB"`.
 pub fn bytes<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     d.deserialize_any(Human(Unit::Bytes))
+}
+
+/// A rate in bytes per second: an integer, or `"50MiB"`, `"50MiB/s"`, `"1 GB/s"`.
+pub fn rate<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    d.deserialize_any(Human(Unit::BytesPerSec))
+}
+
+/// [`rate`] for a flag or an environment variable: bytes per second from `"50MiB/s"`,
+/// `"50MiB"` or `"52428800"`.
+pub fn parse_rate(v: &str) -> Result<u64, String> {
+    parse(Unit::BytesPerSec, v).map_err(|why| format!("{v:?}: {why}"))
 }
 
 /// A duration in milliseconds: an integer, or `"30s"`, `"250ms"`, `"2m"`.
@@ -116,6 +132,10 @@ mod tests {
         );
         let t = read("size = \"5 MiB\"\ntimeout_ms = \"250ms\"\ngrace_secs = 60").unwrap();
         assert_eq!((t.size, t.timeout_ms, t.grace_secs), (5 << 20, 250, 60));
+        assert_eq!(parse_rate("50MiB/s"), Ok(50 << 20));
+        assert_eq!(parse_rate(" 1 GB/s "), Ok(1_000_000_000));
+        assert_eq!(parse_rate("4096"), Ok(4096));
+        assert!(parse_rate("fast").unwrap_err().contains("fast"));
     }
 
     #[test]

@@ -2,8 +2,11 @@
 //! whose checkpoint was never written (a crash between upload and commit), of stores or tasks
 //! that were dropped, of snapshots a failed cleanup left behind (DESIGN §10).
 //!
-//! **Plan, then execute**; [`plan_sweep`] deletes nothing, so a dry run prints exactly what a
-//! real run deletes.
+//! **Decide, then delete**: [`sweep`] loads every root before it deletes anything, then
+//! streams the listing page by page and deletes each page's doomed objects in one batch, in
+//! bounded memory whatever the scope's size; its dry run makes the same decisions and deletes
+//! nothing. [`plan_sweep`] + [`execute_sweep`] do the same with the whole plan in memory (for
+//! small scopes and tests: the plan can be inspected before anything is deleted).
 //!
 //! - Roots: every checkpoint in the history of every task of the job (the history is trimmed
 //!   to the retention). The sweep **fails closed**: if any task's checkpoints or any root index
@@ -22,7 +25,7 @@
 //! half the grace is abandoned before it can commit (the backup side enforces it); and an
 //! upload in flight only reuses blobs of the task's newest committed snapshot, which is a root.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::time::{Duration, SystemTime};
 
 use futures::TryStreamExt as _;
@@ -69,8 +72,10 @@ pub struct SweepPlan {
     pub roots: u64,
     /// Live objects.
     pub live: u64,
-    /// Objects to delete.
+    /// Objects to delete (empty in a [`sweep`]'s report: they went to its callback).
     pub delete: Vec<Doomed>,
+    /// How many objects the plan deletes.
+    pub doomed: u64,
     /// Bytes freed.
     pub bytes: u64,
     /// Not live, but younger than the grace: kept.
@@ -145,6 +150,113 @@ async fn plan_sweep_at(
     settings: &SweepSettings,
     started: SystemTime,
 ) -> Result<SweepPlan> {
+    let mut doomed = Vec::new();
+    let mut plan = decide(shared, settings, started, None, &mut |d: &Doomed| {
+        doomed.push(d.clone())
+    })
+    .await?;
+    plan.delete = doomed;
+    Ok(plan)
+}
+
+/// A sweep that streams: every root is loaded first, then the listing is decided page by
+/// page and (unless `dry_run`) each page's doomed objects are deleted in one batch before the
+/// next page is read. Memory holds the live set (what the retained snapshots reference), one
+/// page and one batch — never the listing nor the whole list of what is deleted, so a scope of
+/// millions of objects sweeps in bounded memory. `on_doomed` sees every object deleted (or,
+/// in a dry run, that a real run would delete) as it is decided. A dry run takes its cutoff
+/// from this machine's clock and writes nothing; a real run reads the server's clock first
+/// (a probe object). Returns the plan's counts, with `delete` left empty.
+pub async fn sweep(
+    shared: &std::sync::Arc<dyn BlobStore>,
+    settings: &SweepSettings,
+    dry_run: bool,
+    on_doomed: &mut (dyn FnMut(&Doomed) + Send),
+) -> Result<SweepReport> {
+    let job = JobScope::new(&settings.job_name, &settings.job_id)?;
+    let started = if dry_run {
+        crate::backend::Clock::now(&crate::backend::SystemClock)
+    } else {
+        server_now(shared.as_ref(), &job).await?
+    };
+    let mut batch = DeleteBatch {
+        store: shared.as_ref(),
+        keys: Vec::new(),
+        deleted: 0,
+        live: !dry_run,
+    };
+    let plan = decide(shared, settings, started, Some(&mut batch), on_doomed).await?;
+    batch.flush().await?;
+    if !dry_run {
+        abort_stale_uploads(shared.as_ref(), &plan).await?;
+        metrics::counter!("blobsnap_gc_sweep_objects_deleted_total").increment(batch.deleted);
+        metrics::counter!("blobsnap_gc_sweep_bytes_deleted_total").increment(plan.bytes);
+    }
+    Ok(SweepReport {
+        deleted: batch.deleted,
+        plan,
+    })
+}
+
+/// What [`sweep`] did.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SweepReport {
+    /// Its decisions' counts (`delete` empty: the objects went to the callback).
+    #[serde(flatten)]
+    pub plan: SweepPlan,
+    /// Objects deleted (0 in a dry run).
+    pub deleted: u64,
+}
+
+/// The deletes of a streaming sweep, one DeleteObjects batch at a time.
+struct DeleteBatch<'a> {
+    store: &'a dyn BlobStore,
+    keys: Vec<BlobKey>,
+    deleted: u64,
+    /// False in a dry run: nothing is deleted.
+    live: bool,
+}
+
+impl DeleteBatch<'_> {
+    async fn push(&mut self, key: BlobKey) -> Result<()> {
+        if !self.live {
+            return Ok(());
+        }
+        self.keys.push(key);
+        if self.keys.len() >= DELETE_BATCH {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> Result<()> {
+        if self.keys.is_empty() {
+            return Ok(());
+        }
+        let failures = self.store.delete_many(&self.keys).await?;
+        if let Some((k, e)) = failures.into_iter().next() {
+            return Err(e.context(format!("sweep: delete {k}")));
+        }
+        self.deleted += self.keys.len() as u64;
+        self.keys.clear();
+        crate::crash::point("sweep.mid-delete");
+        Ok(())
+    }
+}
+
+/// Keys one DeleteObjects request carries.
+const DELETE_BATCH: usize = 1000;
+
+/// Decide a sweep: load every root, then stream the listing of the sweep's area (the task's
+/// or the store's under `tasks/` when the settings name one, all of `tasks/` otherwise),
+/// handing each doomed object to `on_doomed` and to `batch` (which deletes as it fills).
+async fn decide(
+    shared: &std::sync::Arc<dyn BlobStore>,
+    settings: &SweepSettings,
+    started: SystemTime,
+    mut batch: Option<&mut DeleteBatch<'_>>,
+    on_doomed: &mut (dyn FnMut(&Doomed) + Send),
+) -> Result<SweepPlan> {
     let store = shared.as_ref();
     let job = JobScope::new(&settings.job_name, &settings.job_id)?;
     let cutoff = started
@@ -156,12 +268,15 @@ async fn plan_sweep_at(
         ..Default::default()
     };
 
-    // Roots: every task's history. Tasks are found from checkpoints/ and from tasks/.
-    let mut tasks: HashSet<String> = HashSet::new();
-    let listing: Vec<_> = store.list(job.scope()).try_collect().await?;
-    for m in &listing {
-        if let Some(task) = parse(&m.key).as_ref().and_then(|p| p.kind.task()) {
-            tasks.insert(task.to_string());
+    // Roots: every task's history, whatever the sweep's area; tasks are found under
+    // checkpoints/ (a task without a checkpoint has no root).
+    let mut tasks: BTreeSet<String> = BTreeSet::new();
+    {
+        let mut listing = store.list(&job.scope().child("checkpoints")?);
+        while let Some(m) = listing.try_next().await? {
+            if let Some(task) = parse(&m.key).as_ref().and_then(|p| p.kind.task()) {
+                tasks.insert(task.to_string());
+            }
         }
     }
     let cps = BlobCheckpointStore::new(std::sync::Arc::clone(shared), job.clone());
@@ -203,7 +318,13 @@ async fn plan_sweep_at(
     }
     plan.live = live.len() as u64;
 
-    for m in listing {
+    let area = match (&settings.task, &settings.store) {
+        (Some(task), Some(store_name)) => job.store(task, store_name)?.scope().clone(),
+        (Some(task), None) => job.tasks()?.escaped(task)?,
+        (None, _) => job.tasks()?,
+    };
+    let mut listing = store.list(&area);
+    while let Some(m) = listing.try_next().await? {
         let (task, store_name) = match parse(&m.key).map(|p| p.kind) {
             Some(KeyKind::Index { task, store, .. } | KeyKind::Blob { task, store, .. }) => {
                 (task, store)
@@ -227,10 +348,14 @@ async fn plan_sweep_at(
             continue;
         }
         plan.bytes += m.size;
-        plan.delete.push(Doomed {
+        plan.doomed += 1;
+        on_doomed(&Doomed {
             key: m.key.as_str().to_string(),
             size: m.size,
         });
+        if let Some(b) = batch.as_deref_mut() {
+            b.push(m.key).await?;
+        }
     }
     if store.capabilities(Probe::Never).await?.multipart_listing {
         plan.uploads_scope = Some(job.scope().clone());
@@ -242,6 +367,16 @@ async fn plan_sweep_at(
         }
     }
     Ok(plan)
+}
+
+/// Abort the uploads a plan listed as stale, with the plan's cutoff: those it listed, less
+/// any finished since (an upload begun after planning is younger than the cutoff).
+async fn abort_stale_uploads(store: &dyn BlobStore, plan: &SweepPlan) -> Result<()> {
+    if let (false, Some(scope)) = (plan.uploads.is_empty(), &plan.uploads_scope) {
+        let cutoff = SystemTime::UNIX_EPOCH + Duration::from_millis(plan.cutoff_millis);
+        store.incomplete_uploads(scope, Some(cutoff)).await?;
+    }
+    Ok(())
 }
 
 /// Carry out a plan: delete its objects, abort its uploads. Returns the number deleted.
@@ -275,12 +410,7 @@ pub async fn execute_sweep_with_progress(
         freed.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
         crate::crash::point("sweep.mid-delete");
     }
-    if let (false, Some(scope)) = (plan.uploads.is_empty(), &plan.uploads_scope) {
-        // The plan's cutoff: the uploads it listed, less any finished since (an upload begun
-        // after planning is younger than the cutoff).
-        let cutoff = SystemTime::UNIX_EPOCH + Duration::from_millis(plan.cutoff_millis);
-        store.incomplete_uploads(scope, Some(cutoff)).await?;
-    }
+    abort_stale_uploads(store, plan).await?;
     metrics::counter!("blobsnap_gc_sweep_objects_deleted_total").increment(deleted);
     metrics::counter!("blobsnap_gc_sweep_bytes_deleted_total").increment(plan.bytes);
     Ok(deleted)

@@ -8,11 +8,13 @@
 //!   execute into a staging dir with verified downloads, swap atomically.
 //! - [`diff`]: local tree vs index, shared by backup and restore.
 //! - [`manual`]: backups of a closed RocksDB dir outside any job (`blobsnap backup`).
+//! - [`cost`]: what a job costs per commit and per month, from its retained checkpoints.
 //!
 //! Markers are stored in CheckpointV2 under [`FACTORY_NAME`].
 
 pub mod admin;
 pub mod backup;
+pub mod cost;
 pub mod diff;
 pub mod factory;
 pub mod gc;

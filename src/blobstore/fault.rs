@@ -68,6 +68,9 @@ pub struct FaultConfig {
     pub latency: Duration,
     /// RNG seed (runs with the same seed and call order inject the same faults).
     pub seed: u64,
+    /// Injected errors are throttling responses (as S3's `503 SlowDown`,
+    /// [`Error::is_throttling`]), not plain transient faults.
+    pub throttle: bool,
 }
 
 /// The fault-injecting wrapper.
@@ -126,7 +129,12 @@ impl<S: BlobStore> FaultStore<S> {
             tokio::time::sleep(self.config.latency).await;
         }
         if self.roll(rate) {
-            return Err(Error::transient(format!("injected fault: {op} {key}")));
+            let e = Error::transient(format!("injected fault: {op} {key}"));
+            return Err(if self.config.throttle {
+                e.throttling()
+            } else {
+                e
+            });
         }
         Ok(())
     }

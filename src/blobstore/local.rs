@@ -327,6 +327,97 @@ fn walk(dir: &Path, temps: bool, out: &mut Vec<(PathBuf, std::fs::Metadata)>) ->
     Ok(())
 }
 
+/// Keys a listing of the local store reads per blocking call.
+const LIST_PAGE: usize = 1000;
+
+/// A depth-first walk of a directory tree in the byte order of the keys its files make:
+/// siblings sorted by name, a directory's name compared as `name/` (every key under it
+/// starts so), so `a-b` (0x2D) comes before the keys under `a/` (0x2F) and `a0` after them.
+/// Holds one directory's sorted names per level of the path, not the tree. Reserved names
+/// (`.blobsnap*`) and temp files are skipped; symlinks are neither files nor directories here
+/// and are never followed.
+struct KeyOrderWalk {
+    /// The directory to open first (`None` once opened).
+    start: Option<PathBuf>,
+    /// Per open directory: its path and its entries still to visit (name, is a directory).
+    stack: Vec<(PathBuf, std::vec::IntoIter<(String, bool)>)>,
+}
+
+impl KeyOrderWalk {
+    fn new(dir: PathBuf) -> Self {
+        KeyOrderWalk {
+            start: Some(dir),
+            stack: Vec::new(),
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        self.start.is_none() && self.stack.is_empty()
+    }
+
+    /// Open `dir`: its entries sorted in key order (a missing dir or a file: nothing).
+    fn open(&mut self, dir: PathBuf) -> Result<()> {
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(20) => return Ok(()), // ENOTDIR: a file, not a scope
+            Err(e) => return Err(io_err(format!("list {}", dir.display()), e)),
+        };
+        let mut names = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| io_err(format!("list {}", dir.display()), e))?;
+            let Ok(name) = entry.file_name().into_string() else {
+                continue; // not UTF-8: no key names it
+            };
+            if name.starts_with(RESERVED) {
+                continue; // temp files and the store's own
+            }
+            let file_type = match entry.file_type() {
+                Ok(t) => t,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(io_err(format!("stat {}", entry.path().display()), e)),
+            };
+            if file_type.is_dir() {
+                names.push((format!("{name}/"), true));
+            } else if file_type.is_file() {
+                names.push((name, false));
+            }
+        }
+        names.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+        self.stack.push((dir, names.into_iter()));
+        Ok(())
+    }
+
+    /// The next up to `n` files, in key order; empty at the end.
+    fn next_page(&mut self, n: usize) -> Result<Vec<(PathBuf, std::fs::Metadata)>> {
+        if let Some(dir) = self.start.take() {
+            self.open(dir)?;
+        }
+        let mut out = Vec::new();
+        while out.len() < n {
+            let Some((dir, entries)) = self.stack.last_mut() else {
+                break;
+            };
+            let Some((name, is_dir)) = entries.next() else {
+                self.stack.pop();
+                continue;
+            };
+            let path = dir.join(name.trim_end_matches('/'));
+            if is_dir {
+                self.open(path)?;
+                continue;
+            }
+            match std::fs::symlink_metadata(&path) {
+                Ok(md) if md.is_file() => out.push((path, md)),
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {} // deleted meanwhile
+                Err(e) => return Err(io_err(format!("stat {}", path.display()), e)),
+            }
+        }
+        Ok(out)
+    }
+}
+
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
     tokio::task::spawn_blocking(f)
         .await
@@ -422,37 +513,45 @@ impl BlobStore for LocalStore {
     }
 
     fn list<'a>(&'a self, scope: &Scope) -> BoxStream<'a, Result<ObjectMeta>> {
-        let dir = self.dir_of_scope(scope);
-        let scope = scope.clone();
-        let this = self.clone();
-        let fut = async move {
-            blocking(move || {
-                let mut files = Vec::new();
-                walk(&dir, false, &mut files)?;
-                let mut metas: Vec<ObjectMeta> = files
+        // A page of keys per blocking call, in key order, never the whole tree in memory: a
+        // sweep over a million objects streams through this.
+        let walk = KeyOrderWalk::new(self.dir_of_scope(scope));
+        let (scope, this) = (scope.clone(), self.clone());
+        futures::stream::unfold(Some(walk), move |walk| {
+            let (scope, this) = (scope.clone(), this.clone());
+            async move {
+                let mut walk = walk?;
+                let page = blocking(move || {
+                    let files = walk.next_page(LIST_PAGE)?;
+                    Ok((walk, files))
+                })
+                .await;
+                let (walk, files) = match page {
+                    Ok(p) => p,
+                    Err(e) => return Some((vec![Err(e)], None)),
+                };
+                if files.is_empty() && walk.is_done() {
+                    return None;
+                }
+                let metas = files
                     .into_iter()
                     .filter_map(|(path, md)| {
                         let key = this.key_of(&path)?;
-                        key.is_in(&scope).then(|| ObjectMeta {
-                            key,
-                            size: md.len(),
-                            last_modified: system_time_of(&md),
-                            e_tag: None,
+                        key.is_in(&scope).then(|| {
+                            Ok(ObjectMeta {
+                                key,
+                                size: md.len(),
+                                last_modified: system_time_of(&md),
+                                e_tag: None,
+                            })
                         })
                     })
-                    .collect();
-                metas.sort_by(|a, b| a.key.as_str().as_bytes().cmp(b.key.as_str().as_bytes()));
-                Ok(metas)
-            })
-            .await
-        };
-        futures::stream::once(fut)
-            .map(|r| match r {
-                Ok(v) => futures::stream::iter(v.into_iter().map(Ok)).boxed(),
-                Err(e) => futures::stream::once(async { Err(e) }).boxed(),
-            })
-            .flatten()
-            .boxed()
+                    .collect::<Vec<_>>();
+                Some((metas, Some(walk)))
+            }
+        })
+        .flat_map(futures::stream::iter)
+        .boxed()
     }
 
     async fn incomplete_uploads(

@@ -45,6 +45,57 @@ pub(crate) struct StoreArgs {
     /// Path-style addressing (most S3-compatible servers need it).
     #[arg(long, global = true, help_heading = "Blob store (every command)")]
     pub(crate) s3_path_style: bool,
+    /// Transfers in flight at once, for the whole process [store.max-transfers, 16].
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Limits of the whole process (every command)",
+        value_name = "N"
+    )]
+    pub(crate) max_transfers: Option<usize>,
+    /// Upload bandwidth, bytes/s: "50MiB/s" [store.max-upload-rate; 0: none].
+    #[arg(long, global = true, help_heading = "Limits of the whole process (every command)", value_name = "RATE", value_parser = parse_rate)]
+    pub(crate) max_upload_rate: Option<u64>,
+    /// Download bandwidth, bytes/s: "200MiB/s" [store.max-download-rate; 0: none].
+    #[arg(long, global = true, help_heading = "Limits of the whole process (every command)", value_name = "RATE", value_parser = parse_rate)]
+    pub(crate) max_download_rate: Option<u64>,
+    /// Requests per second [store.max-request-rate; 0: none].
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Limits of the whole process (every command)",
+        value_name = "N"
+    )]
+    pub(crate) max_request_rate: Option<u64>,
+}
+
+fn parse_rate(v: &str) -> Result<u64, String> {
+    blobsnap::units::parse_rate(v)
+}
+
+impl StoreArgs {
+    /// The limit flags on top of `settings`.
+    pub(crate) fn apply_limits(&self, settings: &mut Settings) -> blobsnap::Result<()> {
+        if let Some(n) = self.max_transfers {
+            if n == 0 {
+                return Err(Error::new(
+                    ErrorKind::InvalidInput,
+                    "--max-transfers 0: at least one transfer must be allowed",
+                ));
+            }
+            settings.store.max_transfers = n;
+        }
+        if let Some(v) = self.max_upload_rate {
+            settings.store.max_upload_rate = v;
+        }
+        if let Some(v) = self.max_download_rate {
+            settings.store.max_download_rate = v;
+        }
+        if let Some(v) = self.max_request_rate {
+            settings.store.max_request_rate = v;
+        }
+        Ok(())
+    }
 }
 
 /// Which store's snapshots, as given on the command line: a manual backup's name, or job,
@@ -270,6 +321,7 @@ pub(crate) async fn open_demo_store(
         return open_store(args).await;
     }
     let mut settings = blobsnap::config::Settings::load(None)?;
+    args.apply_limits(&mut settings)?;
     settings.store.kind = blobsnap::config::StoreKind::Local;
     settings.store.local_dir = dir.join("store");
     settings.open_store().await
@@ -307,6 +359,7 @@ pub(crate) fn store_settings(args: &StoreArgs) -> blobsnap::Result<Settings> {
     if args.s3_path_style {
         settings.s3.path_style = true;
     }
+    args.apply_limits(&mut settings)?;
     if settings.store.kind == StoreKind::Local && args.local.is_none() && args.config.is_none() {
         return Err(Error::new(
             ErrorKind::InvalidInput,

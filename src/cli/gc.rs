@@ -1,9 +1,6 @@
 //! `blobsnap gc`: the sweep of a job's scope.
 
-use std::sync::Arc;
-
 use super::args::{open_store, StoreArgs};
-use super::progress::Bar;
 use clap::Args;
 
 #[derive(Args)]
@@ -72,53 +69,49 @@ pub(crate) async fn run(store_args: &StoreArgs, json: bool, args: GcArgs) -> blo
         store,
         grace: std::time::Duration::from_secs(grace_secs),
     };
-    // A dry run writes nothing: not even the probe that reads the server's clock.
-    let plan = if dry_run {
-        gc::plan_sweep_read_only(&blob_store, &settings).await?
-    } else {
-        gc::plan_sweep(&blob_store, &settings).await?
-    };
-    let deleted = if dry_run {
-        0
-    } else {
-        let total = plan.bytes;
-        let freed = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let f = Arc::clone(&freed);
-        let bar = Bar::start("gc", move || {
-            (f.load(std::sync::atomic::Ordering::Relaxed), total)
-        });
-        let n = gc::execute_sweep_with_progress(blob_store.as_ref(), &plan, &freed).await?;
-        drop(bar);
-        n
-    };
-    if json {
-        println!(
-            "{}",
-            serde_json::json!({"schema": 1, "dry-run": dry_run, "plan": plan, "deleted": deleted})
-        );
-    } else {
-        println!(
-                "sweep of {}/{}: {} roots, {} live objects; {} objects ({} bytes) to delete, {} kept (younger than the grace), {} unknown keys, {} stale uploads",
-                settings.job_name,
-                settings.job_id,
-                plan.roots,
-                plan.live,
-                plan.delete.len(),
-                plan.bytes,
-                plan.kept_young,
-                plan.unknown.len(),
-                plan.uploads.len()
-            );
-        for d in &plan.delete {
+    // The sweep streams: each object is printed as it is decided (and, in a real run,
+    // deleted page by page); a dry run writes nothing, not even the probe that reads the
+    // server's clock. --json holds the decisions to print them in one document.
+    let mut doomed = Vec::new();
+    let mut on_doomed = |d: &gc::Doomed| {
+        if json {
+            doomed.push(d.clone());
+        } else {
             println!("  delete {:>12}  {}", d.size, d.key);
         }
+    };
+    let report = gc::sweep(&blob_store, &settings, dry_run, &mut on_doomed).await?;
+    let mut plan = report.plan;
+    if json {
+        plan.delete = doomed;
+        println!(
+            "{}",
+            serde_json::json!({"schema": 1, "dry-run": dry_run, "plan": plan, "deleted": report.deleted})
+        );
+    } else {
         for u in &plan.unknown {
             println!("  unknown (kept)  {u}");
         }
+        println!(
+            "sweep of {}/{}: {} roots, {} live objects; {} objects ({} bytes) {}, {} kept (younger than the grace), {} unknown keys, {} stale uploads",
+            settings.job_name,
+            settings.job_id,
+            plan.roots,
+            plan.live,
+            plan.doomed,
+            plan.bytes,
+            if dry_run { "to delete" } else { "deleted" },
+            plan.kept_young,
+            plan.unknown.len(),
+            plan.uploads.len()
+        );
         if dry_run {
             println!("dry run: nothing deleted");
         } else {
-            println!("deleted {deleted} objects, freed {} bytes", plan.bytes);
+            println!(
+                "deleted {} objects, freed {} bytes",
+                report.deleted, plan.bytes
+            );
         }
     }
     Ok(())

@@ -3,6 +3,7 @@
 mod admin;
 mod args;
 mod backup;
+mod cost;
 mod demo;
 mod diff;
 mod gc;
@@ -69,6 +70,10 @@ pub(crate) enum Command {
     /// `--deep` downloads and checks every SHA-256 (`--sample PCT` for a random share).
     /// Exit code 3 if an object is missing, 4 if one is corrupt.
     Verify(verify::VerifyArgs),
+    /// What a job costs on S3: requests and bytes per commit, the bytes its retained
+    /// snapshots keep, and a monthly estimate at list prices (`[cost]` in the settings
+    /// overrides them), read from the job's retained checkpoints and indexes.
+    Cost(cost::CostArgs),
     /// Parse a CheckpointV2/V1 JSON document (ours or Samza's) and print it normalized.
     Checkpoint {
         #[command(subcommand)]
@@ -111,6 +116,7 @@ pub(crate) async fn run(cli: Cli) -> blobsnap::Result<()> {
         Command::Inspect(args) => inspect::run(&cli.store, cli.json, args).await,
         Command::Diff(args) => diff::run(&cli.store, cli.json, args).await,
         Command::Verify(args) => verify::run(&cli.store, cli.json, args).await,
+        Command::Cost(args) => cost::run(&cli.store, cli.json, args).await,
         Command::Checkpoint {
             action: ShowAction::Show { file },
         } => show::checkpoint(&file),

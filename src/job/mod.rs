@@ -588,19 +588,14 @@ async fn finished(
                     store: None,
                     grace: sweep.settings.gc_grace,
                 };
-                match crate::blob::gc::plan_sweep(sweep.store, &s).await {
-                    Ok(plan) => {
-                        match crate::blob::gc::execute_sweep(sweep.store.as_ref(), &plan).await {
-                            Ok(n) => {
-                                summary.sweeps += 1;
-                                summary.swept += n;
-                            }
-                            Err(e) => tracing::warn!(task, error = %e, "sweep failed"),
-                        }
+                match crate::blob::gc::sweep(sweep.store, &s, false, &mut |_| {}).await {
+                    Ok(report) => {
+                        summary.sweeps += 1;
+                        summary.swept += report.deleted;
                     }
                     Err(e) => {
                         metrics::counter!("blobsnap_gc_sweep_failures_total").increment(1);
-                        tracing::warn!(task, error = %e, "sweep planning failed; nothing deleted");
+                        tracing::warn!(task, error = %e, "sweep failed; the next one retries");
                     }
                 }
             }

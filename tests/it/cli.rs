@@ -1189,3 +1189,67 @@ fn tree(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
 fn a_offset(dir: &Path) -> u64 {
     std::fs::metadata(dir.join("input/0.txt")).unwrap().len()
 }
+
+/// `blobsnap cost` after a demo run: per-commit requests and a monthly bill in JSON, at the
+/// commit interval given; a job with no checkpoints is not found (exit 3). The limit flags
+/// are checked as flags: a rate that is not one is a usage error, zero transfers invalid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cost_of_a_demo_job_and_the_limit_flags() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = local_target(tmp.path());
+    let dir = tmp.path().join("demo").display().to_string();
+    let (code, _, err) = run(
+        &t,
+        &[
+            "--max-upload-rate",
+            "64MiB/s",
+            "--max-request-rate",
+            "2000",
+            "demo",
+            "--dir",
+            &dir,
+            "--partitions",
+            "2",
+            "--lines",
+            "3000",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let (code, v, err) = run(
+        &t,
+        &["cost", "--job", "wordcount", "--commit-interval", "60s"],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["schema"], 1, "{v}");
+    assert_eq!(v["tasks"], 2, "{v}");
+    assert!(v["sampled_task_commits"].as_u64().unwrap() >= 2, "{v}");
+    let put = v["per_commit"]["put"].as_f64().unwrap();
+    assert!(
+        put >= 2.0,
+        "every task commit PUTs at least its checkpoint: {v}"
+    );
+    assert_eq!(v["commit_interval_secs"], 60.0, "{v}");
+    let month = &v["monthly"];
+    assert!(
+        (month["commits"].as_f64().unwrap() - 43_200.0).abs() < 1e-6,
+        "{v}"
+    );
+    // PUT and LIST at $0.005, GET at $0.0004 per 1,000 (the demo's sweep, every 20 commits,
+    // is spread over them), deletes free.
+    let c = &v["per_commit"];
+    let per = |k: &str| c[k].as_f64().unwrap() * 43_200.0 / 1000.0;
+    let usd = month["requests_usd"].as_f64().unwrap();
+    let expected = (per("put") + per("list")) * 0.005 + per("get") * 0.0004;
+    assert!((usd - expected).abs() < 1e-6, "{usd} vs {expected}: {v}");
+    assert!(v["stored_bytes"].as_u64().unwrap() > 0, "{v}");
+
+    let (code, _, err) = run(&t, &["cost", "--job", "nope"]).await;
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("no checkpoints"), "{err}");
+    let (code, _, err) = run(&t, &["--max-upload-rate", "fast", "ls"]).await;
+    assert_eq!(code, Some(2), "{err}");
+    let (code, _, err) = run(&t, &["--max-transfers", "0", "ls"]).await;
+    assert_eq!(code, Some(5), "{err}");
+}

@@ -2374,3 +2374,231 @@ async fn a_commit_costs_its_uploads_one_checkpoint_put_and_the_cleanup() {
         .sum();
     assert!(deletes > 0, "cleanup deleted something");
 }
+
+/// `blobsnap cost`'s estimate, read from the retained checkpoints and indexes, against the
+/// counting layer's real requests and bytes of the same run: PUTs and upload bytes per task
+/// commit within 10 %; the monthly figures follow from them at the list prices.
+#[tokio::test]
+async fn the_cost_estimate_matches_the_counted_requests() {
+    use blobsnap::blob::cost::{estimate, CostOptions, Prices};
+    use blobsnap::blobstore::local::LocalStore;
+    use std::sync::Mutex;
+    let tmp = tempfile::tempdir().unwrap();
+    let counting = CountingStore::new(Arc::new(LocalStore::new(tmp.path().join("store")).unwrap()));
+    let counters = counting.counters();
+    let store: Arc<dyn BlobStore> = Arc::new(counting);
+    let mut settings = job_settings(tmp.path(), &["counts", "lengths"], false);
+    // Every commit retained, so every commit is sampled.
+    settings.retention = 100;
+    blobsnap::job::wordcount::generate_input(&settings.input_dir, 1, 6000, 11).unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let observer: Arc<blobsnap::job::CommitObserver> = Arc::new({
+        let (seen, counters) = (Arc::clone(&seen), Arc::clone(&counters));
+        move |_, _, _| seen.lock().unwrap().push(counters.snapshot())
+    });
+    run_job_observed(&settings, Arc::clone(&store), observer)
+        .await
+        .unwrap();
+    let seen = seen.lock().unwrap().clone();
+    // Commits that come due while one is in flight are skipped: how many run varies.
+    assert!(seen.len() >= 4, "{} commits", seen.len());
+    // Commits 2..n: what each cost beyond the one before it (the first uploads everything).
+    let commits = (seen.len() - 1) as f64;
+    let (puts, bytes) = seen.windows(2).fold((0u64, 0u64), |(p, b), w| {
+        let d = w[1].since(&w[0]);
+        (p + d.put.calls, b + d.put.bytes)
+    });
+    let (puts, bytes) = (puts as f64 / commits, bytes as f64 / commits);
+
+    let report = estimate(
+        &store,
+        &CostOptions {
+            job_name: settings.job_name.clone(),
+            job_id: settings.job_id.clone(),
+            commit_interval: Some(std::time::Duration::from_secs(60)),
+            multipart_threshold: u64::MAX,
+            part_size: 0,
+            sweep_every_commits: 0,
+            prices: Prices::default(),
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.tasks, 1);
+    assert_eq!(report.sampled_task_commits as f64, commits, "{report:?}");
+    let est = report.per_task_commit;
+    assert!(
+        (est.put - puts).abs() <= 0.10 * puts,
+        "estimated {:.2} PUTs per commit, counted {puts:.2}",
+        est.put
+    );
+    assert!(
+        (est.upload_bytes - bytes).abs() <= 0.10 * bytes,
+        "estimated {:.0} bytes uploaded per commit, counted {bytes:.0}",
+        est.upload_bytes
+    );
+    assert_eq!(
+        (est.get, est.list),
+        (0.0, 0.0),
+        "a running job reads nothing"
+    );
+    // A month of one commit a minute, at $0.005 per 1,000 PUTs and $0.023 per GB-month.
+    let m = report.monthly;
+    assert!((m.commits - 43_200.0).abs() < 1e-6);
+    assert!((m.requests.put - est.put * 43_200.0).abs() < 1e-6);
+    let storage = report.stored_bytes as f64 / (1u64 << 30) as f64 * 0.023;
+    assert!((m.storage_usd - storage).abs() < 1e-9);
+    assert!((m.requests_usd - m.requests.put / 1000.0 * 0.005).abs() < 1e-9);
+    // The stored bytes cover at least the newest snapshot's files.
+    assert!(report.stored_bytes > 0 && report.stored_objects > commits as u64);
+}
+
+/// The streaming sweep (issue 19 §4): every root is loaded before the first delete (no GET
+/// after a DeleteObjects), the listing is decided page by page and deleted in batches of
+/// 1,000, and the dry run decides exactly what the real run deletes. The retained
+/// snapshot still verifies afterwards; an unknown key under `tasks/` is reported, not
+/// deleted.
+#[tokio::test]
+async fn the_sweep_streams_in_batches_after_loading_every_root() {
+    use blobsnap::blob::gc::{sweep, Doomed, SweepSettings};
+    use blobsnap::blobstore::local::LocalStore;
+    use blobsnap::blobstore::{PutBody, PutOptions};
+    use blobsnap::id::CheckpointId;
+    use blobsnap::layout::StoreScope;
+    let tmp = tempfile::tempdir().unwrap();
+    let local: Arc<dyn BlobStore> = Arc::new(LocalStore::new(tmp.path().join("store")).unwrap());
+    let settings = job_settings(tmp.path(), &["counts"], false);
+    blobsnap::job::wordcount::generate_input(&settings.input_dir, 1, 2000, 5).unwrap();
+    run_job(&settings, Arc::clone(&local)).await.unwrap();
+
+    // 2,500 orphans of a commit that never happened, and one key of no known shape.
+    let job = JobScope::new("wordcount", "1").unwrap();
+    let scope = job.store("Partition 0", "counts").unwrap();
+    let failed = CheckpointId::new(1_000, 7).unwrap();
+    let mut orphans = BTreeSet::new();
+    for i in 0..2_500u32 {
+        let body = format!("orphan {i}");
+        let sha = blobsnap::digest::Sha256::of(body.as_bytes());
+        let key = scope.key(&StoreScope::blob_id(failed, sha)).unwrap();
+        local
+            .put(
+                &key,
+                PutBody::Bytes(body.into_bytes().into()),
+                PutOptions::default(),
+            )
+            .await
+            .unwrap();
+        orphans.insert(key.as_str().to_string());
+    }
+    let stray = job
+        .tasks()
+        .unwrap()
+        .escaped("Partition 0")
+        .unwrap()
+        .key("notes.txt")
+        .unwrap();
+    local
+        .put(&stray, PutBody::Bytes("mine".into()), PutOptions::default())
+        .await
+        .unwrap();
+    let sweep_settings = SweepSettings {
+        job_name: "wordcount".into(),
+        job_id: "1".into(),
+        task: None,
+        store: None,
+        grace: std::time::Duration::ZERO,
+    };
+
+    let mut planned = Vec::new();
+    let dry = sweep(&local, &sweep_settings, true, &mut |d: &Doomed| {
+        planned.push(d.key.clone())
+    })
+    .await
+    .unwrap();
+    assert_eq!(dry.deleted, 0);
+    let planned_set: BTreeSet<String> = planned.iter().cloned().collect();
+    assert!(orphans.is_subset(&planned_set), "every orphan is doomed");
+    assert_eq!(dry.plan.doomed as usize, planned.len());
+    assert_eq!(dry.plan.unknown, vec![stray.as_str().to_string()]);
+    assert!(dry.plan.roots >= 2 && dry.plan.live > 0, "{:?}", dry.plan);
+    assert!(list_all(local.as_ref(), job.scope()).await.unwrap().len() > 2_500);
+
+    // The real run, on a store that records, at every GET, how many deletes came before.
+    let counting = CountingStore::new(Arc::clone(&local));
+    let counters = counting.counters();
+    let deletes_before_gets = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let hooked = support::Hooked::new(
+        Arc::new(counting),
+        Box::new({
+            let (seen, counters) = (Arc::clone(&deletes_before_gets), Arc::clone(&counters));
+            move |_, _| {
+                seen.lock().unwrap().push(counters.snapshot().delete.calls);
+                None
+            }
+        }),
+    );
+    let store: Arc<dyn BlobStore> = Arc::new(hooked);
+    let mut deleted = Vec::new();
+    let real = sweep(&store, &sweep_settings, false, &mut |d: &Doomed| {
+        deleted.push(d.key.clone())
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        deleted, planned,
+        "the dry run decided what the real run deleted"
+    );
+    assert_eq!(real.deleted as usize, planned.len());
+    let gets = deletes_before_gets.lock().unwrap().clone();
+    // The server-clock probe's delete comes first; no sweep delete before the last root GET.
+    assert!(
+        !gets.is_empty() && gets.iter().all(|d| *d == 1),
+        "a GET after a sweep delete: {gets:?}"
+    );
+    let batches = counters.snapshot().delete.calls;
+    assert_eq!(
+        batches as usize,
+        planned.len().div_ceil(1000) + 1,
+        "the probe's delete and one per 1,000"
+    );
+    let left: BTreeSet<String> = list_all(local.as_ref(), job.scope())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.key.as_str().to_string())
+        .collect();
+    assert!(left.is_disjoint(&orphans), "every orphan deleted");
+    assert!(
+        left.contains(stray.as_str()),
+        "an unknown key is never deleted"
+    );
+
+    // What the task's last checkpoint names is all still there.
+    let cps = BlobCheckpointStore::new(Arc::clone(&local), job.clone());
+    let latest = cps.latest("Partition 0").await.unwrap().unwrap();
+    let marker = latest
+        .checkpoint
+        .as_v2()
+        .unwrap()
+        .marker(FACTORY_NAME, "counts")
+        .unwrap()
+        .to_string();
+    let who = blobsnap::blob::Expected {
+        job_name: "wordcount",
+        job_id: "1",
+        task_name: "Partition 0",
+        store_name: "counts",
+    };
+    let snap = blobsnap::blob::load_snapshot(local.as_ref(), &who, &marker)
+        .await
+        .unwrap();
+    let report = blobsnap::blob::verify::verify(
+        local.as_ref(),
+        &snap,
+        &blobsnap::blob::verify::VerifyOptions::default(),
+        &std::sync::atomic::AtomicU64::new(0),
+    )
+    .await
+    .unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+}

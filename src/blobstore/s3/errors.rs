@@ -58,8 +58,13 @@ where
             } else {
                 kind_of_status(status, None)
             };
-            Error::new(kind, format!("{what}: unreadable response (HTTP {status})"))
-                .with_source(err)
+            let e = Error::new(kind, format!("{what}: unreadable response (HTTP {status})"))
+                .with_source(err);
+            if is_throttling(status, None) {
+                e.throttling()
+            } else {
+                e
+            }
         }
         SdkError::ServiceError(s) => {
             let status = s.raw().status().as_u16();
@@ -83,10 +88,30 @@ where
                 }
                 _ => {}
             }
-            Error::new(kind, text)
+            let e = Error::new(kind, text);
+            if is_throttling(status, code.as_deref()) {
+                e.throttling()
+            } else {
+                e
+            }
         }
         _ => Error::transient(format!("{what}: request failed")).with_source(err),
     }
+}
+
+/// Whether an S3 error response asks the client to slow down: `SlowDown` (S3's 503),
+/// `429 Too Many Requests`, or the throttling codes some S3-compatible servers use. The whole
+/// transfer budget narrows on it ([`crate::blobstore::limit`]).
+pub fn is_throttling(status: u16, code: Option<&str>) -> bool {
+    matches!(
+        code,
+        Some("SlowDown")
+            | Some("TooManyRequests")
+            | Some("Throttling")
+            | Some("ThrottlingException")
+            | Some("RequestLimitExceeded")
+    ) || status == 429
+        || (code.is_none() && status == 503)
 }
 
 /// The kind of an S3 error response, by error code first, then HTTP status.

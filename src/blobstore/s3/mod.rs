@@ -66,7 +66,7 @@ use body::*;
 use client::*;
 pub use config::{CreateOnlySetting, PartChecksum, S3Config, Sse, MAX_PARTS, MAX_SINGLE_PUT};
 use errors::*;
-pub use errors::{classify, kind_of_status};
+pub use errors::{classify, is_throttling, kind_of_status};
 pub use probe::{CreateOnlyProbe, ProbeReport, ROUNDS as PROBE_ROUNDS, WRITERS as PROBE_WRITERS};
 
 /// The S3 store.
@@ -645,6 +645,10 @@ mod tests {
     #[test]
     fn classification_table() {
         assert_eq!(kind_of_status(503, Some("SlowDown")), ErrorKind::Transient);
+        assert!(errors::is_throttling(503, Some("SlowDown")));
+        assert!(errors::is_throttling(429, None) && errors::is_throttling(503, None));
+        assert!(!errors::is_throttling(503, Some("ServiceUnavailable")));
+        assert!(!errors::is_throttling(500, Some("InternalError")));
         assert!(pem_certificates(b"not a certificate").is_err());
         assert!(
             pem_certificates(b"-----BEGIN CERTIFICATE-----\n!!!\n-----END CERTIFICATE-----\n")

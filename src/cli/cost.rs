@@ -1,0 +1,102 @@
+//! `blobsnap cost`: what a job costs per commit and per month ([`blobsnap::blob::cost`]).
+
+use std::time::Duration;
+
+use super::args::{open_store, store_settings, StoreArgs};
+use blobsnap::blob::cost::{estimate, CostOptions, CostReport};
+use blobsnap::config::StoreKind;
+use clap::Args;
+
+#[derive(Args)]
+pub(crate) struct CostArgs {
+    /// The job's name.
+    #[arg(long)]
+    job: String,
+    /// The job's id.
+    #[arg(long, default_value = "1")]
+    job_id: String,
+    /// The job's commit interval ("60s", "5m"); omitted: measured from its checkpoints.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    commit_interval: Option<Duration>,
+}
+
+pub(crate) async fn run(
+    store_args: &StoreArgs,
+    json: bool,
+    args: CostArgs,
+) -> blobsnap::Result<()> {
+    let settings = store_settings(store_args)?;
+    let (multipart_threshold, part_size) = match settings.store.kind {
+        StoreKind::S3 => (settings.s3.multipart_threshold, settings.s3.part_size),
+        StoreKind::Local => (u64::MAX, 0),
+    };
+    let store = open_store(store_args).await?;
+    let report = estimate(
+        &store,
+        &CostOptions {
+            job_name: args.job,
+            job_id: args.job_id,
+            commit_interval: args.commit_interval,
+            multipart_threshold,
+            part_size,
+            sweep_every_commits: settings.job.sweep_every_commits,
+            prices: settings.cost,
+        },
+    )
+    .await?;
+    if json {
+        let mut doc = serde_json::to_value(&report)
+            .map_err(|e| blobsnap::Error::new(blobsnap::ErrorKind::Io, format!("json: {e}")))?;
+        if let Some(o) = doc.as_object_mut() {
+            o.insert("schema".into(), 1.into());
+        }
+        println!("{doc}");
+        return Ok(());
+    }
+    print_report(&report);
+    Ok(())
+}
+
+fn print_report(r: &CostReport) {
+    let c = &r.per_commit;
+    let m = &r.monthly;
+    println!(
+        "job {}/{}: {} tasks; {} task commits sampled from the retained checkpoints ({} store snapshots changed, {} carried forward)",
+        r.job, r.job_id, r.tasks, r.sampled_task_commits, r.changed_store_commits, r.unchanged_store_commits
+    );
+    println!(
+        "per commit (all tasks): {:.1} PUT, {:.2} LIST, {:.2} GET, {:.1} DeleteObjects, {} uploaded",
+        c.put,
+        c.list,
+        c.get,
+        c.delete,
+        human_bytes(c.upload_bytes)
+    );
+    println!(
+        "stored: {} in {} objects (retained snapshots and checkpoints)",
+        human_bytes(r.stored_bytes as f64),
+        r.stored_objects
+    );
+    println!(
+        "a month at one commit every {:.1} s ({}): {:.0} commits, {:.0} PUT, {:.0} LIST, {:.0} GET",
+        r.commit_interval_secs,
+        r.commit_interval_from,
+        m.commits,
+        m.requests.put,
+        m.requests.list,
+        m.requests.get
+    );
+    println!(
+        "estimate: requests ${:.2} + storage ${:.2} = ${:.2} a month (PUT/LIST ${}/1000, GET ${}/1000, storage ${}/GB-month)",
+        m.requests_usd,
+        m.storage_usd,
+        m.total_usd,
+        r.prices.put_per_1000,
+        r.prices.get_per_1000,
+        r.prices.storage_per_gb_month
+    );
+}
+
+fn human_bytes(b: f64) -> String {
+    bytesize::ByteSize::b(b.max(0.0) as u64).to_string()
+}
