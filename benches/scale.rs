@@ -27,7 +27,7 @@
 //! `BLOBSNAP_TEST_S3_BUCKET` must exist).
 
 mod common;
-use common::{arg, median};
+use common::{arg, median, peak_rss_mib};
 
 use std::alloc::System;
 use std::collections::BTreeMap;
@@ -66,19 +66,6 @@ fn heap_now() -> u64 {
 fn cpu_secs() -> f64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
     t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
-}
-
-fn peak_rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<f64>().ok())
-        })
-        .unwrap_or(0.0)
-        / 1024.0
 }
 
 fn percentile(mut v: Vec<f64>, p: f64) -> f64 {

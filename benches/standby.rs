@@ -12,7 +12,7 @@
 //! commits the standby applied, skipped and polled past, and its own requests per poll.
 
 mod common;
-use common::arg;
+use common::{arg, one_task_job, rss_mib};
 
 use std::alloc::System;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,42 +35,6 @@ static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 fn heap_now() -> u64 {
     let s = GLOBAL.stats();
     s.bytes_allocated.saturating_sub(s.bytes_deallocated) as u64
-}
-
-fn rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<f64>().ok())
-        })
-        .unwrap_or(0.0)
-        / 1024.0
-}
-
-fn job(dir: &std::path::Path, input: &std::path::Path, every: u64) -> blobsnap::job::JobSettings {
-    blobsnap::job::JobSettings {
-        job_name: "soak".into(),
-        job_id: "1".into(),
-        state_dir: dir.to_path_buf(),
-        input_dir: input.to_path_buf(),
-        stream: "lines".into(),
-        partitions: 1,
-        stores: vec!["counts".into()],
-        commit_every: every,
-        commit_interval: Duration::ZERO,
-        retention: 2,
-        unsafe_no_fencing: false,
-        commit_max_delay: Duration::from_secs(600),
-        sweep_every_commits: 0,
-        gc_grace: Duration::from_secs(3600),
-        restore_fallback: false,
-        deployment_id: "bench".into(),
-        create_resources: true,
-        index_inline_below: blobsnap::blob::backup::INLINE_BELOW,
-    }
 }
 
 fn backend(store: &Arc<dyn BlobStore>) -> Arc<dyn StateBackendFactory> {
@@ -98,8 +62,9 @@ fn main() {
         let local: Arc<dyn BlobStore> = Arc::new(
             blobsnap::blobstore::local::LocalStore::new(tmp.path().join("store")).expect("store"),
         );
-        let task_settings = job(&tmp.path().join("a"), &input, per);
-        let standby_settings = job(&tmp.path().join("c"), &input, per);
+        let task_settings = one_task_job("soak", "1", &tmp.path().join("a"), &input, per, false);
+        let standby_settings =
+            one_task_job("soak", "1", &tmp.path().join("c"), &input, per, false);
 
         // The standby, with requests of its own counted.
         let counting = CountingStore::new(Arc::clone(&local));

@@ -18,7 +18,7 @@
 //! `BLOBSNAP_TEST_S3_BUCKET` must exist).
 
 mod common;
-use common::arg;
+use common::{arg, one_task_job, peak_rss_mib, reset_peak_rss};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,51 +32,9 @@ use blobsnap::layout::{JobScope, StoreScope};
 use futures::StreamExt as _;
 
 const TASK: &str = "Partition 0";
+/// The store of [`one_task_job`].
 const STORE: &str = "counts";
 const PER_FAILED_COMMIT: u64 = 1_000;
-
-/// Peak RSS of this process since the last reset, KiB (`VmHWM`).
-fn peak_rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-/// Reset the peak RSS to the current RSS (Linux ≥ 4.0).
-fn reset_peak_rss() {
-    if let Err(e) = std::fs::write("/proc/self/clear_refs", "5") {
-        eprintln!("cannot reset the peak RSS ({e}); peaks include what came before");
-    }
-}
-
-fn job(dir: &std::path::Path, id: &str) -> blobsnap::job::JobSettings {
-    blobsnap::job::JobSettings {
-        job_name: "sweep".into(),
-        job_id: id.into(),
-        state_dir: dir.join("state"),
-        input_dir: dir.join("input"),
-        stream: "lines".into(),
-        partitions: 1,
-        stores: vec![STORE.into()],
-        commit_every: 500,
-        commit_interval: Duration::ZERO,
-        retention: 2,
-        unsafe_no_fencing: true,
-        commit_max_delay: Duration::from_secs(600),
-        sweep_every_commits: 0,
-        gc_grace: Duration::from_secs(3600),
-        restore_fallback: false,
-        deployment_id: "bench".into(),
-        create_resources: true,
-        index_inline_below: blobsnap::blob::backup::INLINE_BELOW,
-    }
-}
 
 fn orphan(i: u64) -> (CheckpointId, blobsnap::digest::Sha256, Vec<u8>) {
     let body = format!("orphan {i}").into_bytes();
@@ -84,12 +42,12 @@ fn orphan(i: u64) -> (CheckpointId, blobsnap::digest::Sha256, Vec<u8>) {
     (id, blobsnap::digest::Sha256::of(&body), body)
 }
 
-fn print_run(what: &str, secs: f64, peak_kib: u64, c: &CountSnapshot, deleted: u64) {
+fn print_run(what: &str, secs: f64, peak_mib: f64, c: &CountSnapshot, deleted: u64) {
     let list_pages = c.list.calls + c.list.requests / 1000;
     let bound_deletes = deleted.div_ceil(1000);
     println!(
         "{what}: {secs:.2} s, peak RSS {:.0} MiB; requests: LIST {} calls / {} keys (≤ {list_pages} pages), GET {}, HEAD {}, PUT {}, DeleteObjects {} (⌈{deleted} / 1000⌉ = {bound_deletes} + the probe's 1), multipart {}",
-        peak_kib as f64 / 1024.0,
+        peak_mib,
         c.list.calls,
         c.list.requests,
         c.get.calls,
@@ -131,7 +89,14 @@ fn main() {
             Arc::new(blobsnap::blobstore::local::LocalStore::new(&root).expect("local store"))
         };
         let id = format!("{:08x}", rand::random::<u32>());
-        let settings = job(tmp.path(), &id);
+        let settings = one_task_job(
+            "sweep",
+            &id,
+            &tmp.path().join("state"),
+            &tmp.path().join("input"),
+            500,
+            true,
+        );
         blobsnap::job::wordcount::generate_input(&settings.input_dir, 1, 3_000, 3)
             .expect("input");
         let admin = blobsnap::blob::admin::BlobStoreAdmin::new(
@@ -221,7 +186,7 @@ fn main() {
             print_run(
                 if dry_run { "dry run" } else { "sweep" },
                 secs,
-                peak_rss_kib(),
+                peak_rss_mib(),
                 &c,
                 report.deleted,
             );

@@ -33,7 +33,8 @@
 //! - [`blob`]: the blob-store backend. [`blob::load_snapshot`] is the one way a snapshot is
 //!   read and checked; [`blob::backup`] (scan, diff, dedup upload, index → marker),
 //!   [`blob::restore`] (`plan` — an inventory and a pure `decide` — then `execute`),
-//!   [`blob::gc`] (the sweep), [`blob::admin`] (resources, leases),
+//!   [`blob::gc`] (the sweep, streamed page by page), [`blob::admin`] (resources, leases),
+//!   [`blob::cost`] (what a job costs, from its retained checkpoints),
 //!   [`blob::factory`] (the [`StateBackendFactory`](backend::StateBackendFactory) the runtime
 //!   builds its managers through).
 //! - [`job`]: a small CheckpointV2 job runtime, the demo job, and a task's warm standby

@@ -62,3 +62,66 @@ pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
 }
+
+/// A field of `/proc/self/status` in MiB (`VmHWM:` the peak RSS, `VmRSS:` the RSS now).
+fn status_mib(field: &str) -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<f64>().ok())
+        })
+        .unwrap_or(0.0)
+        / 1024.0
+}
+
+/// The process's peak RSS since it started or since [`reset_peak_rss`], MiB.
+pub fn peak_rss_mib() -> f64 {
+    status_mib("VmHWM:")
+}
+
+/// The process's RSS now, MiB.
+pub fn rss_mib() -> f64 {
+    status_mib("VmRSS:")
+}
+
+/// Reset the peak RSS to the current RSS (Linux ≥ 4.0).
+pub fn reset_peak_rss() {
+    if let Err(e) = std::fs::write("/proc/self/clear_refs", "5") {
+        eprintln!("cannot reset the peak RSS ({e}); peaks include what came before");
+    }
+}
+
+/// A one-partition word-count job of one store, `counts`, committing every `commit_every`
+/// messages, retention 2, a sweep grace of an hour and no periodic sweep.
+pub fn one_task_job(
+    name: &str,
+    id: &str,
+    state_dir: &Path,
+    input_dir: &Path,
+    commit_every: u64,
+    unsafe_no_fencing: bool,
+) -> blobsnap::job::JobSettings {
+    blobsnap::job::JobSettings {
+        job_name: name.into(),
+        job_id: id.into(),
+        state_dir: state_dir.to_path_buf(),
+        input_dir: input_dir.to_path_buf(),
+        stream: "lines".into(),
+        partitions: 1,
+        stores: vec!["counts".into()],
+        commit_every,
+        commit_interval: std::time::Duration::ZERO,
+        retention: 2,
+        unsafe_no_fencing,
+        commit_max_delay: std::time::Duration::from_secs(600),
+        sweep_every_commits: 0,
+        gc_grace: std::time::Duration::from_secs(3600),
+        restore_fallback: false,
+        deployment_id: "bench".into(),
+        create_resources: true,
+        index_inline_below: blobsnap::blob::backup::INLINE_BELOW,
+    }
+}
