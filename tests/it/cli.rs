@@ -927,8 +927,7 @@ async fn latest_by_default_index_show_sample_and_scoped_gc() {
     let (code, v, err) = run(&t, &[&["verify"][..], &snap].concat()).await;
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(v["marker"].as_str(), Some(marker.as_str()), "{v}");
-    let objects = v["objects"].as_u64().unwrap();
-    assert!(objects >= 3, "{v}");
+    assert!(v["objects"].as_u64() >= Some(1), "{v}");
     // restore without a marker restores that checkpoint.
     let to = tmp.path().join("restored");
     let (code, _, err) = run(
@@ -946,20 +945,44 @@ async fn latest_by_default_index_show_sample_and_scoped_gc() {
         "{restored}"
     );
 
-    // verify --deep --sample: exactly ceil(objects × pct / 100) downloaded.
-    for pct in [1.0, 50.0, 100.0] {
+    // verify --deep --sample: exactly ceil(objects × pct / 100) downloaded, on a manual backup
+    // of three flushed SSTs (the demo's SST count follows its skipped commits: timing).
+    let sampled = tmp.path().join("sampled");
+    {
+        use blobsnap::backend::StoreEngine as _;
+        let db = RocksStore::open("x", &sampled).unwrap();
+        for part in 0..3 {
+            write_keys(&db, part * 500, 500);
+            db.flush().unwrap();
+        }
+    }
+    let (code, _, err) = run(
+        &t,
+        &[
+            "backup",
+            "--db",
+            sampled.to_str().unwrap(),
+            "--name",
+            "sampled",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    for (pct, want) in [(1.0, 1), (50.0, 2), (100.0, 3)] {
         let (code, v, err) = run(
             &t,
             &[
-                &["verify", "--deep", "--sample", &pct.to_string()][..],
-                &snap,
-            ]
-            .concat(),
+                "verify",
+                "--deep",
+                "--sample",
+                &pct.to_string(),
+                "--name",
+                "sampled",
+            ],
         )
         .await;
         assert_eq!(code, Some(0), "{err}");
-        assert_eq!(v["objects"].as_u64(), Some(objects));
-        let want = (objects as f64 * pct / 100.0).ceil() as u64;
+        assert_eq!(v["objects"].as_u64(), Some(3), "three SSTs: {v}");
         assert_eq!(
             v["deep-checked"].as_u64(),
             Some(want),
