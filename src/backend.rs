@@ -11,7 +11,8 @@
 //! 1. [`TaskBackupManager::snapshot`] (sync, fast, no network);
 //! 2. [`TaskBackupManager::upload`] (async) → store → marker;
 //! 3. the CheckpointV2 with every backend's markers is written (the commit point);
-//! 4. [`TaskBackupManager::cleanup`] (async, idempotent) with the committed markers.
+//! 4. [`TaskBackupManager::cleanup_deferred`] (async, idempotent) with the committed markers;
+//!    what it hands back goes out with the next commit's trim of the checkpoint history.
 //!
 //! A backend's markers are stored in the CheckpointV2 under its
 //! [`StateBackendFactory::name`].
@@ -23,6 +24,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 
+use crate::blobstore::DeferredDeletes;
 use crate::checkpoint::{Checkpoint, CheckpointId};
 use crate::error::Result;
 
@@ -130,6 +132,21 @@ pub trait TaskBackupManager: Send + Sync {
     /// Called after the checkpoint with `markers` was written: what they name is now
     /// committed; remove what nothing retained needs. Idempotent.
     async fn cleanup(&self, id: CheckpointId, markers: &StoreMarkers) -> Result<()>;
+
+    /// [`cleanup`](Self::cleanup), with its deletes handed back instead of sent: the commit
+    /// manager sends them with its next trim of the checkpoint history, in the same batch
+    /// (DESIGN §7 step 4: one batch delete per commit). A backend hands back only keys that
+    /// no retained snapshot and no upload of its own needs, and forgets them: from here they
+    /// are the caller's, who sends them once no checkpoint in the history names a snapshot
+    /// that holds them (the trim after this call), or leaves them to the sweep. The default
+    /// runs `cleanup` and hands back nothing.
+    async fn cleanup_deferred(
+        &self,
+        id: CheckpointId,
+        markers: &StoreMarkers,
+    ) -> Result<Vec<DeferredDeletes>> {
+        self.cleanup(id, markers).await.map(|()| Vec::new())
+    }
 
     /// Release resources.
     async fn close(&self) -> Result<()>;

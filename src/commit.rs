@@ -27,6 +27,7 @@ use std::time::Instant;
 use tokio::sync::Mutex;
 
 use crate::backend::{Clock, StoreEngine, StoreMarkers, StoreSpec, TaskBackupManager, TaskContext};
+use crate::blobstore::DeferredDeletes;
 use crate::checkpoint::{
     Checkpoint, CheckpointId, CheckpointIdGen, CheckpointStore, CheckpointV2, Markers, Ssp,
 };
@@ -83,6 +84,25 @@ struct State {
     written: std::collections::VecDeque<(u64, String)>,
     /// Whether the history older than `written` has been trimmed (by a listing trim).
     history_trimmed: bool,
+    /// The backends' deferred deletes whose snapshots no checkpoint in the history names any
+    /// more: they go out with the next trim, in its batch.
+    deferred: Vec<DeferredDeletes>,
+    /// Deferred deletes handed over before the trim that removes the checkpoints naming their
+    /// snapshots has landed: they join `deferred` once a trim succeeds.
+    awaiting_trim: Vec<DeferredDeletes>,
+}
+
+impl State {
+    /// File what a cleanup handed back: ready for the next batch if the history no longer
+    /// names its snapshots (`trimmed`), else after the next trim.
+    fn hand_over(&mut self, deletes: Vec<DeferredDeletes>, trimmed: bool) {
+        let to = if trimmed {
+            &mut self.deferred
+        } else {
+            &mut self.awaiting_trim
+        };
+        DeferredDeletes::merge(to, deletes);
+    }
 }
 
 /// The identity the history's retention counts (a claim repeats the last checkpoint: same id).
@@ -218,6 +238,8 @@ impl TaskCommitManager {
                 cleanup_pending: true,
                 written: std::collections::VecDeque::from([(seq, id_key(&claim, seq))]),
                 history_trimmed: false,
+                deferred: Vec::new(),
+                awaiting_trim: Vec::new(),
             }),
         };
         Ok((mgr, Some(claim)))
@@ -250,14 +272,38 @@ impl TaskCommitManager {
         self.state.lock().await.last.clone()
     }
 
-    async fn run_cleanup(&self, id: CheckpointId, markers: &Markers) -> Result<()> {
+    /// Every backend's cleanup for the committed checkpoint `id`; returns the deletes they
+    /// handed back.
+    async fn run_cleanup(
+        &self,
+        id: CheckpointId,
+        markers: &Markers,
+    ) -> Result<Vec<DeferredDeletes>> {
+        let mut out = Vec::new();
         for b in &self.backends {
             let empty = StoreMarkers::new();
             let m = markers.get(&b.name).unwrap_or(&empty);
-            b.manager
-                .cleanup(id, m)
+            let d = b
+                .manager
+                .cleanup_deferred(id, m)
                 .await
                 .map_err(|e| e.context(format!("cleanup of backend {} at {id}", b.name)))?;
+            DeferredDeletes::merge(&mut out, d);
+        }
+        Ok(out)
+    }
+
+    /// Send the deferred deletes that are ready (a task that stops calls this after its last
+    /// commit; otherwise they go with the next commit's trim). Deletes whose snapshots the
+    /// history may still name are left for the sweep.
+    pub async fn finish(&self) -> Result<()> {
+        let mut st = self.state.lock().await;
+        let ready = std::mem::take(&mut st.deferred);
+        for (i, d) in ready.iter().enumerate() {
+            if let Err(e) = d.delete_with(&[]).await {
+                st.hand_over(ready[i..].to_vec(), true);
+                return Err(e.context("send the last cleanup's deletes"));
+            }
         }
         Ok(())
     }
@@ -330,7 +376,12 @@ impl TaskCommitManager {
         if st.cleanup_pending {
             if let Some(cp) = st.last.as_ref().and_then(|c| c.as_v2()).cloned() {
                 match self.run_cleanup(cp.id, &cp.state_checkpoint_markers).await {
-                    Ok(()) => st.cleanup_pending = false,
+                    Ok(d) => {
+                        // Its trim was the last commit's (or, at startup, is still to come).
+                        let trimmed = st.history_trimmed;
+                        st.hand_over(d, trimmed);
+                        st.cleanup_pending = false;
+                    }
                     Err(e) => tracing::warn!(error = %e, "cleanup failed again; continuing"),
                 }
             } else {
@@ -391,8 +442,12 @@ impl TaskCommitManager {
             st.seq = seq;
             st.written.push_back((seq, id_key(&landed, seq)));
             if let Some(v2) = landed.as_v2() {
-                if let Err(ce) = self.run_cleanup(v2.id, &v2.state_checkpoint_markers).await {
-                    tracing::warn!(error = %ce, "cleanup for the adopted checkpoint failed; the next cleanup covers it");
+                match self.run_cleanup(v2.id, &v2.state_checkpoint_markers).await {
+                    // The trim for the adopted checkpoint is this commit's, still to come.
+                    Ok(d) => st.hand_over(d, false),
+                    Err(ce) => {
+                        tracing::warn!(error = %ce, "cleanup for the adopted checkpoint failed; the next cleanup covers it")
+                    }
                 }
             }
             st.last = Some(landed);
@@ -408,20 +463,20 @@ impl TaskCommitManager {
         crate::crash::point("commit.after-checkpoint");
 
         // 4. cleanup: never un-commits. The history is trimmed first, so that it never names
-        //    a snapshot a backend is about to delete.
+        //    a snapshot a backend is about to delete; the snapshots that left retention at
+        //    the last commit (no checkpoint names them since its trim) go in the same batch,
+        //    and this commit's cleanup hands back what leaves now, for the next one: one batch
+        //    delete per commit (DESIGN §7 step 4).
         //    The first trim of a process reads the history (what earlier processes left);
-        //    later ones delete exactly what this process wrote and retention let go: one
-        //    request, nothing read.
+        //    later ones delete exactly what this process wrote and retention let go, reading
+        //    nothing.
         let t = Instant::now();
+        let ready = std::mem::take(&mut st.deferred);
         let trimmed = if st.history_trimmed {
             let doomed = leaving(&mut st.written, self.retention);
-            if doomed.is_empty() {
-                Ok(())
-            } else {
-                self.checkpoints
-                    .delete_seqs(&self.task.task_name, &doomed)
-                    .await
-            }
+            self.checkpoints
+                .delete_seqs_and(&self.task.task_name, &doomed, &ready)
+                .await
         } else {
             // What the trim kept (an earlier process's checkpoints among it) is what later
             // trims count from.
@@ -429,9 +484,14 @@ impl TaskCommitManager {
                 self.checkpoints
                     .trim(&self.task.task_name, self.retention)
                     .await?;
-                self.checkpoints
+                let history = self
+                    .checkpoints
                     .history(&self.task.task_name, usize::MAX)
-                    .await
+                    .await?;
+                self.checkpoints
+                    .delete_seqs_and(&self.task.task_name, &[], &ready)
+                    .await?;
+                Ok::<_, Error>(history)
             }
             .await;
             kept.map(|history| {
@@ -443,12 +503,24 @@ impl TaskCommitManager {
             })
         };
         st.history_trimmed = trimmed.is_ok();
-        if let Err(e) = trimmed {
-            tracing::warn!(error = %e, "could not trim the checkpoint history; the next commit reads it and trims again");
+        match trimmed {
+            Ok(()) => {
+                let waited = std::mem::take(&mut st.awaiting_trim);
+                st.hand_over(waited, true);
+            }
+            Err(e) => {
+                // Deleting again is harmless: what was ready stays ready.
+                st.hand_over(ready, true);
+                tracing::warn!(error = %e, "could not trim the checkpoint history; the next commit reads it and trims again");
+            }
         }
         crate::crash::point("commit.during-cleanup");
         match self.run_cleanup(id, &markers).await {
-            Ok(()) => st.cleanup_pending = false,
+            Ok(d) => {
+                let trimmed = st.history_trimmed;
+                st.hand_over(d, trimmed);
+                st.cleanup_pending = false;
+            }
             Err(e) => {
                 st.cleanup_pending = true;
                 metrics::counter!("blobsnap_cleanup_failures_total", "task" => self.task.task_name.clone()).increment(1);

@@ -40,7 +40,7 @@ use futures::{StreamExt as _, TryStreamExt as _};
 use super::diff::{diff, DirDiff};
 use super::{hash_object, load_snapshot, Expected, LoadedSnapshot, FACTORY_NAME};
 use crate::backend::{Clock, StoreMarkers, StoreSpec, TaskBackupManager, TaskContext};
-use crate::blobstore::{BlobStore, PutBody, PutOptions};
+use crate::blobstore::{BlobKey, BlobStore, DeferredDeletes, PutBody, PutOptions};
 use crate::checkpoint::{Checkpoint, CheckpointId};
 use crate::digest::{FileDigest, Sha256};
 use crate::error::{Error, ErrorKind, Result};
@@ -198,6 +198,15 @@ pub struct CleanupStats {
     pub blobs_deleted: u64,
     /// Their bytes.
     pub bytes_deleted: u64,
+}
+
+/// What leaves retention at a cleanup: the keys to delete, the snapshots leaving per store
+/// (oldest first in its window) and their counts.
+#[derive(Default)]
+struct Expiry {
+    keys: Vec<BlobKey>,
+    leaving: Vec<(String, usize)>,
+    stats: CleanupStats,
 }
 
 fn blob_keys(
@@ -856,8 +865,69 @@ impl TaskBackupManager for BlobBackupManager {
     }
 
     /// The checkpoint naming `markers` is committed: each store's index named there becomes
-    /// the baseline of the next upload. Idempotent.
+    /// the baseline of the next upload, and the snapshots that left retention are deleted.
+    /// Idempotent.
     async fn cleanup(&self, id: CheckpointId, markers: &StoreMarkers) -> Result<()> {
+        self.note_committed(id, markers).await?;
+        let expiry = self.expiry()?;
+        if !expiry.keys.is_empty() {
+            let failures = self.blob_store.delete_many(&expiry.keys).await?;
+            if let Some((k, e)) = failures.into_iter().next() {
+                return Err(e.context(format!("cleanup: delete {k}")));
+            }
+        }
+        self.retire(expiry)?;
+        Ok(())
+    }
+
+    /// As [`cleanup`](Self::cleanup), but the deletes of the snapshots that left retention
+    /// are handed back (they leave the window now): the commit manager sends them with its
+    /// next trim.
+    async fn cleanup_deferred(
+        &self,
+        id: CheckpointId,
+        markers: &StoreMarkers,
+    ) -> Result<Vec<DeferredDeletes>> {
+        self.note_committed(id, markers).await?;
+        let mut expiry = self.expiry()?;
+        let keys = std::mem::take(&mut expiry.keys);
+        self.retire(expiry)?;
+        Ok(vec![DeferredDeletes {
+            store: Arc::clone(&self.blob_store),
+            keys,
+        }])
+    }
+
+    fn before_commit(&self, id: CheckpointId) -> Result<()> {
+        self.check_age(id, "commit")
+    }
+
+    fn last_upload(&self) -> BTreeMap<String, crate::backend::UploadSummary> {
+        self.last_upload_stats()
+            .into_iter()
+            .map(|(store, s)| {
+                let summary = crate::backend::UploadSummary {
+                    files: s.files,
+                    bytes: s.bytes,
+                    files_uploaded: s.blobs_uploaded,
+                    bytes_uploaded: s.bytes_uploaded,
+                    files_reused: s.files_retained + s.blobs_deduplicated,
+                    requests: s.requests,
+                };
+                (store, summary)
+            })
+            .collect()
+    }
+
+    async fn close(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl BlobBackupManager {
+    /// The checkpoint naming `markers` is committed: each store's index named there becomes
+    /// the baseline of the next upload and joins the retention window.
+    async fn note_committed(&self, id: CheckpointId, markers: &StoreMarkers) -> Result<()> {
         // Uploads up to this one will never commit now: their clocks are done.
         lock(&self.first_put)?.retain(|k, _| *k > id);
         for (spec, _, _) in &self.stores {
@@ -891,37 +961,9 @@ impl TaskBackupManager for BlobBackupManager {
                 st.retained.push_back(snap);
             }
         }
-        self.expire().await?;
         Ok(())
     }
 
-    fn before_commit(&self, id: CheckpointId) -> Result<()> {
-        self.check_age(id, "commit")
-    }
-
-    fn last_upload(&self) -> BTreeMap<String, crate::backend::UploadSummary> {
-        self.last_upload_stats()
-            .into_iter()
-            .map(|(store, s)| {
-                let summary = crate::backend::UploadSummary {
-                    files: s.files,
-                    bytes: s.bytes,
-                    files_uploaded: s.blobs_uploaded,
-                    bytes_uploaded: s.bytes_uploaded,
-                    files_reused: s.files_retained + s.blobs_deduplicated,
-                    requests: s.requests,
-                };
-                (store, summary)
-            })
-            .collect()
-    }
-
-    async fn close(&self) -> Result<()> {
-        Ok(())
-    }
-}
-
-impl BlobBackupManager {
     /// The time of upload `id`'s first PUT: now, unless a store of the same upload put first.
     fn note_first_put(&self, id: CheckpointId) -> Result<(Instant, u64)> {
         let mut first = lock(&self.first_put)?;
@@ -950,16 +992,14 @@ impl BlobBackupManager {
         Ok(())
     }
 
-    /// Delete the snapshots that left retention: exactly
+    /// What leaves retention now: exactly
     /// `blobs(leaving) − blobs(retained ∪ uploaded-but-uncommitted)`, computed by key from the
-    /// indexes in hand (no listing), then the leaving index. Idempotent: a snapshot leaves the
-    /// window only once its deletes succeeded.
-    async fn expire(&self) -> Result<()> {
-        let mut total = CleanupStats::default();
-        // Every store's leaving snapshots, decided from the indexes in hand, then one batch
-        // delete for the whole task (DESIGN §7 step 4: a commit costs at most one).
-        let mut keys: Vec<crate::blobstore::BlobKey> = Vec::new();
-        let mut leaving_per_store: Vec<(String, usize)> = Vec::new();
+    /// indexes in hand (no listing), and the leaving indexes — every store's, for one batch
+    /// delete for the whole task (DESIGN §7 step 4). Changes nothing:
+    /// [`retire`](Self::retire) takes the snapshots out of the window once their deletes were
+    /// sent or handed over.
+    fn expiry(&self) -> Result<Expiry> {
+        let mut out = Expiry::default();
         for (spec, scope, _) in &self.stores {
             let (leaving, keep) = {
                 let state = lock(&self.state)?;
@@ -992,31 +1032,28 @@ impl BlobBackupManager {
                     doomed.remove(key);
                 }
             }
-            let bytes: u64 = doomed.values().sum();
-            let blobs = doomed.len() as u64;
-            keys.extend(doomed.into_keys());
+            out.stats.bytes_deleted += doomed.values().sum::<u64>();
+            out.stats.blobs_deleted += doomed.len() as u64;
+            out.keys.extend(doomed.into_keys());
             // A leaving index goes unless a snapshot kept names the same marker (markers are
             // carried forward: DESIGN §7 step 4).
             for l in &leaving {
                 if !keep.iter().any(|k| k.marker == l.marker) {
-                    keys.push(scope.index_key(&l.marker)?);
+                    out.keys.push(scope.index_key(&l.marker)?);
                 }
                 tracing::info!(store = %spec.name, expired = %l.marker, "snapshot left retention");
             }
-            total.snapshots_expired += leaving.len() as u64;
-            total.blobs_deleted += blobs;
-            total.bytes_deleted += bytes;
-            leaving_per_store.push((spec.name.clone(), leaving.len()));
+            out.stats.snapshots_expired += leaving.len() as u64;
+            out.leaving.push((spec.name.clone(), leaving.len()));
         }
-        if !keys.is_empty() {
-            let failures = self.blob_store.delete_many(&keys).await?;
-            if let Some((k, e)) = failures.into_iter().next() {
-                return Err(e.context(format!("cleanup: delete {k}")));
-            }
-        }
+        Ok(out)
+    }
+
+    /// Take the snapshots of `expiry` out of the retention window and count them.
+    fn retire(&self, expiry: Expiry) -> Result<()> {
         {
             let mut state = lock(&self.state)?;
-            for (store, n) in leaving_per_store {
+            for (store, n) in expiry.leaving {
                 if let Some(st) = state.get_mut(&store) {
                     for _ in 0..n {
                         st.retained.pop_front();
@@ -1024,6 +1061,7 @@ impl BlobBackupManager {
                 }
             }
         }
+        let total = expiry.stats;
         if total.snapshots_expired > 0 {
             let labels = [("task", self.task.task_name.clone())];
             metrics::counter!("blobsnap_gc_blobs_deleted_total", &labels)
@@ -1031,12 +1069,10 @@ impl BlobBackupManager {
             metrics::counter!("blobsnap_gc_bytes_deleted_total", &labels)
                 .increment(total.bytes_deleted);
         }
-        lock(&self.cleanup_stats)?.snapshots_expired += total.snapshots_expired;
-        {
-            let mut c = lock(&self.cleanup_stats)?;
-            c.blobs_deleted += total.blobs_deleted;
-            c.bytes_deleted += total.bytes_deleted;
-        }
+        let mut c = lock(&self.cleanup_stats)?;
+        c.snapshots_expired += total.snapshots_expired;
+        c.blobs_deleted += total.blobs_deleted;
+        c.bytes_deleted += total.bytes_deleted;
         Ok(())
     }
 

@@ -11,8 +11,9 @@
 //! - a changed store cost one PUT per blob the newer index names and the older does not (a
 //!   blob above the multipart threshold: its parts + 2), plus one index PUT; its upload bytes
 //!   are those blobs' bytes and the index's;
-//! - every task commit adds its checkpoint PUT, and, once the history is full, the cleanup's
-//!   DeleteObjects batch (when a snapshot left retention) and the history trim's;
+//! - every task commit adds its checkpoint PUT, and, once the history is full, one
+//!   DeleteObjects batch (the history trim's, which carries the snapshots that left retention
+//!   at the commit before);
 //! - a task that sweeps every `sweep-every-commits` commits adds, spread over those commits, a
 //!   listing of the job's scope (one LIST per 1,000 objects), the roots' reads (per task a
 //!   LIST and a GET per checkpoint, a GET per distinct index) and the probe (PUT, HEAD,
@@ -263,14 +264,12 @@ pub async fn estimate(store: &Arc<dyn BlobStore>, opts: &CostOptions) -> Result<
                     .unwrap_or(0.0),
                 ..Default::default()
             };
-            let mut changed = false;
             for (name, marker) in markers(newer) {
                 if before.get(&name) == Some(&marker) {
                     report.unchanged_store_commits += 1;
                     continue;
                 }
                 report.changed_store_commits += 1;
-                changed = true;
                 let Some(snap) = snapshots.get(&(name.clone(), marker.clone())) else {
                     continue;
                 };
@@ -291,8 +290,8 @@ pub async fn estimate(store: &Arc<dyn BlobStore>, opts: &CostOptions) -> Result<
                 commit.put += 1.0; // the index
                 commit.upload_bytes += snap.index.to_bytes().map(|b| b.len() as f64).unwrap_or(0.0);
             }
-            // Steady state: the trim's batch every commit, the cleanup's when a snapshot left.
-            commit.delete += if changed { 2.0 } else { 1.0 };
+            // Steady state: one batch every commit, the trim's, carrying the last cleanup's.
+            commit.delete += 1.0;
             sampled.add(&commit);
             report.sampled_task_commits += 1;
         }

@@ -299,6 +299,60 @@ where
     Ok(listed)
 }
 
+/// Deletes handed from one party to another to be sent later, in the same batch as others of
+/// the same store (DESIGN §7 step 4: a backend's cleanup hands the commit manager the keys
+/// of the snapshots that left retention, which go out with the next trim of the checkpoint
+/// history — one batch delete per commit).
+#[derive(Clone)]
+pub struct DeferredDeletes {
+    /// The store the keys live in.
+    pub store: std::sync::Arc<dyn BlobStore>,
+    /// The keys (deleting a missing one is not an error).
+    pub keys: Vec<BlobKey>,
+}
+
+impl fmt::Debug for DeferredDeletes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "DeferredDeletes({} keys in {})",
+            self.keys.len(),
+            self.store
+        )
+    }
+}
+
+impl DeferredDeletes {
+    /// Whether `self` and `other` hold keys of the same store handle (then one batch can
+    /// carry both).
+    pub fn same_store(&self, store: &std::sync::Arc<dyn BlobStore>) -> bool {
+        std::sync::Arc::ptr_eq(&self.store, store)
+    }
+
+    /// Add `more` to `list`, joining the keys of one store into one entry.
+    pub fn merge(list: &mut Vec<DeferredDeletes>, more: Vec<DeferredDeletes>) {
+        for d in more.into_iter().filter(|d| !d.keys.is_empty()) {
+            match list.iter_mut().find(|e| e.same_store(&d.store)) {
+                Some(e) => e.keys.extend(d.keys),
+                None => list.push(d),
+            }
+        }
+    }
+
+    /// Delete the keys, plus `with` (keys of the same store) in the same batch: no request if
+    /// both are empty. The first key that could not be deleted is the error.
+    pub async fn delete_with(&self, with: &[BlobKey]) -> Result<()> {
+        if self.keys.is_empty() && with.is_empty() {
+            return Ok(());
+        }
+        let all: Vec<BlobKey> = with.iter().chain(&self.keys).cloned().collect();
+        match self.store.delete_many(&all).await?.into_iter().next() {
+            Some((k, e)) => Err(e.context(format!("delete {k}"))),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Collect a whole listing (convenience for tests and small scopes).
 pub async fn list_all(store: &dyn BlobStore, scope: &Scope) -> Result<Vec<ObjectMeta>> {
     use futures::TryStreamExt as _;

@@ -15,7 +15,9 @@ use futures::TryStreamExt as _;
 use serde::{Deserialize, Serialize};
 
 use super::{Checkpoint, CheckpointStore, CommittedCheckpoint, MAX_CHECKPOINT_BYTES};
-use crate::blobstore::{get_bytes, BlobKey, BlobStore, CreateOnly, Probe, PutBody, PutOptions};
+use crate::blobstore::{
+    get_bytes, BlobKey, BlobStore, CreateOnly, DeferredDeletes, Probe, PutBody, PutOptions,
+};
 use crate::digest::Sha256;
 use crate::error::{Error, ErrorKind, Result};
 use crate::layout::JobScope;
@@ -157,6 +159,33 @@ impl CheckpointStore for BlobCheckpointStore {
             Some((k, e)) => Err(e.context(format!("trim checkpoint {k}"))),
             None => Ok(()),
         }
+    }
+
+    async fn delete_seqs_and(
+        &self,
+        task: &str,
+        seqs: &[u64],
+        also: &[DeferredDeletes],
+    ) -> Result<()> {
+        let keys = seqs
+            .iter()
+            .map(|s| self.job.checkpoint_key(task, *s))
+            .collect::<Result<Vec<_>>>()?;
+        let (ours, others): (Vec<_>, Vec<_>) = also.iter().partition(|d| d.same_store(&self.store));
+        let ours = DeferredDeletes {
+            store: Arc::clone(&self.store),
+            keys: ours
+                .into_iter()
+                .flat_map(|d| d.keys.iter().cloned())
+                .collect(),
+        };
+        ours.delete_with(&keys)
+            .await
+            .map_err(|e| e.context(format!("trim the checkpoints of task {task:?}")))?;
+        for d in others {
+            d.delete_with(&[]).await?;
+        }
+        Ok(())
     }
 
     async fn trim(&self, task: &str, keep: usize) -> Result<()> {

@@ -10,6 +10,7 @@
 use async_trait::async_trait;
 
 use super::Checkpoint;
+use crate::blobstore::DeferredDeletes;
 use crate::error::Result;
 
 /// A checkpoint as committed: its sequence number and the id of the process that wrote it.
@@ -74,4 +75,24 @@ pub trait CheckpointStore: Send + Sync + std::fmt::Debug {
     /// let go; never the latest), without reading the history: one batch delete on a blob
     /// store. Deleting a number that is already gone is not an error.
     async fn delete_seqs(&self, task: &str, seqs: &[u64]) -> Result<()>;
+
+    /// [`delete_seqs`](Self::delete_seqs), and `also` — a backend's deferred deletes, safe
+    /// to send because the checkpoints that named them are already gone — in the same batch
+    /// delete where they live in this store's own blob store (the runtime's case: one request
+    /// per commit), else one batch for each. An error leaves unknown which were deleted (every
+    /// one may be sent again).
+    async fn delete_seqs_and(
+        &self,
+        task: &str,
+        seqs: &[u64],
+        also: &[DeferredDeletes],
+    ) -> Result<()> {
+        if !seqs.is_empty() {
+            self.delete_seqs(task, seqs).await?;
+        }
+        for d in also {
+            d.delete_with(&[]).await?;
+        }
+        Ok(())
+    }
 }

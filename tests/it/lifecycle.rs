@@ -98,7 +98,9 @@ async fn retention_case(h: &support::Harness, retention: usize) {
     for round in 0..6u32 {
         write_keys(&db, round * 400, 400, u64::from(round));
         if round == 3 {
-            // Reopen: a new OPTIONS file with the same content, a new empty WAL.
+            // Reopen: a new OPTIONS file with the same content, a new empty WAL. The process
+            // stops as the runtime's tasks do: the last cleanup's deletes sent.
+            mgr.finish().await.unwrap();
             drop(mgr);
             drop(db);
             db = Arc::new(RocksStore::open("counts", &spec.dir).unwrap());
@@ -139,23 +141,11 @@ async fn retention_case(h: &support::Harness, retention: usize) {
                 .to_string(),
         );
 
-        // Expected: every blob and index of the retained snapshots.
-        let mut expected = BTreeSet::new();
-        for m in committed.iter().rev().take(retention) {
-            let idx = support::index_of(store.as_ref(), &ctx, m).await;
-            expected.insert(scope.key(m).unwrap().as_str().to_string());
-            for (_, f) in idx.present_files() {
-                for b in &f.blobs {
-                    expected.insert(scope.key(&b.blob_id).unwrap().as_str().to_string());
-                }
-            }
-        }
-        let actual: BTreeSet<String> = list_all(store.as_ref(), scope.scope())
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|m| m.key.as_str().to_string())
-            .collect();
+        // Expected: every blob and index of the retained snapshots, and of the one that left
+        // retention at this commit (its deletes go out with the next commit's trim).
+        let expected =
+            expected_objects(store.as_ref(), &ctx, &scope, &committed, retention + 1).await;
+        let actual = objects_in(store.as_ref(), &scope).await;
         assert_eq!(
             actual, expected,
             "{}: retention {retention}, round {round}",
@@ -169,6 +159,15 @@ async fn retention_case(h: &support::Harness, retention: usize) {
             hist.len()
         );
     }
+    // A stopping task sends the deletes its last cleanup handed back: exactly the retained
+    // snapshots remain.
+    mgr.finish().await.unwrap();
+    assert_eq!(
+        objects_in(store.as_ref(), &scope).await,
+        expected_objects(store.as_ref(), &ctx, &scope, &committed, retention).await,
+        "{}: retention {retention}, after the last commit's deletes",
+        h.name
+    );
     // Cleanup is idempotent: running it again for the last commit deletes nothing.
     let before = counters.snapshot();
     let last_cp = checkpoints
@@ -183,6 +182,40 @@ async fn retention_case(h: &support::Harness, retention: usize) {
         .await
         .unwrap();
     assert_eq!(counters.snapshot().since(&before).delete.requests, 0);
+}
+
+/// Every blob and index of the newest `n` of the `committed` markers.
+async fn expected_objects(
+    store: &dyn BlobStore,
+    ctx: &TaskContext,
+    scope: &blobsnap::layout::StoreScope,
+    committed: &[String],
+    n: usize,
+) -> BTreeSet<String> {
+    let mut expected = BTreeSet::new();
+    for m in committed.iter().rev().take(n) {
+        let idx = support::index_of(store, ctx, m).await;
+        expected.insert(scope.key(m).unwrap().as_str().to_string());
+        for (_, f) in idx.present_files() {
+            for b in &f.blobs {
+                expected.insert(scope.key(&b.blob_id).unwrap().as_str().to_string());
+            }
+        }
+    }
+    expected
+}
+
+/// Every object under the store's scope.
+async fn objects_in(
+    store: &dyn BlobStore,
+    scope: &blobsnap::layout::StoreScope,
+) -> BTreeSet<String> {
+    list_all(store, scope.scope())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.key.as_str().to_string())
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -2306,11 +2339,12 @@ async fn the_sweep_uses_the_servers_clock_not_this_machines() {
 
 /// What a commit costs in requests (issue 19 §1), counted below the job on the local store:
 /// per store, the PUTs its upload reports (one per new blob, one for the index; none for an
-/// unchanged store); per task, on top, the checkpoint PUT, one batch delete for the cleanup
-/// of every store's leaving snapshot and one for the checkpoint history's trim (it deletes
-/// what this process wrote and retention let go, reading nothing: only a process's first
-/// trim lists the history). Nothing is read while the task runs. (The trim's own delete is
-/// what is left above issue 19's target of one delete per commit.)
+/// unchanged store); per task, on top, the checkpoint PUT and one batch delete, which trims
+/// the checkpoint history (what this process wrote and retention let go, reading nothing:
+/// only a process's first trim lists the history) and deletes the snapshots of every store
+/// that left retention at the commit before. Nothing is read while the task runs; after the
+/// job exactly the retained snapshots' objects remain (the last commit's deletes are sent as
+/// the task stops).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_costs_its_uploads_one_checkpoint_put_and_the_cleanup() {
     use blobsnap::blobstore::local::LocalStore;
@@ -2355,9 +2389,10 @@ async fn a_commit_costs_its_uploads_one_checkpoint_put_and_the_cleanup() {
             "commit {}: the uploads' PUTs and the checkpoint's: {d:?}",
             i + 2
         );
-        assert!(
-            d.delete.calls <= 2,
-            "commit {}: the cleanup's batch and the trim's: {d:?}",
+        assert_eq!(
+            d.delete.calls,
+            1,
+            "commit {}: one batch, the trim's and the last cleanup's: {d:?}",
             i + 2
         );
         assert_eq!(
