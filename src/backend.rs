@@ -68,6 +68,15 @@ pub trait StoreEngine: Send + Sync {
     /// Create a checkpoint of the store at `path` (which must not exist): immutable files
     /// hard-linked, the rest copied.
     fn checkpoint_to(&self, path: &Path) -> Result<()>;
+    /// A value that differs whenever the store's content or files may have changed since it
+    /// was read (RocksDB: the last sequence number, which every write moves, and the
+    /// super-version number, which every flush, compaction and options change moves), or
+    /// `None` if the engine cannot tell. The commit manager hands the backends the last
+    /// checkpoint directory again, instead of flushing and making a new one, for a store whose
+    /// token is the one it had when that checkpoint was made.
+    fn change_token(&self) -> Option<(u64, u64)> {
+        None
+    }
 }
 
 /// Who is running: the job and the task.
@@ -94,9 +103,15 @@ impl StoreSpec {
     /// Where the commit manager puts checkpoint `id` of this store:
     /// `<store dir>.checkpoints/<checkpoint-id>`.
     pub fn checkpoint_dir(&self, id: CheckpointId) -> PathBuf {
+        self.checkpoints_dir().join(id.to_string())
+    }
+
+    /// `<store dir>.checkpoints`: the commit manager's checkpoint directories, never written
+    /// after they are made.
+    pub fn checkpoints_dir(&self) -> PathBuf {
         let mut base = self.dir.clone().into_os_string();
         base.push(".checkpoints");
-        PathBuf::from(base).join(id.to_string())
+        PathBuf::from(base)
     }
 }
 

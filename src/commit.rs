@@ -5,7 +5,11 @@
 //!
 //! 1. **sync** — the next [`CheckpointId`] (never ≤ the last committed, whatever the clock
 //!    says), the input offsets as given, a flush and a RocksDB checkpoint of every store into
-//!    `<store dir>.checkpoints/<id>`, every backend's `snapshot`;
+//!    `<store dir>.checkpoints/<id>` — except a store whose change token
+//!    ([`StoreEngine::change_token`]: RocksDB's sequence and super-version numbers) has not
+//!    moved since its last checkpoint, which gets that directory again (no flush, no new
+//!    checkpoint; the blob backend then reads nothing and carries its marker forward) —
+//!    every backend's `snapshot`;
 //! 2. **upload** — every backend's `upload`, giving store → marker;
 //! 3. **write the CheckpointV2** — the commit point, create-only under the next dense sequence
 //!    number, so a zombie writer of the same task loses with `Conflict` and must stop;
@@ -20,7 +24,7 @@
 //! from ([`TaskCommitManager::with_backends`]).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -87,6 +91,9 @@ struct State {
     /// The backends' deferred deletes whose snapshots no checkpoint in the history names any
     /// more: they go out with the next trim, in its batch.
     deferred: Vec<DeferredDeletes>,
+    /// Per store, the last checkpoint directory made and the store's change token as it was
+    /// made: a store whose token has not moved since gets that directory again.
+    made: std::collections::HashMap<String, ((u64, u64), PathBuf)>,
     /// Deferred deletes handed over before the trim that removes the checkpoints naming their
     /// snapshots has landed: they join `deferred` once a trim succeeds.
     awaiting_trim: Vec<DeferredDeletes>,
@@ -240,6 +247,7 @@ impl TaskCommitManager {
                 history_trimmed: false,
                 deferred: Vec::new(),
                 awaiting_trim: Vec::new(),
+                made: std::collections::HashMap::new(),
             }),
         };
         Ok((mgr, Some(claim)))
@@ -338,6 +346,15 @@ impl TaskCommitManager {
         let mut dirs: BTreeMap<String, PathBuf> = BTreeMap::new();
         for engine in &self.stores {
             let spec = spec_of(engine.as_ref());
+            let before = engine.change_token();
+            if let (Some(token), Some((made_at, made))) = (before, st.made.get(&spec.name)) {
+                if token == *made_at && made.is_dir() {
+                    // Nothing written, flushed or compacted since: that checkpoint is this
+                    // one (the backend reads nothing for it).
+                    dirs.insert(spec.name, made.clone());
+                    continue;
+                }
+            }
             let dir = spec.checkpoint_dir(id);
             engine
                 .flush()
@@ -345,6 +362,16 @@ impl TaskCommitManager {
             engine
                 .checkpoint_to(&dir)
                 .map_err(|e| e.context(format!("checkpoint store {}", spec.name)))?;
+            // The token after the checkpoint's own flush, if no write came in meanwhile (the
+            // sequence number did not move): what this directory holds.
+            match (before, engine.change_token()) {
+                (Some(b), Some(a)) if a.0 == b.0 => {
+                    st.made.insert(spec.name.clone(), (a, dir.clone()));
+                }
+                _ => {
+                    st.made.remove(&spec.name);
+                }
+            }
             dirs.insert(spec.name, dir);
         }
         let mut snapshot_markers = BTreeMap::new();
@@ -529,7 +556,8 @@ impl TaskCommitManager {
         }
         for engine in &self.stores {
             let spec = spec_of(engine.as_ref());
-            remove_older_checkpoint_dirs(&spec, id);
+            let keep = st.made.get(&spec.name).map(|(_, d)| d.as_path());
+            remove_older_checkpoint_dirs(&spec, id, keep);
         }
         let cleanup_ms = t.elapsed().as_millis() as u64;
         let labels = [("task", self.task.task_name.clone())];
@@ -559,13 +587,10 @@ impl TaskCommitManager {
 }
 
 /// Delete `<store dir>.checkpoints/<id>` dirs of ids older than `committed` (exact parse of
-/// the dir name, never a substring match).
-fn remove_older_checkpoint_dirs(spec: &StoreSpec, committed: CheckpointId) {
-    let parent = spec.checkpoint_dir(committed);
-    let Some(parent) = parent.parent() else {
-        return;
-    };
-    let Ok(entries) = std::fs::read_dir(parent) else {
+/// the dir name, never a substring match), but `keep`: the directory an unchanged store is
+/// handed again.
+fn remove_older_checkpoint_dirs(spec: &StoreSpec, committed: CheckpointId, keep: Option<&Path>) {
+    let Ok(entries) = std::fs::read_dir(spec.checkpoints_dir()) else {
         return;
     };
     for e in entries.flatten() {
@@ -573,7 +598,7 @@ fn remove_older_checkpoint_dirs(spec: &StoreSpec, committed: CheckpointId) {
         let Some(id) = name.to_str().and_then(|n| n.parse::<CheckpointId>().ok()) else {
             continue;
         };
-        if id < committed {
+        if id < committed && keep != Some(e.path().as_path()) {
             if let Err(err) = std::fs::remove_dir_all(e.path()) {
                 tracing::warn!(dir = %e.path().display(), error = %err, "could not delete an old checkpoint dir");
             }

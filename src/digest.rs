@@ -156,7 +156,11 @@ pub fn hash_file(path: &Path) -> Result<FileDigest> {
     let mut file =
         std::fs::File::open(path).map_err(|e| Error::io(format!("open {}", path.display()), e))?;
     let mut hasher = Hasher::new();
-    let mut buf = vec![0u8; 1 << 20];
+    // A buffer of the file's size (+1 to see its end in one read), up to 1 MiB: the small
+    // files a commit hashes every time (MANIFEST, OPTIONS, CURRENT) do not pay for zeroing
+    // a megabyte.
+    let len = file.metadata().map_or(1 << 20, |m| m.len());
+    let mut buf = vec![0u8; len.saturating_add(1).clamp(4096, 1 << 20) as usize];
     loop {
         let n = file
             .read(&mut buf)
@@ -173,6 +177,17 @@ pub fn hash_file(path: &Path) -> Result<FileDigest> {
 /// Hash `paths` on up to one thread per core (at most 8; blocking: call from
 /// `spawn_blocking`). Results in the order of `paths`.
 pub fn hash_files_in_parallel(paths: &[&Path]) -> Vec<Result<FileDigest>> {
+    // A few small files (a commit's MANIFEST, OPTIONS, CURRENT) are hashed here: starting
+    // threads would cost more than hashing them.
+    let small = paths.len() <= 1
+        || paths
+            .iter()
+            .map(|p| std::fs::metadata(p).map_or(u64::MAX, |m| m.len()))
+            .try_fold(0u64, |sum, len| sum.checked_add(len))
+            .is_some_and(|total| total <= 1 << 20);
+    if small {
+        return paths.iter().map(|p| hash_file(p)).collect();
+    }
     let next = std::sync::atomic::AtomicUsize::new(0);
     let out: Vec<std::sync::Mutex<Option<Result<FileDigest>>>> =
         paths.iter().map(|_| std::sync::Mutex::new(None)).collect();

@@ -187,6 +187,11 @@ struct StoreState {
     /// Committed snapshots still retained, oldest first (the last is `committed`).
     retained: std::collections::VecDeque<LoadedSnapshot>,
     uploaded: HashMap<IndexMarker, LoadedSnapshot>,
+    /// The directory of the last upload and the marker it gave: handed the same directory
+    /// again while that marker is the committed one, the upload reads nothing (the commit
+    /// manager reuses the checkpoint directory of a store that did not change; checkpoint
+    /// directories are never written after they are made).
+    last_dir: Option<(PathBuf, IndexMarker)>,
 }
 
 /// What cleanup deleted.
@@ -343,9 +348,41 @@ impl BlobBackupManager {
         cache: Option<Arc<HashCache>>,
         dir: PathBuf,
     ) -> Result<IndexMarker> {
+        // 0. the commit manager's checkpoint directory of the committed snapshot, handed again
+        //    (the store did not change): nothing read. A directory elsewhere (a caller's own)
+        //    is always scanned.
+        let same =
+            lock(&self.state)?
+                .get(&spec.name)
+                .and_then(|s| match (&s.last_dir, &s.committed) {
+                    (Some((d, m)), Some(c))
+                        if *d == dir
+                            && *m == c.marker
+                            && dir.parent() == Some(&spec.checkpoints_dir()) =>
+                    {
+                        Some(c.clone())
+                    }
+                    _ => None,
+                });
+        if let Some(base) = same {
+            let (files, bytes) = base
+                .index
+                .present_files()
+                .iter()
+                .fold((0, 0), |(n, b), (_, f)| (n + 1, b + f.file_metadata.size));
+            let stats = UploadStats {
+                files,
+                bytes,
+                files_retained: files,
+                bytes_retained: bytes,
+                carried_forward: true,
+                ..Default::default()
+            };
+            return self.carry_forward(spec, &base, stats);
+        }
         let started = Instant::now();
         // 1. scan
-        let (local, scan_stats) = self.scan(cache, dir).await?;
+        let (local, scan_stats) = self.scan(cache, dir.clone()).await?;
         let scan_ms = started.elapsed().as_millis() as u64;
 
         // 2. diff against the committed snapshot
@@ -371,13 +408,12 @@ impl BlobBackupManager {
                 carried_forward: true,
                 ..Default::default()
             };
-            if let Some(p) = self.progress.get(&spec.name) {
-                p.reset();
-            }
-            tracing::info!(marker = %base.marker, files = stats.files, "store unchanged: marker carried forward, nothing uploaded");
-            record_upload_metrics(&self.task.task_name, &spec.name, &stats);
-            lock(&self.stats)?.insert(spec.name.clone(), stats);
-            return Ok(base.marker);
+            let marker = self.carry_forward(spec, base, stats)?;
+            lock(&self.state)?
+                .entry(spec.name.clone())
+                .or_default()
+                .last_dir = Some((dir, marker));
+            return Ok(marker);
         }
 
         // 3. plan the blobs: reuse what the committed snapshot holds, send each new content once
@@ -471,19 +507,34 @@ impl BlobBackupManager {
         );
         record_upload_metrics(&self.task.task_name, &spec.name, &stats);
         lock(&self.stats)?.insert(spec.name.clone(), stats);
-        lock(&self.state)?
-            .entry(spec.name.clone())
-            .or_default()
-            .uploaded
-            .insert(
+        let mut state = lock(&self.state)?;
+        let st = state.entry(spec.name.clone()).or_default();
+        st.uploaded.insert(
+            marker,
+            LoadedSnapshot {
+                scope: scope.clone(),
                 marker,
-                LoadedSnapshot {
-                    scope: scope.clone(),
-                    marker,
-                    index: Arc::new(index),
-                },
-            );
+                index: Arc::new(index),
+            },
+        );
+        st.last_dir = Some((dir, marker));
         Ok(marker)
+    }
+
+    /// Hand back `base`'s marker for an unchanged store (DESIGN §7 step 2): no request.
+    fn carry_forward(
+        &self,
+        spec: &StoreSpec,
+        base: &LoadedSnapshot,
+        stats: UploadStats,
+    ) -> Result<IndexMarker> {
+        if let Some(p) = self.progress.get(&spec.name) {
+            p.reset();
+        }
+        tracing::debug!(marker = %base.marker, files = stats.files, "store unchanged: marker carried forward, nothing uploaded");
+        record_upload_metrics(&self.task.task_name, &spec.name, &stats);
+        lock(&self.stats)?.insert(spec.name.clone(), stats);
+        Ok(base.marker)
     }
 
     /// Scan a checkpoint dir (blocking, off the async threads), through the hash cache.
@@ -826,6 +877,7 @@ impl TaskBackupManager for BlobBackupManager {
                     committed,
                     retained,
                     uploaded: HashMap::new(),
+                    last_dir: None,
                 },
             );
         }

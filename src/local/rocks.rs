@@ -199,6 +199,15 @@ impl StoreEngine for RocksStore {
         cp.create_checkpoint(path)
             .map_err(|e| rocks_err(format!("RocksDB checkpoint into {}", path.display()), e))
     }
+
+    fn change_token(&self) -> Option<(u64, u64)> {
+        let version = self
+            .db
+            .property_int_value("rocksdb.current-super-version-number")
+            .ok()
+            .flatten()?;
+        Some((self.db.latest_sequence_number(), version))
+    }
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use blobsnap::blob::FACTORY_NAME;
 use blobsnap::blobstore::counting::CountingStore;
 use blobsnap::blobstore::Probe;
 use blobsnap::blobstore::{list_all, BlobStore};
-use blobsnap::checkpoint::{BlobCheckpointStore, CheckpointStore, Ssp};
+use blobsnap::checkpoint::{BlobCheckpointStore, Checkpoint, CheckpointStore, Ssp};
 use blobsnap::commit::{Backend, TaskCommitManager};
 use blobsnap::layout::JobScope;
 use blobsnap::local::rocks::RocksStore;
@@ -2636,4 +2636,164 @@ async fn the_sweep_streams_in_batches_after_loading_every_root() {
     .await
     .unwrap();
     assert!(report.problems.is_empty(), "{:?}", report.problems);
+}
+
+/// An unchanged store costs no flush, no RocksDB checkpoint and no read (issue 19 §3): the
+/// commit manager hands the backend the store's last checkpoint directory again while its
+/// change token (sequence and super-version numbers) has not moved, and the backend carries
+/// the marker forward without scanning it. A compaction (no write) or a write moves the token:
+/// a new directory is made and scanned, and the checkpoint restores the store's keys, the late
+/// write among them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unchanged_store_is_not_checkpointed_again_until_it_changes() {
+    use blobsnap::backend::TaskRestoreManager as _;
+    use blobsnap::blobstore::local::LocalStore;
+    let tmp = tempfile::tempdir().unwrap();
+    let store: Arc<dyn BlobStore> = Arc::new(LocalStore::new(tmp.path().join("store")).unwrap());
+    let ctx = TaskContext {
+        job_name: "idle".into(),
+        job_id: "1".into(),
+        task_name: "Partition 0".into(),
+    };
+    let specs: Vec<StoreSpec> = ["busy", "idle"]
+        .iter()
+        .map(|n| StoreSpec {
+            name: n.to_string(),
+            dir: tmp.path().join(n),
+        })
+        .collect();
+    let busy = Arc::new(RocksStore::open("busy", &specs[0].dir).unwrap());
+    let idle = Arc::new(RocksStore::open("idle", &specs[1].dir).unwrap());
+    let checkpoints: Arc<dyn CheckpointStore> = Arc::new(BlobCheckpointStore::new(
+        Arc::clone(&store),
+        JobScope::new("idle", "1").unwrap(),
+    ));
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let (mgr, last) = TaskCommitManager::start(
+        ctx.clone(),
+        Arc::clone(&checkpoints),
+        Arc::clone(&clock),
+        2,
+        false,
+    )
+    .await
+    .unwrap();
+    let backup = Arc::new(
+        BlobBackupManager::new(
+            Arc::clone(&store),
+            ctx.clone(),
+            &specs,
+            Arc::clone(&clock),
+            BackupSettings::default(),
+        )
+        .unwrap(),
+    );
+    backup.init(last.as_ref()).await.unwrap();
+    let mgr = mgr
+        .with_stores(vec![
+            Arc::clone(&busy) as Arc<dyn StoreEngine>,
+            Arc::clone(&idle) as Arc<dyn StoreEngine>,
+        ])
+        .with_backends(
+            vec![Backend {
+                name: FACTORY_NAME.into(),
+                manager: Arc::clone(&backup) as _,
+            }],
+            last,
+        );
+    let mut round = 0u32;
+    let mut commit = || {
+        round += 1;
+        let offsets = BTreeMap::from([(Ssp::new("files", "lines", 0), round.to_string())]);
+        let mgr = &mgr;
+        async move { mgr.commit(offsets).await.unwrap() }
+    };
+    let dirs_of = |spec: &StoreSpec| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(spec.checkpoints_dir())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    };
+    let idle_hashed = || backup.last_upload_stats()["idle"].bytes_hashed;
+    let marker = |r: &blobsnap::commit::CommitReport, s: &str| {
+        r.checkpoint.marker(FACTORY_NAME, s).unwrap().to_string()
+    };
+
+    // Two SSTs in the idle store, then a first commit of both.
+    write_keys(&idle, 0, 200, 1);
+    idle.flush().unwrap();
+    write_keys(&idle, 200, 200, 2);
+    write_keys(&busy, 0, 200, 3);
+    let first = commit().await;
+    assert!(idle_hashed() > 0, "the first commit scans the idle store");
+    let made = first.checkpoint.id.to_string();
+    // Three commits that write to the busy store only: the idle store's directory is the
+    // first one each time, nothing of it is read, its marker is carried.
+    for i in 0..3 {
+        write_keys(&busy, 200 * (i + 1), 200, 4 + u64::from(i));
+        let r = commit().await;
+        assert_eq!(dirs_of(&specs[1]), vec![made.clone()], "round {i}");
+        assert_eq!(
+            idle_hashed(),
+            0,
+            "round {i}: the idle store was not scanned"
+        );
+        assert_eq!(marker(&r, "idle"), marker(&first, "idle"), "round {i}");
+        assert_ne!(marker(&r, "busy"), marker(&first, "busy"), "round {i}");
+        assert_eq!(
+            dirs_of(&specs[0]),
+            vec![r.checkpoint.id.to_string()],
+            "round {i}: the busy store gets a new checkpoint"
+        );
+    }
+    // A compaction, no write: a new directory, scanned.
+    idle.db().compact_range(None::<&[u8]>, None::<&[u8]>);
+    let compacted = commit().await;
+    assert_eq!(
+        dirs_of(&specs[1]),
+        vec![compacted.checkpoint.id.to_string()]
+    );
+    assert!(idle_hashed() > 0, "the compacted store was scanned");
+    // Unchanged again: that directory is reused.
+    let again = commit().await;
+    assert_eq!(
+        dirs_of(&specs[1]),
+        vec![compacted.checkpoint.id.to_string()]
+    );
+    assert_eq!(idle_hashed(), 0);
+    assert_eq!(marker(&again, "idle"), marker(&compacted, "idle"));
+    // One late write: a new directory, a new marker, and the checkpoint restores it.
+    idle.db().put(b"late", b"write").unwrap();
+    let late = commit().await;
+    assert_eq!(dirs_of(&specs[1]), vec![late.checkpoint.id.to_string()]);
+    assert_ne!(marker(&late, "idle"), marker(&again, "idle"));
+    let back = StoreSpec {
+        name: "idle".into(),
+        dir: tmp.path().join("idle-back"),
+    };
+    let r = blobsnap::blob::restore::BlobRestoreManager::new(
+        Arc::clone(&store),
+        ctx,
+        std::slice::from_ref(&back),
+        Default::default(),
+    )
+    .unwrap();
+    r.init(Some(&Checkpoint::V2(late.checkpoint.clone())))
+        .await
+        .unwrap();
+    r.restore().await.unwrap();
+    let restored = RocksStore::open("idle", &back.dir).unwrap();
+    let keys = |db: &RocksStore| -> Vec<(Vec<u8>, Vec<u8>)> {
+        db.db()
+            .iterator(rocksdb::IteratorMode::Start)
+            .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).unwrap())
+            .collect()
+    };
+    assert_eq!(keys(&restored), keys(&idle));
+    assert_eq!(
+        restored.db().get(b"late").unwrap().as_deref(),
+        Some(&b"write"[..])
+    );
 }
