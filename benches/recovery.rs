@@ -1,7 +1,7 @@
 //! Time to the first processed message after a task is killed (not a test: it prints numbers).
 //!
 //! ```sh
-//! cargo bench --bench recovery -- [--size-mib 1024,8192] [--store local|s3]
+//! cargo bench --bench recovery -- [--size-mib 1024,8192] [--store local|s3] [--last-commit-mib N]
 //! ```
 //!
 //! For each size: a word-count task whose store holds that much data (random 16 KiB values
@@ -12,6 +12,10 @@
 //! the standby's host. Each child reports the time from its start to its first processed
 //! message and the blob bytes it downloaded by then; the parent reports the wall time from
 //! spawn to that message. Restarts are killed as soon as they processed a message.
+//!
+//! `--last-commit-mib N`: the task writes N MiB of random values before its third commit,
+//! and the standby is stopped once it holds the second, so a failover to its host fetches
+//! the last commit's N MiB (issue 18 §2's bound: 2 s + those bytes ÷ the GET rate).
 //!
 //! `--store local` (the default): a local directory store under the work dir. `--store s3`:
 //! the server of `BLOBSNAP_TEST_S3_ENDPOINT` (as `minio/garage.sh env` or `minio/localstack.sh
@@ -84,10 +88,14 @@ fn backend(store: &Arc<dyn BlobStore>) -> Arc<dyn StateBackendFactory> {
 
 /// Word count that prints `FIRST <seconds since the process started> <blob bytes fetched>`
 /// at its first message.
+/// With `bulk_mib` > 0, the message half-way to the third commit also writes that many MiB
+/// of random values: the last commit before the kill adds real volume.
 struct First {
     start: Instant,
     printed: AtomicBool,
     counters: Arc<Counters>,
+    processed: std::sync::atomic::AtomicU64,
+    bulk_mib: u64,
 }
 
 impl Processor for First {
@@ -98,6 +106,13 @@ impl Processor for First {
                 self.start.elapsed().as_secs_f64(),
                 self.counters.snapshot().get.bytes
             );
+        }
+        let n = self.processed.fetch_add(1, Ordering::Relaxed);
+        if self.bulk_mib > 0 && n == 2 * COMMIT_EVERY + COMMIT_EVERY / 2 {
+            if let Some(db) = stores.get("counts") {
+                fill(db, 1 << 40, self.bulk_mib << 20, 99);
+                println!("BULK {}", self.bulk_mib);
+            }
         }
         WordCount.process(stores, message)
     }
@@ -135,6 +150,11 @@ fn child(start: Instant) {
             start,
             printed: AtomicBool::new(false),
             counters,
+            processed: 0.into(),
+            bulk_mib: std::env::var("RECOVERY_BULK_MIB")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
         });
         let on_commit = |_: &str,
                          r: &blobsnap::commit::CommitReport,
@@ -221,9 +241,10 @@ struct Child {
     spawned: Instant,
 }
 
-fn spawn(state: &std::path::Path, input: &std::path::Path, id: &str) -> Child {
+fn spawn(state: &std::path::Path, input: &std::path::Path, id: &str, bulk_mib: u64) -> Child {
     let mut proc = std::process::Command::new(std::env::current_exe().expect("exe"))
         .env("RECOVERY_CHILD", "1")
+        .env("RECOVERY_BULK_MIB", bulk_mib.to_string())
         .env("RECOVERY_STATE", state)
         .env("RECOVERY_INPUT", input)
         .env("RECOVERY_JOB_ID", id)
@@ -279,6 +300,8 @@ fn main() {
         .map(|s| s.parse().expect("--size-mib"))
         .collect();
     let kind = arg("--store").unwrap_or_else(|| "local".into());
+    let bulk_mib: u64 =
+        arg("--last-commit-mib").map_or(0, |v| v.parse().expect("--last-commit-mib"));
     let work =
         tempfile::tempdir_in(std::env::var("BENCH_TMP").unwrap_or_else(|_| "/var/tmp".into()))
             .expect("work dir");
@@ -363,12 +386,29 @@ fn main() {
             "{size} MiB: the standby holds #{standby_seq} after {:.1} s",
             t.elapsed().as_secs_f64()
         );
-        // The task runs on host a and is killed mid-stream after three commits.
-        let mut task = spawn(&a, &input, &id);
+        // The task runs on host a and is killed mid-stream after three commits. With
+        // `--last-commit-mib`, the standby is stopped once it holds the second commit, and the
+        // third adds that much: a failover to the standby's host must fetch it.
+        let mut task = spawn(&a, &input, &id, bulk_mib);
         let mut commits = 0;
+        let mut applied_before_stop = 0;
         while commits < 3 {
-            if task.line().starts_with("COMMIT ") {
-                commits += 1;
+            let line = task.line();
+            let Some(seq) = line.strip_prefix("COMMIT ") else {
+                continue;
+            };
+            commits += 1;
+            if commits == 2 && bulk_mib > 0 {
+                let seq: u64 = seq.parse().expect("seq");
+                while applied_before_stop < seq {
+                    match rt.block_on(rx.recv()) {
+                        Some(StandbyUpdate::Applied { seq, .. }) => applied_before_stop = seq,
+                        Some(_) => {}
+                        None => break,
+                    }
+                }
+                stop.cancel();
+                eprintln!("{size} MiB: the standby stopped at #{applied_before_stop}, before the bulk commit");
             }
         }
         let killed_at = Instant::now();
@@ -377,9 +417,11 @@ fn main() {
             "{size} MiB: killed after {commits} commits, {:.1} s into the run",
             killed_at.duration_since(start).as_secs_f64()
         );
-        // Let the standby catch up with the last commit (as it would in the seconds a
-        // failover takes to be decided), then stop it.
-        std::thread::sleep(Duration::from_secs(2));
+        // Without the bulk commit: let the standby catch up with the last commit (as it would
+        // in the seconds a failover takes to be decided), then stop it.
+        if bulk_mib == 0 {
+            std::thread::sleep(Duration::from_secs(2));
+        }
         stop.cancel();
         let _ = rt.block_on(standby);
         let mut last_delta = 0;
@@ -399,7 +441,7 @@ fn main() {
 
         let mut get_rate = None;
         for (case, state) in [("same host", &a), ("new host", &b), ("standby host", &c)] {
-            let mut t = spawn(state, &input, &id);
+            let mut t = spawn(state, &input, &id, 0);
             let (wall, own, bytes) = t.first();
             t.kill();
             println!(
@@ -411,7 +453,11 @@ fn main() {
             }
             if case == "standby host" {
                 // Issue 18 §2's bound: 2 s + the last commit's new bytes ÷ the GET rate of
-                // the same run (the new host's full download).
+                // the same run (the new host's full download). With the bulk commit, what the
+                // standby's host fetched is that commit's delta.
+                if bulk_mib > 0 {
+                    last_delta = bytes;
+                }
                 let bound = 2.0 + get_rate.map_or(0.0, |r| last_delta as f64 / r);
                 eprintln!(
                     "{size} MiB: standby failover {wall:.2} s; bound 2 s + {:.1} MiB last commit ÷ {:.0} MiB/s = {bound:.2} s",

@@ -126,6 +126,7 @@ async fn retention_case(h: &support::Harness, retention: usize) {
                     claim,
                 );
         }
+        let before = counters.snapshot();
         let report = mgr
             .commit(BTreeMap::from([(
                 Ssp::new("files", "lines", 0),
@@ -133,6 +134,13 @@ async fn retention_case(h: &support::Harness, retention: usize) {
             )]))
             .await
             .unwrap();
+        // What the commit cost (issue 19 §1, on every server this runs on): the upload's PUTs
+        // and the checkpoint's, and at most one batch delete — the trim's, which carries the
+        // last commit's cleanup.
+        let d = counters.snapshot().since(&before);
+        let uploads: u64 = backup.last_upload().values().map(|u| u.requests).sum();
+        assert_eq!(d.put.calls, uploads + 1, "{}: round {round}: {d:?}", h.name);
+        assert!(d.delete.calls <= 1, "{}: round {round}: {d:?}", h.name);
         committed.push(
             report
                 .checkpoint
