@@ -323,8 +323,8 @@ impl fmt::Debug for DeferredDeletes {
 }
 
 impl DeferredDeletes {
-    /// Whether `self` and `other` hold keys of the same store handle (then one batch can
-    /// carry both).
+    /// Whether `store` is the very handle these keys live in (then one batch can carry keys
+    /// of both).
     pub fn same_store(&self, store: &std::sync::Arc<dyn BlobStore>) -> bool {
         std::sync::Arc::ptr_eq(&self.store, store)
     }

@@ -150,15 +150,7 @@ impl CheckpointStore for BlobCheckpointStore {
     }
 
     async fn delete_seqs(&self, task: &str, seqs: &[u64]) -> Result<()> {
-        let keys = seqs
-            .iter()
-            .map(|s| self.job.checkpoint_key(task, *s))
-            .collect::<Result<Vec<_>>>()?;
-        let failures = self.store.delete_many(&keys).await?;
-        match failures.into_iter().next() {
-            Some((k, e)) => Err(e.context(format!("trim checkpoint {k}"))),
-            None => Ok(()),
-        }
+        self.delete_seqs_and(task, seqs, &[]).await
     }
 
     async fn delete_seqs_and(
