@@ -63,6 +63,7 @@ fn job(state: &std::path::Path, input: &std::path::Path, id: &str) -> blobsnap::
         deployment_id: "bench".into(),
         create_resources: true,
         index_inline_below: blobsnap::blob::backup::INLINE_BELOW,
+        restore_mode: blobsnap::job::RestoreMode::Full,
     }
 }
 

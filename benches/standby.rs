@@ -135,7 +135,7 @@ fn main() {
         )
         .await
         .expect("the task");
-        let made: usize = summaries.iter().map(|s| s.commits.len()).sum();
+        let made: u64 = summaries.iter().map(|s| s.commits).sum();
         let run_secs = t.elapsed().as_secs_f64();
         // The standby idles a second past the last commit: its polls then find nothing new.
         let idle_before = (standby_counters.snapshot(), unchanged.load(Ordering::Relaxed));

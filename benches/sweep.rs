@@ -116,7 +116,7 @@ fn main() {
         )
         .await
         .expect("the job");
-        let commits: usize = summaries.iter().map(|s| s.commits.len()).sum();
+        let commits: u64 = summaries.iter().map(|s| s.commits).sum();
 
         let scope = JobScope::new("sweep", &id)
             .expect("scope")

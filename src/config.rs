@@ -153,6 +153,8 @@ pub struct JobConfig {
     /// Restore the newest retained checkpoint that restores when the last one is corrupt or
     /// missing, and resume from its offsets (see `JobSettings::restore_fallback`).
     pub restore_fallback: bool,
+    /// How a task's stores are restored at its start: "full" (default) or "lazy".
+    pub restore_mode: crate::job::RestoreMode,
     /// This deployment's id, recorded in the scope's owner record (`scope.json`): a job
     /// started with another id on the same scope is refused (two deployments sharing a scope
     /// would delete each other's blobs). Give each deployment of a job its own.
@@ -182,6 +184,7 @@ impl Default for JobConfig {
             sweep_every_commits: 20,
             gc_grace_secs: 86_400,
             restore_fallback: false,
+            restore_mode: crate::job::RestoreMode::Full,
             deployment_id: "default".into(),
             create_resources: true,
             index_inline_below: crate::blob::backup::INLINE_BELOW,

@@ -10,7 +10,9 @@
 //! index PUT), `commit.after-checkpoint`, `commit.during-cleanup` (after the history trim);
 //! `restore.after-plan`, `restore.mid-download` (after the first downloaded file is in
 //! staging), `restore.before-marker`, `restore.after-marker`, `restore.after-exchange` (before
-//! the old tree is deleted); `sweep.mid-delete` (after the sweep's first delete batch).
+//! the old tree is deleted); `sweep.mid-delete` (after the sweep's first delete batch);
+//! `lazy.after-fetch` (a lazy restore's first remote file fetched and in place, the others
+//! still remote).
 //!
 //! `point@N` dies the N-th time the point is reached (default 1), so a seeded crash matrix can
 //! hit a point in its 1st, 2nd, … commit. An unknown name is refused ([`check_env`]): the
@@ -43,6 +45,7 @@ pub const POINTS: &[&str] = &[
     "restore.after-marker",
     "restore.after-exchange",
     "sweep.mid-delete",
+    "lazy.after-fetch",
 ];
 
 /// Check `BLOBSNAP_CRASH_AT` and `BLOBSNAP_HOLD_AT`: a name that is not a crash point (a

@@ -123,5 +123,6 @@ pub fn one_task_job(
         deployment_id: "bench".into(),
         create_resources: true,
         index_inline_below: blobsnap::blob::backup::INLINE_BELOW,
+        restore_mode: blobsnap::job::RestoreMode::Full,
     }
 }

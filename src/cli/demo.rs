@@ -41,6 +41,11 @@ pub(crate) struct DemoArgs {
     /// counted in blobsnap_restore_fallbacks_total) [job.restore-fallback].
     #[arg(long)]
     pub(crate) restore_fallback: bool,
+    /// How a restarted task restores its stores: "full" (every file verified before the
+    /// store opens) or "lazy" (the store opens at once; SSTs are fetched on first use and in
+    /// the background) [job.restore-mode, default full].
+    #[arg(long)]
+    pub(crate) restore_mode: Option<blobsnap::job::RestoreMode>,
     /// Serve Prometheus metrics on this address while the demo runs (`127.0.0.1:9898`;
     /// port 0 picks a free one). The address bound is printed on stderr.
     #[arg(long)]
@@ -66,6 +71,7 @@ pub(crate) async fn run(
         retention,
         unsafe_no_fencing,
         restore_fallback,
+        restore_mode,
         metrics_addr,
         gc_grace_secs,
     } = args;
@@ -108,6 +114,7 @@ pub(crate) async fn run(
         deployment_id: job.deployment_id.clone(),
         create_resources: job.create_resources,
         index_inline_below: job.index_inline_below,
+        restore_mode: restore_mode.unwrap_or(job.restore_mode),
     };
     let admin = open_admin(
         has_store_flags.then_some(store_args),
@@ -175,7 +182,7 @@ fn report(
                 "schema": 1,
                 "tasks": summaries.iter().map(|s| serde_json::json!({
                     "task": s.task, "resumed-from": s.resumed_from,
-                    "processed": s.processed, "commits": s.commits.len(),
+                    "processed": s.processed, "commits": s.commits,
                     "commits-skipped": s.commits_skipped, "commits-failed": s.commits_failed,
                     "sweeps": s.sweeps, "swept": s.swept,
                     "fell-back-to": s.fell_back_to,
@@ -192,7 +199,7 @@ fn report(
                     s.task,
                     s.resumed_from,
                     s.processed,
-                    s.commits.len(),
+                    s.commits,
                     s.commits_skipped,
                     s.commits_failed,
                     s.sweeps

@@ -56,6 +56,7 @@ pub(crate) async fn run(
         deployment_id: job.deployment_id.clone(),
         create_resources: false,
         index_inline_below: blobsnap::blob::backup::INLINE_BELOW,
+        restore_mode: blobsnap::job::RestoreMode::Full,
     };
     let backend: Arc<dyn blobsnap::backend::StateBackendFactory> =
         Arc::new(blobsnap::blob::factory::BlobStateBackendFactory::new(

@@ -72,6 +72,34 @@ pub struct JobSettings {
     pub create_resources: bool,
     /// Files smaller than this travel inline in the index ([`BackupSettings::inline_below`](crate::blob::backup::BackupSettings::inline_below); 0: Samza's v1 shape).
     pub index_inline_below: u64,
+    /// How the task's stores are restored at its start (default: the verified full restore).
+    pub restore_mode: RestoreMode,
+}
+
+/// How a task's stores are restored when it starts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RestoreMode {
+    /// Every file is downloaded and verified before the store opens.
+    #[default]
+    Full,
+    /// The store opens once its small files are local; each SST or blob file is fetched
+    /// (verified) when RocksDB first opens it, and all are downloaded in the background
+    /// ([`crate::local::lazy`]).
+    Lazy,
+}
+
+impl std::str::FromStr for RestoreMode {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "full" => Ok(RestoreMode::Full),
+            "lazy" => Ok(RestoreMode::Lazy),
+            other => Err(Error::invalid(format!(
+                "restore mode {other:?}: expected \"full\" or \"lazy\""
+            ))),
+        }
+    }
 }
 
 /// One input message.
@@ -145,7 +173,9 @@ pub struct TaskSummary {
     /// Messages processed in this run.
     pub processed: u64,
     /// Commits made in this run.
-    pub commits: Vec<CommitReport>,
+    pub commits: u64,
+    /// The last of them (a long-running task keeps one report, not one per commit).
+    pub last_commit: Option<CommitReport>,
     /// Commits that came due while one was in flight and were skipped.
     pub commits_skipped: u64,
     /// Commits whose async stage failed (retried by the next commit).
@@ -388,12 +418,13 @@ async fn run_task_leased(
     if let Some(h) = in_flight.take() {
         finished(h, &task, &backup, on_commit, &mut summary, &sweep).await?;
     }
-    if since_commit > 0 || summary.commits.is_empty() {
+    if since_commit > 0 || summary.commits == 0 {
         let report = commits
             .commit(BTreeMap::from([(ssp.clone(), offset.to_string())]))
             .await?;
         on_commit(&task, &report, backup.as_ref());
-        summary.commits.push(report);
+        summary.commits += 1;
+        summary.last_commit = Some(report);
     }
     // What the last commit's cleanup handed back would otherwise wait for a next commit.
     if let Err(e) = commits.finish().await {
@@ -582,9 +613,10 @@ async fn finished(
     match r {
         Ok(report) => {
             on_commit(task, &report, backup.as_ref());
-            summary.commits.push(report);
+            summary.commits += 1;
+            summary.last_commit = Some(report);
             let every = sweep.settings.sweep_every_commits;
-            if every > 0 && (summary.commits.len() as u64).is_multiple_of(every) {
+            if every > 0 && summary.commits.is_multiple_of(every) {
                 let s = crate::blob::gc::SweepSettings {
                     job_name: sweep.settings.job_name.clone(),
                     job_id: sweep.settings.job_id.clone(),

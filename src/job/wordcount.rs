@@ -229,7 +229,11 @@ pub async fn run(
             inline_below: settings.index_inline_below,
             ..Default::default()
         },
-        RestoreSettings::default(),
+        RestoreSettings {
+            lazy: (settings.restore_mode == crate::job::RestoreMode::Lazy)
+                .then(crate::local::lazy::Background::default),
+            ..Default::default()
+        },
         settings.deployment_id.clone(),
     ));
     let mut handles = Vec::new();

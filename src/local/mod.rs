@@ -1,7 +1,9 @@
 //! The local disk: RocksDB stores and their checkpoints, directory scans, the hash cache, the
-//! store-dir lock, and the atomic swap of a restored tree into a store dir.
+//! store-dir lock, the atomic swap of a restored tree into a store dir, and the lazy restore's
+//! file system.
 
 pub mod hashcache;
+pub mod lazy;
 pub mod lock;
 pub mod rocks;
 pub mod scan;

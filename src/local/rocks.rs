@@ -14,6 +14,17 @@ pub struct RocksStore {
     name: String,
     dir: PathBuf,
     db: rocksdb::DB,
+    /// Opened on the lazy file system (files of a lazy restore still remote).
+    lazy: bool,
+}
+
+impl Drop for RocksStore {
+    fn drop(&mut self) {
+        if self.lazy {
+            // The background download of what is still remote stops with the store.
+            crate::local::lazy::close(&self.dir);
+        }
+    }
 }
 
 impl std::fmt::Debug for RocksStore {
@@ -157,14 +168,31 @@ impl RocksStore {
         Self::open_with(name, dir, &opts)
     }
 
-    /// Open with explicit RocksDB options.
+    /// Open with explicit RocksDB options. A store whose lazy restore still has remote
+    /// files ([`crate::local::lazy`]) opens on the lazy file system, with at most
+    /// [`LAZY_MAX_OPEN_FILES`](crate::local::lazy::LAZY_MAX_OPEN_FILES) files open and no
+    /// statistics loaded from every file at open (both would fetch every SST first).
     pub fn open_with(name: &str, dir: &Path, opts: &rocksdb::Options) -> Result<Self> {
-        let db = rocksdb::DB::open(opts, dir)
-            .map_err(|e| rocks_err(format!("open RocksDB store {name} at {}", dir.display()), e))?;
+        use crate::local::lazy;
+        let what = || format!("open RocksDB store {name} at {}", dir.display());
+        let lazy = lazy::is_lazy(dir);
+        let db = if lazy {
+            let mut base = opts.clone();
+            let mut opts = base
+                .get_options_from_string(lazy::ENV_OPTION)
+                .map_err(|e| rocks_err(format!("{} (lazy file system)", what()), e))?;
+            opts.set_max_open_files(lazy::LAZY_MAX_OPEN_FILES);
+            opts.set_skip_stats_update_on_db_open(true);
+            rocksdb::DB::open(&opts, lazy::absolute(dir)?)
+        } else {
+            rocksdb::DB::open(opts, dir)
+        }
+        .map_err(|e| rocks_err(what(), e))?;
         Ok(RocksStore {
             name: name.to_string(),
             dir: dir.to_path_buf(),
             db,
+            lazy,
         })
     }
 

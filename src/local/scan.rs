@@ -153,6 +153,26 @@ pub fn scan_dir_only(
         stats,
         &mut pending,
     )?;
+    // Files of a lazy restore that are still remote, "linked" into this checkpoint by RocksDB
+    // (nothing on disk): listed from their index entry, never read, hashed or cached.
+    let remote = crate::local::lazy::remote_files_in(root);
+    if !remote.is_empty() {
+        for (name, digest, entry) in remote {
+            if only.is_some_and(|only| !only.contains(&name))
+                || tree.files.iter().any(|f| f.name == name)
+            {
+                continue;
+            }
+            stats.files.fetch_add(1, Ordering::Relaxed);
+            tree.files.push(LocalFile {
+                path: root.join(&name),
+                name,
+                digest,
+                metadata: entry.file_metadata,
+            });
+        }
+        tree.files.sort_by(|a, b| a.name.cmp(&b.name));
+    }
     if pending.is_empty() {
         return Ok(tree);
     }

@@ -27,3 +27,4 @@ mod restore;
 mod restore_crash;
 mod server_scripts;
 mod standby;
+mod unsafe_scope;

@@ -24,6 +24,7 @@ use blobsnap::checkpoint::{Checkpoint, CheckpointId, CheckpointIdGen, Checkpoint
 use blobsnap::digest::Sha256;
 use blobsnap::index::{IndexMarker, SnapshotIndex};
 use blobsnap::layout::{JobScope, StoreScope};
+use blobsnap::local::lazy;
 use blobsnap::local::rocks::RocksStore;
 use blobsnap::ErrorKind;
 use support::Harness;
@@ -185,8 +186,217 @@ async fn planned(
     (r, plans)
 }
 
+/// Whether the checkpoint dir of `cp` (the commit manager's, under `spec`) holds file `name`.
+fn spec_cp_has(spec: &StoreSpec, cp: &Checkpoint, name: &str) -> bool {
+    spec.checkpoint_dir(cp.as_v2().unwrap().id).join(name).exists()
+}
+
+/// A lazy restore manager for `spec` whose background download runs as `bg`.
+fn lazy_restorer(fx: &Fx, spec: &StoreSpec, bg: lazy::Background) -> BlobRestoreManager {
+    BlobRestoreManager::new(
+        Arc::clone(&fx.store),
+        fx.task.clone(),
+        std::slice::from_ref(spec),
+        RestoreSettings {
+            part_size: 5 << 20,
+            lazy: Some(bg),
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+/// RocksDB options without automatic compactions: the SST set a test made stays the set.
+fn no_compactions() -> rocksdb::Options {
+    let mut o = rocksdb::Options::default();
+    o.create_if_missing(true);
+    o.set_disable_auto_compactions(true);
+    o
+}
+
+/// A store of `ssts` flushed SSTs (500 keys each, no compaction), committed once: the
+/// checkpoint, every key and value, and the SSTs' index entries.
+async fn store_of_ssts(
+    fx: &mut Fx,
+    ssts: u32,
+) -> (
+    Checkpoint,
+    Vec<(Vec<u8>, Vec<u8>)>,
+    BTreeMap<String, blobsnap::index::FileIndex>,
+) {
+    let src = fx.spec("src");
+    let db = RocksStore::open_with("counts", &src.dir, &no_compactions()).unwrap();
+    let mgr = fx.backup(&src);
+    mgr.init(None).await.unwrap();
+    for i in 0..ssts {
+        write_keys(&db, i * 500, 500, u64::from(i) + 1);
+        db.flush().unwrap();
+    }
+    let cp = fx.commit(&mgr, &db).await;
+    drop(db);
+    let keys = all_keys(&src.dir);
+    let idx = fx.index(&cp).await;
+    let files: BTreeMap<_, _> = idx
+        .present_files()
+        .into_iter()
+        .filter(|(p, _)| p.ends_with(".sst"))
+        .map(|(p, f)| (p, f.clone()))
+        .collect();
+    assert_eq!(files.len(), ssts as usize, "{files:?}");
+    (cp, keys, files)
+}
+
+fn keys_of(db: &RocksStore) -> blobsnap::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    db.db()
+        .iterator(rocksdb::IteratorMode::Start)
+        .map(|r| {
+            r.map(|(k, v)| (k.to_vec(), v.to_vec()))
+                .map_err(|e| blobsnap::Error::new(ErrorKind::Io, e.to_string()))
+        })
+        .collect()
+}
+
 mod cases {
     use super::*;
+
+    /// A lazy restore returns with the small files only and the store opens at once: its
+    /// SSTs are fetched, verified, when RocksDB first opens them (the open itself loads at
+    /// most two); a commit while SSTs are still remote references their blobs as they are
+    /// (nothing read, nothing uploaded) and restores, in full elsewhere, to exactly the keys
+    /// the lazy store reads.
+    pub async fn lazy_restore_opens_first_and_commits_while_files_are_remote(h: &Harness) {
+        let mut fx = Fx::new(h);
+        let (cp, expected, ssts) = store_of_ssts(&mut fx, 8).await;
+        let dst = fx.spec("dst");
+        let local = |d: &Path| ssts.keys().filter(|n| d.join(n).exists()).count();
+        // The background download holds after its first file (1 byte/s from then on).
+        let bg = lazy::Background {
+            downloads: 1,
+            max_rate: 1,
+        };
+        let r = lazy_restorer(&fx, &dst, bg);
+        r.init(Some(&cp)).await.unwrap();
+        r.restore().await.unwrap();
+        assert!(dst.dir.join("CURRENT").is_file());
+        assert!(local(&dst.dir) <= 1, "the restore fetched SSTs: {}", local(&dst.dir));
+        let st = lazy::status(&dst.dir).expect("a lazily restored store");
+        assert!(st.files_remote >= 7, "{st:?}");
+
+        let db = RocksStore::open_with("counts", &dst.dir, &no_compactions()).unwrap();
+        assert!(
+            local(&dst.dir) <= 3,
+            "the open fetched more than the 2 tables it loads: {}",
+            local(&dst.dir)
+        );
+        // One key: the SST that holds it is fetched on demand.
+        let (k, v) = &expected[100];
+        assert_eq!(db.db().get(k).unwrap().as_deref(), Some(v.as_slice()));
+
+        // A commit while SSTs are remote.
+        let remote: Vec<String> = ssts
+            .keys()
+            .filter(|n| !dst.dir.join(n).exists())
+            .cloned()
+            .collect();
+        assert!(remote.len() >= 4, "{remote:?}");
+        let mgr = fx.backup(&dst);
+        mgr.init(Some(&cp)).await.unwrap();
+        write_keys(&db, 100_000, 10, 99);
+        let put_before = fx.counters.snapshot().put.bytes;
+        let cp2 = fx.commit(&mgr, &db).await;
+        let put = fx.counters.snapshot().put.bytes - put_before;
+        let idx2 = fx.index(&cp2).await;
+        let files2: BTreeMap<String, blobsnap::index::FileIndex> = idx2
+            .present_files()
+            .into_iter()
+            .map(|(p, f)| (p, f.clone()))
+            .collect();
+        for n in &remote {
+            let (old, new) = (&ssts[n], &files2[n]);
+            assert_eq!(new.blobs, old.blobs, "{n}: its blob is reused as it is");
+            assert_eq!(new.sha256, old.sha256, "{n}");
+        }
+        let remote_bytes: u64 = remote.iter().map(|n| ssts[n].file_metadata.size).sum();
+        assert!(put < remote_bytes, "uploaded {put} bytes, remote {remote_bytes}");
+        assert!(
+            remote.iter().all(|n| !spec_cp_has(&dst, &cp2, n)),
+            "a remote SST was materialized in the checkpoint dir"
+        );
+
+        // Every key reads (the rest fetched on demand), and the new checkpoint restores,
+        // in full elsewhere, to the same keys.
+        let got = keys_of(&db).unwrap();
+        assert_eq!(got.len(), expected.len() + 10);
+        assert!(expected.iter().all(|kv| got.binary_search(kv).is_ok()));
+        let st = lazy::status(&dst.dir).expect("still registered: the background holds");
+        assert_eq!(st.files_remote, 0, "{st:?}");
+        assert!(st.files_on_demand >= remote.len() as u64, "{st:?}");
+        let third = fx.spec("third");
+        restore(&fx, &third, Some(&cp2)).await.unwrap();
+        assert_eq!(all_keys(&third.dir), got);
+        drop(db);
+        assert!(lazy::status(&dst.dir).is_none(), "closing the store forgets it");
+    }
+
+    /// A lazily restored SST whose blob does not verify fails RocksDB's open or read as an
+    /// I/O error naming it — never wrong data — and the background download reports it; once
+    /// the blob is good again the store opens and reads every key; with the background
+    /// download unbounded, a wait sees every file local.
+    pub async fn lazy_restore_of_a_corrupt_blob_fails_the_read_never_the_data(h: &Harness) {
+        let mut fx = Fx::new(h);
+        let (cp, expected, ssts) = store_of_ssts(&mut fx, 3).await;
+        let mut good = BTreeMap::new();
+        for (n, f) in &ssts {
+            let key = fx.scope().key(&f.blobs[0].blob_id).unwrap();
+            let bytes = blobsnap::blobstore::get_bytes(fx.store.as_ref(), &key, 1 << 30)
+                .await
+                .unwrap();
+            let mut bad = bytes.to_vec();
+            bad[10] ^= 1;
+            fx.store
+                .put(&key, PutBody::Bytes(bad.into()), PutOptions::default())
+                .await
+                .unwrap();
+            good.insert(n.clone(), (key, bytes));
+        }
+        let dst = fx.spec("dst");
+        let r = lazy_restorer(&fx, &dst, lazy::Background::default());
+        r.init(Some(&cp)).await.unwrap();
+        r.restore().await.unwrap();
+        let e = lazy::wait_complete(&dst.dir).await.unwrap_err();
+        assert!(e.to_string().contains("could not be fetched"), "{e}");
+        let e = RocksStore::open_with("counts", &dst.dir, &no_compactions()).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("blobsnap lazy restore") && ssts.keys().any(|n| msg.contains(n.as_str())),
+            "names the lazy fetch and the file: {msg}"
+        );
+        for n in ssts.keys() {
+            assert!(!dst.dir.join(n).exists(), "{n}: no unverified byte is in place");
+        }
+        for (key, bytes) in good.into_values() {
+            fx.store
+                .put(&key, PutBody::Bytes(bytes), PutOptions::default())
+                .await
+                .unwrap();
+        }
+        let db = RocksStore::open_with("counts", &dst.dir, &no_compactions()).unwrap();
+        assert_eq!(keys_of(&db).unwrap(), expected);
+        drop(db);
+
+        // Unbounded background download: everything local, verified, without a read.
+        let dst2 = fx.spec("dst2");
+        let r = lazy_restorer(&fx, &dst2, lazy::Background::default());
+        r.init(Some(&cp)).await.unwrap();
+        r.restore().await.unwrap();
+        lazy::wait_complete(&dst2.dir).await.unwrap();
+        assert!(lazy::status(&dst2.dir).is_none());
+        for (n, f) in &ssts {
+            let d = blobsnap::digest::hash_file(&dst2.dir.join(n)).unwrap();
+            assert_eq!(Some(d.sha256), f.sha256, "{n}");
+        }
+        assert_eq!(all_keys(&dst2.dir), expected);
+    }
 
     /// Restore into an empty dir, then into the exact snapshot (nothing fetched), then check
     /// the next backup re-uploads no SST.
@@ -758,6 +968,8 @@ mod cases {
 
 store_suites!([
     round_trip_and_exact_reuse,
+    lazy_restore_opens_first_and_commits_while_files_are_remote,
+    lazy_restore_of_a_corrupt_blob_fails_the_read_never_the_data,
     same_host_restart_proves_by_the_hash_cache,
     cancelled_mid_download_keeps_old_state_and_the_rerun_reuses_it,
     older_snapshot_junk_and_corrupt_local_file,

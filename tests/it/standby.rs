@@ -44,6 +44,7 @@ fn settings(state: &std::path::Path, input: &std::path::Path, job: &str) -> JobS
         deployment_id: "test".into(),
         create_resources: true,
         index_inline_below: blobsnap::blob::backup::INLINE_BELOW,
+        restore_mode: blobsnap::job::RestoreMode::Full,
     }
 }
 

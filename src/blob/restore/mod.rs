@@ -42,6 +42,7 @@ use crate::backend::{StoreSpec, TaskContext, TaskRestoreManager};
 use crate::blobstore::{download_to_file, BlobStore, DownloadOptions};
 use crate::checkpoint::{Checkpoint, CheckpointId};
 use crate::error::{Error, ErrorKind, Result};
+use crate::index::FileIndex;
 use crate::layout::{JobScope, StoreScope};
 use crate::local::hashcache::{CacheKey, HashCache};
 use crate::local::lock::StoreDirLock;
@@ -88,6 +89,11 @@ pub struct RestoreSettings {
     pub hash_cache: bool,
     /// Where the hash cache lives (as [`BackupSettings::hash_cache_dir`](super::backup::BackupSettings::hash_cache_dir); `None`: beside the store dir).
     pub hash_cache_dir: Option<std::path::PathBuf>,
+    /// `Some`: a lazy restore ([`crate::local::lazy`]): only the small files are written
+    /// before the restore returns; every SST and blob file to download is fetched when RocksDB
+    /// first opens it, and all are downloaded in the background as set here. `None` (the
+    /// default): the verified full restore.
+    pub lazy: Option<crate::local::lazy::Background>,
 }
 
 impl Default for RestoreSettings {
@@ -100,6 +106,7 @@ impl Default for RestoreSettings {
             cancel: CancellationToken::new(),
             hash_cache: true,
             hash_cache_dir: None,
+            lazy: None,
         }
     }
 }
@@ -441,12 +448,12 @@ impl BlobRestoreManager {
                 .map_err(|e| Error::task("staging", e))??;
         }
 
-        let mut downloads: Vec<PlannedFile> = plan
+        let (mut downloads, remote): (Vec<PlannedFile>, Vec<PlannedFile>) = plan
             .files
             .iter()
             .filter(|f| f.source == Source::Download)
             .cloned()
-            .collect();
+            .partition(|f| self.settings.lazy.is_none() || !is_lazy_candidate(f));
         // The small files first (one GET each: a store's MANIFEST and OPTIONS do not queue
         // behind its large SSTs), then the largest first, so that the last files in flight
         // are the short ones and the store's ranged GETs keep the budget busy to the end.
@@ -484,6 +491,7 @@ impl BlobRestoreManager {
         let dir = spec.dir.clone();
         let cache = self.caches.get(&spec.name).cloned();
         let restored = plan.files.clone();
+        let lazy = self.settings.lazy.map(|bg| (bg, remote, self.fetcher(scope)));
         tokio::task::spawn_blocking(move || {
             crate::crash::point("restore.before-marker");
             let bytes =
@@ -499,6 +507,12 @@ impl BlobRestoreManager {
             swap_in(&dir, &staging)?;
             if let Some(cache) = cache {
                 remember(&cache, &dir, &restored);
+            }
+            // A lazy restore: what was not downloaded is remote from here on (registered
+            // even when empty: the store is then opened the same way).
+            if let Some((bg, remote, fetch)) = lazy {
+                let files = remote.into_iter().map(|f| f.entry).collect();
+                crate::local::lazy::register(&dir, files, fetch, bg)?;
             }
             Ok(())
         })
@@ -556,49 +570,91 @@ impl BlobRestoreManager {
     /// Download `f`'s blob into `tmp`, verified and fsynced, retrying a corrupt or transient
     /// download a bounded number of times (`tmp` is removed on a final failure).
     async fn fetch_blob(&self, scope: &StoreScope, f: &PlannedFile, tmp: &Path) -> Result<()> {
-        let blob = &f
-            .entry
-            .blobs
-            .first()
-            .ok_or_else(|| Error::corrupt(format!("index entry {} has no blob", f.path)))?
-            .blob_id;
-        let key = scope.key(blob)?;
-        let opts = DownloadOptions {
-            expected_size: f.entry.file_metadata.size,
-            expected_sha256: f.entry.sha256,
-            part_size: self.settings.part_size,
-            concurrency: self.settings.part_concurrency,
-        };
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            if self.settings.cancel.is_cancelled() {
-                return Err(Error::new(ErrorKind::Cancelled, "restore cancelled"));
+        fetch_verified(
+            self.blob_store.as_ref(),
+            scope,
+            &f.path,
+            &f.entry,
+            tmp,
+            &self.settings,
+        )
+        .await
+    }
+
+    /// How a lazy restore of a store in `scope` fetches its remote files: as
+    /// [`fetch_blob`](Self::fetch_blob), on the lazy restore's runtime.
+    fn fetcher(&self, scope: &StoreScope) -> crate::local::lazy::FetchFn {
+        let (store, scope, settings) = (
+            Arc::clone(&self.blob_store),
+            scope.clone(),
+            self.settings.clone(),
+        );
+        Arc::new(move |entry: FileIndex, tmp: std::path::PathBuf| {
+            let (store, scope, settings) = (Arc::clone(&store), scope.clone(), settings.clone());
+            Box::pin(async move {
+                let name = entry.file_name.clone();
+                fetch_verified(store.as_ref(), &scope, &name, &entry, &tmp, &settings).await
+            })
+        })
+    }
+}
+
+/// A file a lazy restore leaves remote: an SST or blob file held by a blob (not inline).
+fn is_lazy_candidate(f: &PlannedFile) -> bool {
+    !f.path.contains('/')
+        && is_immutable(&f.path)
+        && f.entry.inline_data.is_none()
+        && f.entry.sha256.is_some()
+}
+
+/// Download the blob of `entry` (the file `path` of a store in `scope`) into `tmp`, verified
+/// (size and SHA-256) and fsynced, retrying a corrupt or transient download up to
+/// `settings.max_attempts` times; `tmp` is removed on a final failure.
+async fn fetch_verified(
+    blob_store: &dyn BlobStore,
+    scope: &StoreScope,
+    path: &str,
+    entry: &FileIndex,
+    tmp: &Path,
+    settings: &RestoreSettings,
+) -> Result<()> {
+    let blob = &entry
+        .blobs
+        .first()
+        .ok_or_else(|| Error::corrupt(format!("index entry {path} has no blob")))?
+        .blob_id;
+    let key = scope.key(blob)?;
+    let opts = DownloadOptions {
+        expected_size: entry.file_metadata.size,
+        expected_sha256: entry.sha256,
+        part_size: settings.part_size,
+        concurrency: settings.part_concurrency,
+    };
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        if settings.cancel.is_cancelled() {
+            return Err(Error::new(ErrorKind::Cancelled, "restore cancelled"));
+        }
+        match download_to_file(blob_store, &key, tmp, opts).await {
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == ErrorKind::Corrupt && attempt < settings.max_attempts => {
+                tracing::warn!(file = %path, %key, attempt, error = %e, "downloaded blob failed verification; fetching it again");
             }
-            match download_to_file(self.blob_store.as_ref(), &key, tmp, opts).await {
-                Ok(_) => break,
-                Err(e)
-                    if e.kind() == ErrorKind::Corrupt && attempt < self.settings.max_attempts =>
-                {
-                    tracing::warn!(file = %f.path, %key, attempt, error = %e, "downloaded blob failed verification; fetching it again");
-                }
-                Err(e) if matches!(e.kind(), ErrorKind::Corrupt | ErrorKind::NotFound) => {
-                    let _ = std::fs::remove_file(tmp);
-                    return Err(e.context(format!(
-                        "file {} (blob {key}) after {attempt} attempts",
-                        f.path
-                    )));
-                }
-                Err(e) if e.is_transient() && attempt < self.settings.max_attempts => {
-                    tracing::warn!(file = %f.path, %key, attempt, error = %e, "download failed; retrying");
-                }
-                Err(e) => {
-                    let _ = std::fs::remove_file(tmp);
-                    return Err(e.context(format!("file {} (blob {key})", f.path)));
-                }
+            Err(e) if matches!(e.kind(), ErrorKind::Corrupt | ErrorKind::NotFound) => {
+                let _ = std::fs::remove_file(tmp);
+                return Err(e.context(format!(
+                    "file {path} (blob {key}) after {attempt} attempts"
+                )));
+            }
+            Err(e) if e.is_transient() && attempt < settings.max_attempts => {
+                tracing::warn!(file = %path, %key, attempt, error = %e, "download failed; retrying");
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(tmp);
+                return Err(e.context(format!("file {path} (blob {key})")));
             }
         }
-        Ok(())
     }
 }
 

@@ -1,0 +1,129 @@
+//! The one place blobsnap uses `unsafe`: the bridge between RocksDB's file system wrapper
+//! (`cpp/lazy_fs.cc`, compiled by `build.rs` against the bundled RocksDB's headers) and the
+//! lazy restore's registry (the parent module, safe Rust).
+//!
+//! Why `unsafe` here and nowhere else: rust-rocksdb exposes no way to give RocksDB a custom
+//! file system. RocksDB itself selects an Env by name from an options string (`env=…`,
+//! through its object registry), which rust-rocksdb does expose
+//! (`Options::get_options_from_string`); registering our Env under a name takes one call
+//! into C++, and the Env's answers come back through five `extern "C"` callbacks. Both
+//! directions cross the FFI boundary, which Rust cannot check.
+//!
+//! Safety argument:
+//! - `blobsnap_lazyfs_install` is called with a pointer to a `static` callbacks struct
+//!   (valid for the whole process), once (`std::sync::Once`; the C++ side also keeps only
+//!   its first call). Its layout is `#[repr(C)]`, field for field the C struct's.
+//! - Each callback receives `(pointer, length)` of a `std::string` that RocksDB owns for the
+//!   duration of the call; the bytes are only borrowed inside the call (never stored: the
+//!   registry copies what it keeps into `PathBuf`s). A null pointer is answered "not mine".
+//! - The out-parameters (`size`, the message buffer of `msg_cap` bytes) point at the C++
+//!   caller's stack; they are written only when non-null, the message at most `msg_cap - 1`
+//!   bytes plus a NUL.
+//! - No panic crosses into C++: every callback runs under `catch_unwind`; a panic answers
+//!   "not mine" (the file system goes on) or, for a fetch, an I/O error.
+
+#![allow(unsafe_code)]
+
+use std::ffi::{c_char, OsStr};
+use std::os::unix::ffi::OsStrExt as _;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
+
+#[repr(C)]
+struct Callbacks {
+    remote_size: extern "C" fn(*const c_char, usize, *mut u64) -> i32,
+    fetch: extern "C" fn(*const c_char, usize, *mut c_char, usize) -> i32,
+    link: extern "C" fn(*const c_char, usize, *const c_char, usize) -> i32,
+    drop: extern "C" fn(*const c_char, usize) -> i32,
+    renamed: extern "C" fn(*const c_char, usize, *const c_char, usize),
+}
+
+extern "C" {
+    fn blobsnap_lazyfs_install(callbacks: *const Callbacks) -> i32;
+}
+
+static CALLBACKS: Callbacks = Callbacks {
+    remote_size: on_remote_size,
+    fetch: on_fetch,
+    link: on_link,
+    drop: on_drop,
+    renamed: on_renamed,
+};
+
+/// Register the `blobsnap-lazy` Env with RocksDB (once per process).
+pub(super) fn install() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: CALLBACKS is a static of the C struct's layout; see the module docs.
+        unsafe {
+            blobsnap_lazyfs_install(&CALLBACKS);
+        }
+    });
+}
+
+/// The path RocksDB passed, borrowed for the call.
+fn path<'a>(ptr: *const c_char, len: usize) -> Option<&'a Path> {
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: `ptr` and `len` are a live std::string's data() and size() for the whole call,
+    // and the returned borrow does not outlive the callback that made it.
+    let bytes = unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) };
+    Some(Path::new(OsStr::from_bytes(bytes)))
+}
+
+fn guarded<T>(on_panic: T, f: impl FnOnce() -> T) -> T {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or(on_panic)
+}
+
+extern "C" fn on_remote_size(ptr: *const c_char, len: usize, size: *mut u64) -> i32 {
+    guarded(0, || {
+        let Some(s) = path(ptr, len).and_then(super::remote_size) else {
+            return 0;
+        };
+        if !size.is_null() {
+            // SAFETY: a non-null out-parameter on the caller's stack.
+            unsafe { *size = s };
+        }
+        1
+    })
+}
+
+extern "C" fn on_fetch(ptr: *const c_char, len: usize, msg: *mut c_char, msg_cap: usize) -> i32 {
+    let r = guarded(Err("panic while fetching".to_string()), || {
+        path(ptr, len).map_or(Ok(()), super::fetch_now)
+    });
+    match r {
+        Ok(()) => 0,
+        Err(text) => {
+            if !msg.is_null() && msg_cap > 0 {
+                let n = text.len().min(msg_cap - 1);
+                // SAFETY: `msg` is the caller's buffer of `msg_cap` bytes; n + 1 ≤ msg_cap.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(text.as_ptr().cast::<c_char>(), msg, n);
+                    *msg.add(n) = 0;
+                }
+            }
+            -1
+        }
+    }
+}
+
+extern "C" fn on_link(src: *const c_char, src_len: usize, dst: *const c_char, dst_len: usize) -> i32 {
+    guarded(0, || match (path(src, src_len), path(dst, dst_len)) {
+        (Some(s), Some(d)) => i32::from(super::link(s, d)),
+        _ => 0,
+    })
+}
+
+extern "C" fn on_drop(ptr: *const c_char, len: usize) -> i32 {
+    guarded(0, || path(ptr, len).map_or(0, |p| i32::from(super::drop_file(p))))
+}
+
+extern "C" fn on_renamed(src: *const c_char, src_len: usize, dst: *const c_char, dst_len: usize) {
+    guarded((), || {
+        if let (Some(s), Some(d)) = (path(src, src_len), path(dst, dst_len)) {
+            super::renamed(s, d);
+        }
+    });
+}
