@@ -7,7 +7,9 @@ fn main() {
     println!("cargo:rerun-if-env-changed=DEP_ROCKSDB_CARGO_MANIFEST_DIR");
     // librocksdb-sys (`links = "rocksdb"`) tells its direct dependents where its sources are.
     let Ok(sys) = std::env::var("DEP_ROCKSDB_CARGO_MANIFEST_DIR") else {
-        panic!("DEP_ROCKSDB_CARGO_MANIFEST_DIR is not set: librocksdb-sys must be a direct dependency")
+        panic!(
+            "DEP_ROCKSDB_CARGO_MANIFEST_DIR is not set: librocksdb-sys must be a direct dependency"
+        )
     };
     let include = std::path::Path::new(&sys).join("rocksdb").join("include");
     let mut build = cc::Build::new();

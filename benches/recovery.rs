@@ -13,6 +13,10 @@
 //! message and the blob bytes it downloaded by then; the parent reports the wall time from
 //! spawn to that message. Restarts are killed as soon as they processed a message.
 //!
+//! Then (d) a new host restoring lazily (`restore-mode = "lazy"`): its first message, the
+//! bytes fetched before it, the time until its store is complete and the messages processed
+//! meanwhile, against (e) the steady throughput of a task restored in full.
+//!
 //! `--last-commit-mib N`: the task writes N MiB of random values before its third commit,
 //! and the standby is stopped once it holds the second, so a failover to its host fetches
 //! the last commit's N MiB (issue 18 §2's bound: 2 s + those bytes ÷ the GET rate).
@@ -78,14 +82,22 @@ async fn open_store() -> Arc<dyn BlobStore> {
 }
 
 fn backend(store: &Arc<dyn BlobStore>) -> Arc<dyn StateBackendFactory> {
+    // RECOVERY_RESTORE_MODE=lazy: the child restores lazily (issue 20).
+    let lazy = std::env::var("RECOVERY_RESTORE_MODE").as_deref() == Ok("lazy");
     Arc::new(BlobStateBackendFactory::new(
         Arc::clone(store),
         None,
         Default::default(),
-        RestoreSettings::default(),
+        RestoreSettings {
+            lazy: lazy.then(blobsnap::local::lazy::Background::default),
+            ..Default::default()
+        },
         "bench",
     ))
 }
+
+/// Messages between two `AT` lines of a child (its throughput samples).
+const SAMPLE_EVERY: u64 = 25_000;
 
 /// Word count that prints `FIRST <seconds since the process started> <blob bytes fetched>`
 /// at its first message.
@@ -109,6 +121,9 @@ impl Processor for First {
             );
         }
         let n = self.processed.fetch_add(1, Ordering::Relaxed);
+        if n > 0 && n.is_multiple_of(SAMPLE_EVERY) {
+            println!("AT {:.3} {n}", self.start.elapsed().as_secs_f64());
+        }
         if self.bulk_mib > 0 && n == 2 * COMMIT_EVERY + COMMIT_EVERY / 2 {
             if let Some(db) = stores.get("counts") {
                 fill(db, 1 << 40, self.bulk_mib << 20, 99);
@@ -132,6 +147,7 @@ fn child(start: Instant) {
         let settings = job(state.as_ref(), input.as_ref(), &id);
         let counting = CountingStore::new(open_store().await);
         let counters = counting.counters();
+        let counters2 = Arc::clone(&counters);
         let store: Arc<dyn BlobStore> = Arc::new(counting);
         let admin = blobsnap::blob::admin::BlobStoreAdmin::new(
             Arc::clone(&store),
@@ -147,6 +163,9 @@ fn child(start: Instant) {
             .validate_resources()
             .await
             .expect("validate resources");
+        // A lazy restore: once the first message is processed, report when the store is
+        // complete (`COMPLETE <seconds> <messages processed> <blob bytes fetched>`).
+        let dir = blobsnap::job::store_dir(state.as_ref(), "counts", TASK).expect("store dir");
         let processor = Arc::new(First {
             start,
             printed: AtomicBool::new(false),
@@ -157,6 +176,22 @@ fn child(start: Instant) {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0),
         });
+        if std::env::var("RECOVERY_RESTORE_MODE").as_deref() == Ok("lazy") {
+            let (p, c) = (Arc::clone(&processor), Arc::clone(&counters2));
+            tokio::spawn(async move {
+                while !p.printed.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                let done = blobsnap::local::lazy::wait_complete(&dir).await;
+                println!(
+                    "COMPLETE {:.3} {} {} {}",
+                    p.start.elapsed().as_secs_f64(),
+                    p.processed.load(Ordering::Relaxed),
+                    c.snapshot().get.bytes,
+                    if done.is_ok() { "ok" } else { "failed" }
+                );
+            });
+        }
         let on_commit = |_: &str,
                          r: &blobsnap::commit::CommitReport,
                          _: &dyn blobsnap::backend::TaskBackupManager| {
@@ -235,6 +270,10 @@ async fn seed(settings: &blobsnap::job::JobSettings, dir: &std::path::Path, size
         .expect("commit");
 }
 
+/// A child's `AT` samples (seconds, messages) and its `COMPLETE` line (seconds, messages,
+/// bytes fetched), if it came.
+type Samples = (Vec<(f64, u64)>, Option<(f64, u64, u64)>);
+
 /// A child process running the task on `state`.
 struct Child {
     proc: std::process::Child,
@@ -243,8 +282,19 @@ struct Child {
 }
 
 fn spawn(state: &std::path::Path, input: &std::path::Path, id: &str, bulk_mib: u64) -> Child {
+    spawn_as(state, input, id, bulk_mib, "full")
+}
+
+fn spawn_as(
+    state: &std::path::Path,
+    input: &std::path::Path,
+    id: &str,
+    bulk_mib: u64,
+    mode: &str,
+) -> Child {
     let mut proc = std::process::Command::new(std::env::current_exe().expect("exe"))
         .env("RECOVERY_CHILD", "1")
+        .env("RECOVERY_RESTORE_MODE", mode)
         .env("RECOVERY_BULK_MIB", bulk_mib.to_string())
         .env("RECOVERY_STATE", state)
         .env("RECOVERY_INPUT", input)
@@ -280,6 +330,39 @@ impl Child {
                 let own = it.next().and_then(|s| s.parse().ok()).unwrap_or(f64::NAN);
                 let bytes = it.next().and_then(|s| s.parse().ok()).unwrap_or(0);
                 return (wall, own, bytes);
+            }
+        }
+    }
+
+    /// After the first message: `AT` samples until `until` says stop (given the child's
+    /// seconds and messages of each sample, or of `COMPLETE`); returns (the samples, the
+    /// `COMPLETE` line's seconds, messages and bytes, if it came).
+    fn samples(&mut self, mut until: impl FnMut(f64, u64, bool) -> bool) -> Samples {
+        let mut at = Vec::new();
+        loop {
+            let Some(Ok(l)) = self.lines.next() else {
+                return (at, None);
+            };
+            let f: Vec<&str> = l.split(' ').collect();
+            match f.as_slice() {
+                ["AT", t, n] => {
+                    let (t, n) = (t.parse().unwrap_or(0.0), n.parse().unwrap_or(0));
+                    at.push((t, n));
+                    if until(t, n, false) {
+                        return (at, None);
+                    }
+                }
+                ["COMPLETE", t, n, b, ..] => {
+                    let c = (
+                        t.parse().unwrap_or(0.0),
+                        n.parse().unwrap_or(0),
+                        b.parse().unwrap_or(0),
+                    );
+                    if until(c.0, c.1, true) {
+                        return (at, Some(c));
+                    }
+                }
+                _ => {}
             }
         }
     }
@@ -467,8 +550,43 @@ fn main() {
                 );
             }
         }
+        // (d) a new host again, restoring lazily (issue 20): the first message, what was
+        // fetched before it, and the throughput while the rest downloads in the background,
+        // against the steady state of a full restore's task (e) on one more new host over the
+        // same number of messages.
+        let d = host("d");
+        let mut t = spawn_as(&d, &input, &id, 0, "lazy");
+        let (wall, own, bytes) = t.first();
+        println!(
+            "| {kind}, {size} MiB | new host, lazy | {wall:.2} | {own:.2} | {:.1} |",
+            bytes as f64 / (1 << 20) as f64
+        );
+        let (_, complete) = t.samples(|_, _, complete| complete);
+        t.kill();
+        let Some((done_s, done_n, done_bytes)) = complete else {
+            eprintln!("{size} MiB: the lazy task ended before its store was complete");
+            continue;
+        };
+        let lazy_rate = done_n as f64 / (done_s - own).max(1e-6);
+        let e = host("e");
+        let mut t = spawn_as(&e, &input, &id, 0, "full");
+        let (_, own_full, _) = t.first();
+        let (at, _) = t.samples(|_, n, _| n >= done_n.max(2 * SAMPLE_EVERY));
+        t.kill();
+        let steady = match (at.first(), at.last()) {
+            (Some(a), Some(b)) if b.1 > a.1 => (b.1 - a.1) as f64 / (b.0 - a.0).max(1e-6),
+            _ => f64::NAN,
+        };
+        eprintln!(
+            "{size} MiB: lazy restore complete {:.2} s after the first message ({:.1} MiB fetched in all); {done_n} messages meanwhile: {lazy_rate:.0} msg/s, vs {steady:.0} msg/s steady after a full restore (first message at {own_full:.2} s): {:.0} %",
+            done_s - own,
+            done_bytes as f64 / (1 << 20) as f64,
+            100.0 * lazy_rate / steady
+        );
         let _ = std::fs::remove_dir_all(work.path().join("a"));
         let _ = std::fs::remove_dir_all(work.path().join("b"));
         let _ = std::fs::remove_dir_all(work.path().join("c"));
+        let _ = std::fs::remove_dir_all(work.path().join("d"));
+        let _ = std::fs::remove_dir_all(work.path().join("e"));
     }
 }

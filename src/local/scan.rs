@@ -255,8 +255,16 @@ fn scan(
         } else if ft.is_file() {
             stats.files.fetch_add(1, Ordering::Relaxed);
             let key = CacheKey::of(&name, &md);
+            // An immutable file the hash cache vouches for — or that a lazy restore of this
+            // process fetched and verified as this very inode (recorded in the cache then).
             let cached = if is_immutable(&name) {
-                cache.and_then(|c| c.get(&key))
+                cache.and_then(|c| c.get(&key)).or_else(|| {
+                    let d = crate::local::lazy::proof(&key)?;
+                    if let Some(c) = cache {
+                        c.insert(key.clone(), d);
+                    }
+                    Some(d)
+                })
             } else {
                 None
             };

@@ -188,7 +188,9 @@ async fn planned(
 
 /// Whether the checkpoint dir of `cp` (the commit manager's, under `spec`) holds file `name`.
 fn spec_cp_has(spec: &StoreSpec, cp: &Checkpoint, name: &str) -> bool {
-    spec.checkpoint_dir(cp.as_v2().unwrap().id).join(name).exists()
+    spec.checkpoint_dir(cp.as_v2().unwrap().id)
+        .join(name)
+        .exists()
 }
 
 /// A lazy restore manager for `spec` whose background download runs as `bg`.
@@ -278,7 +280,11 @@ mod cases {
         r.init(Some(&cp)).await.unwrap();
         r.restore().await.unwrap();
         assert!(dst.dir.join("CURRENT").is_file());
-        assert!(local(&dst.dir) <= 1, "the restore fetched SSTs: {}", local(&dst.dir));
+        assert!(
+            local(&dst.dir) <= 1,
+            "the restore fetched SSTs: {}",
+            local(&dst.dir)
+        );
         let st = lazy::status(&dst.dir).expect("a lazily restored store");
         assert!(st.files_remote >= 7, "{st:?}");
 
@@ -317,7 +323,10 @@ mod cases {
             assert_eq!(new.sha256, old.sha256, "{n}");
         }
         let remote_bytes: u64 = remote.iter().map(|n| ssts[n].file_metadata.size).sum();
-        assert!(put < remote_bytes, "uploaded {put} bytes, remote {remote_bytes}");
+        assert!(
+            put < remote_bytes,
+            "uploaded {put} bytes, remote {remote_bytes}"
+        );
         assert!(
             remote.iter().all(|n| !spec_cp_has(&dst, &cp2, n)),
             "a remote SST was materialized in the checkpoint dir"
@@ -334,8 +343,22 @@ mod cases {
         let third = fx.spec("third");
         restore(&fx, &third, Some(&cp2)).await.unwrap();
         assert_eq!(all_keys(&third.dir), got);
+        // The next commit proves the SSTs fetched since by the lazy restore's verification:
+        // none of them is read again.
+        write_keys(&db, 200_000, 10, 98);
+        fx.commit(&mgr, &db).await;
+        let stats = &mgr.last_upload_stats()["counts"];
+        let sst_bytes: u64 = ssts.values().map(|f| f.file_metadata.size).sum();
+        assert!(
+            stats.bytes_hashed < sst_bytes / 8,
+            "hashed {} bytes of {sst_bytes}",
+            stats.bytes_hashed
+        );
         drop(db);
-        assert!(lazy::status(&dst.dir).is_none(), "closing the store forgets it");
+        assert!(
+            lazy::status(&dst.dir).is_none(),
+            "closing the store forgets it"
+        );
     }
 
     /// A lazily restored SST whose blob does not verify fails RocksDB's open or read as an
@@ -372,7 +395,10 @@ mod cases {
             "names the lazy fetch and the file: {msg}"
         );
         for n in ssts.keys() {
-            assert!(!dst.dir.join(n).exists(), "{n}: no unverified byte is in place");
+            assert!(
+                !dst.dir.join(n).exists(),
+                "{n}: no unverified byte is in place"
+            );
         }
         for (key, bytes) in good.into_values() {
             fx.store

@@ -29,5 +29,8 @@ fn only_the_lazy_file_system_bridge_allows_unsafe_code() {
         .collect();
     assert_eq!(allowed, ["src/local/lazy/ffi.rs"]);
     let cargo = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
-    assert!(cargo.contains("unsafe_code = \"deny\""), "Cargo.toml denies unsafe code");
+    assert!(
+        cargo.contains("unsafe_code = \"deny\""),
+        "Cargo.toml denies unsafe code"
+    );
 }

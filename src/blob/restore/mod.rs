@@ -491,7 +491,10 @@ impl BlobRestoreManager {
         let dir = spec.dir.clone();
         let cache = self.caches.get(&spec.name).cloned();
         let restored = plan.files.clone();
-        let lazy = self.settings.lazy.map(|bg| (bg, remote, self.fetcher(scope)));
+        let lazy = self
+            .settings
+            .lazy
+            .map(|bg| (bg, remote, self.fetcher(scope)));
         tokio::task::spawn_blocking(move || {
             crate::crash::point("restore.before-marker");
             let bytes =
@@ -589,13 +592,18 @@ impl BlobRestoreManager {
             scope.clone(),
             self.settings.clone(),
         );
-        Arc::new(move |entry: FileIndex, tmp: std::path::PathBuf| {
-            let (store, scope, settings) = (Arc::clone(&store), scope.clone(), settings.clone());
-            Box::pin(async move {
-                let name = entry.file_name.clone();
-                fetch_verified(store.as_ref(), &scope, &name, &entry, &tmp, &settings).await
-            })
-        })
+        Arc::new(
+            move |entry: FileIndex,
+                  tmp: std::path::PathBuf|
+                  -> futures::future::BoxFuture<'static, Result<()>> {
+                let (store, scope, settings) =
+                    (Arc::clone(&store), scope.clone(), settings.clone());
+                Box::pin(async move {
+                    let name = entry.file_name.clone();
+                    fetch_verified(store.as_ref(), &scope, &name, &entry, &tmp, &settings).await
+                })
+            },
+        )
     }
 }
 
@@ -643,9 +651,7 @@ async fn fetch_verified(
             }
             Err(e) if matches!(e.kind(), ErrorKind::Corrupt | ErrorKind::NotFound) => {
                 let _ = std::fs::remove_file(tmp);
-                return Err(e.context(format!(
-                    "file {path} (blob {key}) after {attempt} attempts"
-                )));
+                return Err(e.context(format!("file {path} (blob {key}) after {attempt} attempts")));
             }
             Err(e) if e.is_transient() && attempt < settings.max_attempts => {
                 tracing::warn!(file = %path, %key, attempt, error = %e, "download failed; retrying");

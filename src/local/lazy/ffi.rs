@@ -109,7 +109,12 @@ extern "C" fn on_fetch(ptr: *const c_char, len: usize, msg: *mut c_char, msg_cap
     }
 }
 
-extern "C" fn on_link(src: *const c_char, src_len: usize, dst: *const c_char, dst_len: usize) -> i32 {
+extern "C" fn on_link(
+    src: *const c_char,
+    src_len: usize,
+    dst: *const c_char,
+    dst_len: usize,
+) -> i32 {
     guarded(0, || match (path(src, src_len), path(dst, dst_len)) {
         (Some(s), Some(d)) => i32::from(super::link(s, d)),
         _ => 0,
@@ -117,7 +122,9 @@ extern "C" fn on_link(src: *const c_char, src_len: usize, dst: *const c_char, ds
 }
 
 extern "C" fn on_drop(ptr: *const c_char, len: usize) -> i32 {
-    guarded(0, || path(ptr, len).map_or(0, |p| i32::from(super::drop_file(p))))
+    guarded(0, || {
+        path(ptr, len).map_or(0, |p| i32::from(super::drop_file(p)))
+    })
 }
 
 extern "C" fn on_renamed(src: *const c_char, src_len: usize, dst: *const c_char, dst_len: usize) {

@@ -33,6 +33,7 @@ use futures::future::BoxFuture;
 use futures::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
+use super::hashcache::CacheKey;
 use crate::digest::FileDigest;
 use crate::error::{Error, Result};
 use crate::index::FileIndex;
@@ -188,6 +189,39 @@ struct Registry {
 /// Entries in the registry (stores + link dirs): 0 makes every callback a no-op at once.
 static ACTIVE: AtomicUsize = AtomicUsize::new(0);
 
+/// Files a lazy restore fetched and verified, by the hash-cache key of the file as placed
+/// (name, device, inode, size, mtime), per store dir: a checkpoint's hard link of one has the
+/// same key, so the backup's scan takes its SHA-256 from here instead of reading the file
+/// ([`proof`]) and records it in its own hash cache. Dropped when the store closes.
+fn proofs() -> MutexGuard<'static, HashMap<PathBuf, HashMap<CacheKey, FileDigest>>> {
+    static P: OnceLock<Mutex<HashMap<PathBuf, HashMap<CacheKey, FileDigest>>>> = OnceLock::new();
+    P.get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The digest of the immutable file whose hash-cache key is `key`, when a lazy restore of
+/// this process fetched, verified and placed that very inode.
+pub fn proof(key: &CacheKey) -> Option<FileDigest> {
+    let p = proofs();
+    p.values().find_map(|m| m.get(key).copied())
+}
+
+fn record_proof(dir: &Path, remote: &Remote, dest: &Path) {
+    let (Some(sha256), Ok(md)) = (remote.entry.sha256, std::fs::symlink_metadata(dest)) else {
+        return;
+    };
+    let digest = FileDigest {
+        sha256,
+        crc32: remote.entry.checksum,
+        size: md.len(),
+    };
+    proofs()
+        .entry(dir.to_path_buf())
+        .or_default()
+        .insert(CacheKey::of(&remote.name, &md), digest);
+}
+
 fn registry() -> MutexGuard<'static, Registry> {
     static R: OnceLock<Mutex<Registry>> = OnceLock::new();
     R.get_or_init(Mutex::default)
@@ -212,7 +246,12 @@ fn runtime() -> Result<&'static tokio::runtime::Runtime> {
             .map_err(|e| e.to_string())
     })
     .as_ref()
-    .map_err(|e| Error::new(crate::error::ErrorKind::Io, format!("lazy restore runtime: {e}")))
+    .map_err(|e| {
+        Error::new(
+            crate::error::ErrorKind::Io,
+            format!("lazy restore runtime: {e}"),
+        )
+    })
 }
 
 fn split(path: &Path) -> Option<(&Path, &str)> {
@@ -222,7 +261,10 @@ fn split(path: &Path) -> Option<(&Path, &str)> {
 /// The key a dir is registered under: absolute, lexically (no symlink resolution: RocksDB is
 /// handed the same absolute path).
 pub fn absolute(dir: &Path) -> Result<PathBuf> {
-    std::path::absolute(dir).map_err(Error::io_with(format!("absolute path of {}", dir.display())))
+    std::path::absolute(dir).map_err(Error::io_with(format!(
+        "absolute path of {}",
+        dir.display()
+    )))
 }
 
 /// Register the store at `dir` as lazily restored: `files` (immutable files of the snapshot,
@@ -324,6 +366,8 @@ pub fn close(dir: &Path) {
         let _ = s.done.send(true);
     }
     count(&r);
+    drop(r);
+    proofs().remove(&dir);
 }
 
 /// The remote files RocksDB linked into `dir` (a checkpoint of a lazily restored store), as
@@ -537,6 +581,7 @@ async fn fetch_one(store: &LazyStore, remote: &Remote) -> bool {
         Ok(()) => match std::fs::rename(&tmp, &dest) {
             Ok(()) => {
                 *st = FileState::Local;
+                record_proof(&store.dir, remote, &dest);
                 crate::crash::point("lazy.after-fetch");
                 true
             }
@@ -619,8 +664,7 @@ async fn download_all(store: Arc<LazyStore>, bg: Background) {
         if st.files_remote == 0 {
             tracing::info!(store = %store.dir.display(), on_demand = st.files_on_demand, background = st.files_background, dropped = st.files_dropped, secs = started.elapsed().as_secs_f64(), "lazy restore complete: every file is local");
             let mut r = registry();
-            if r
-                .stores
+            if r.stores
                 .get(&store.dir)
                 .is_some_and(|s| Arc::ptr_eq(s, &store))
             {
