@@ -259,13 +259,18 @@ pub fn validate_name(name: &str) -> Result<()> {
 /// The name of the marker a complete restore leaves at the root of a store dir.
 pub const RESTORED_MARKER: &str = "RESTORED";
 
+/// Name of the file a lazy restore leaves at the root of a store dir while some of its files
+/// are still only in the blob store (removed once every file is local): a dir holding it is
+/// not a complete database ([`crate::local::lazy`]).
+pub const LAZY_PENDING: &str = "LAZY-PENDING";
+
 /// Names blobsnap itself uses inside a store dir, which no snapshot may list: the restore
-/// marker at the root, and `.<name>.blobsnap-part` (a download in progress) anywhere. An index
+/// markers at the root ([`RESTORED_MARKER`], [`LAZY_PENDING`]), and `.<name>.blobsnap-part` (a download in progress) anywhere. An index
 /// listing one would have the restore overwrite or delete its own bookkeeping.
 pub fn reserved_name(name: &str, root: bool) -> Result<()> {
-    if root && name == RESTORED_MARKER {
+    if root && (name == RESTORED_MARKER || name == LAZY_PENDING) {
         return Err(Error::corrupt(format!(
-            "index entry name {name:?} is reserved (blobsnap's restore marker)"
+            "index entry name {name:?} is reserved (blobsnap's restore markers)"
         )));
     }
     if name.starts_with('.') && name.ends_with(".blobsnap-part") {

@@ -430,6 +430,13 @@ async fn run_task_leased(
     if let Err(e) = commits.finish().await {
         tracing::warn!(task = %task, error = %e, "could not delete the snapshots that left retention at the last commit; the sweep will");
     }
+    // A store restored lazily is complete before the task lets it go: only a crash leaves one
+    // incomplete (and the next start's restore completes it).
+    for spec in &specs {
+        if let Err(e) = crate::local::lazy::wait_complete(&spec.dir).await {
+            tracing::warn!(task = %task, store = %spec.name, error = %e, "the lazy restore could not complete; the next start restores what is missing");
+        }
+    }
     Ok(summary)
 }
 

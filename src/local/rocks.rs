@@ -101,7 +101,9 @@ impl ClosedDb {
     /// names, `IDENTITY`, the `OPTIONS-*` files, and every table (`*.sst`), blob (`*.blob`)
     /// and write-ahead log (`*.log`: it replays on open). Not `LOCK`, not the info logs
     /// (`LOG`, `LOG.old.*`), not an obsolete MANIFEST, nothing else, no sub-directory.
+    /// A dir a lazy restore left incomplete is refused (its MANIFEST names absent files).
     pub fn live_files(&self) -> Result<std::collections::BTreeSet<String>> {
+        crate::local::lazy::check_complete(&self.dir)?;
         let current = self.dir.join("CURRENT");
         let text = std::fs::read_to_string(&current)
             .map_err(|e| Error::io(format!("read {}", current.display()), e))?;
@@ -175,6 +177,7 @@ impl RocksStore {
     pub fn open_with(name: &str, dir: &Path, opts: &rocksdb::Options) -> Result<Self> {
         use crate::local::lazy;
         let what = || format!("open RocksDB store {name} at {}", dir.display());
+        lazy::check_complete(dir).map_err(|e| e.context(what()))?;
         let lazy = lazy::is_lazy(dir);
         let db = if lazy {
             let mut base = opts.clone();

@@ -351,7 +351,7 @@ fn hostile_names_are_rejected_naming_the_entry() {
             Box::new(|i| i.snapshot_metadata.job_name = "".into()),
         ),
         (
-            "reserved (blobsnap's restore marker)",
+            "reserved (blobsnap's restore markers)",
             "RESTORED",
             Box::new(|i| i.dir_index.files_present[0].file_name = "RESTORED".into()),
         ),

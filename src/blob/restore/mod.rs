@@ -367,6 +367,9 @@ impl BlobRestoreManager {
         plan: RestorePlan,
     ) -> Result<()> {
         tracing::info!(store = %spec.name, plan = ?plan.totals, "restore plan");
+        // A lazy restore of this dir still running in this process (its database is not open:
+        // the dir lock is ours) stops here, before a new tree can be swapped in under it.
+        crate::local::lazy::close(&spec.dir);
         crate::crash::point("restore.after-plan");
         lock(&self.plans)?.insert(spec.name.clone(), plan.totals);
         if loaded.is_none() {
@@ -491,10 +494,13 @@ impl BlobRestoreManager {
         let dir = spec.dir.clone();
         let cache = self.caches.get(&spec.name).cloned();
         let restored = plan.files.clone();
-        let lazy = self
-            .settings
-            .lazy
-            .map(|bg| (bg, remote, self.fetcher(scope)));
+        // A lazy restore: what is not downloaded is remote from here on (nothing remote:
+        // the store opens as after a full restore).
+        let remote: Vec<FileIndex> = remote.into_iter().map(|f| f.entry).collect();
+        let lazy = match self.settings.lazy {
+            Some(bg) if !remote.is_empty() => Some((bg, remote, self.fetcher(scope))),
+            _ => None,
+        };
         tokio::task::spawn_blocking(move || {
             crate::crash::point("restore.before-marker");
             let bytes =
@@ -505,17 +511,18 @@ impl BlobRestoreManager {
             std::fs::File::open(&path)
                 .and_then(|f| f.sync_all())
                 .map_err(Error::io_with(format!("fsync {}", path.display())))?;
+            if let Some((_, remote, _)) = &lazy {
+                crate::local::lazy::write_pending(&staging, remote)?;
+            }
             fsync_tree(&staging)?;
             crate::crash::point("restore.after-marker");
             swap_in(&dir, &staging)?;
             if let Some(cache) = cache {
                 remember(&cache, &dir, &restored);
             }
-            // A lazy restore: what was not downloaded is remote from here on (registered
-            // even when empty: the store is then opened the same way).
-            if let Some((bg, remote, fetch)) = lazy {
-                let files = remote.into_iter().map(|f| f.entry).collect();
-                crate::local::lazy::register(&dir, files, fetch, bg)?;
+            match lazy {
+                Some((bg, remote, fetch)) => crate::local::lazy::register(&dir, remote, fetch, bg)?,
+                None => crate::local::lazy::close(&dir),
             }
             Ok(())
         })
@@ -600,7 +607,13 @@ impl BlobRestoreManager {
                     (Arc::clone(&store), scope.clone(), settings.clone());
                 Box::pin(async move {
                     let name = entry.file_name.clone();
-                    fetch_verified(store.as_ref(), &scope, &name, &entry, &tmp, &settings).await
+                    fetch_verified(store.as_ref(), &scope, &name, &entry, &tmp, &settings).await?;
+                    if let Some(mode) = entry.file_metadata.mode() {
+                        use std::os::unix::fs::PermissionsExt as _;
+                        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
+                            .map_err(Error::io_with(format!("chmod {}", tmp.display())))?;
+                    }
+                    Ok(())
                 })
             },
         )

@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 use super::hashcache::CacheKey;
 use crate::digest::FileDigest;
 use crate::error::{Error, Result};
-use crate::index::FileIndex;
+use crate::index::{FileIndex, LAZY_PENDING};
 
 /// The options string that selects the lazy file system for a RocksDB open.
 pub const ENV_OPTION: &str = "env=blobsnap-lazy";
@@ -149,6 +149,17 @@ struct LazyStore {
     cancel: CancellationToken,
     progress: LazyProgress,
     done: tokio::sync::watch::Sender<bool>,
+    /// Held while a fetched file is renamed into the dir, and by [`close`] while it cancels:
+    /// once closed, nothing more is placed (a later restore may have swapped a new tree in).
+    placing: Mutex<()>,
+}
+
+impl LazyStore {
+    fn placing(&self) -> MutexGuard<'_, ()> {
+        self.placing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 impl LazyStore {
@@ -304,16 +315,49 @@ pub fn register(
         cancel: CancellationToken::new(),
         progress,
         done,
+        placing: Mutex::new(()),
     });
     {
         let mut r = registry();
         if let Some(old) = r.stores.insert(dir.clone(), Arc::clone(&store)) {
+            let _placing = old.placing();
             old.cancel.cancel();
+            let _ = old.done.send(true);
         }
         count(&r);
     }
     runtime()?.spawn(download_all(store, background));
     Ok(())
+}
+
+/// Record in `dir` (a restore's staging tree, before it is swapped in) that `files` are
+/// remote: [`LAZY_PENDING`], the durable list of them (name, size, SHA-256, blob), fsynced.
+/// It is removed once every file is local; while it is there, the dir is not a complete
+/// database and nothing opens or backs it up as one ([`check_complete`]).
+pub fn write_pending(dir: &Path, files: &[FileIndex]) -> Result<()> {
+    use std::io::Write as _;
+    let path = dir.join(LAZY_PENDING);
+    let bytes = serde_json::to_vec(files)
+        .map_err(|e| Error::invalid(format!("{}: {e}", path.display())))?;
+    std::fs::File::create(&path)
+        .and_then(|mut f| f.write_all(&bytes).and_then(|()| f.sync_all()))
+        .map_err(Error::io_with(format!("write {}", path.display())))
+}
+
+/// `Err` when `dir` holds a lazy restore's files-still-remote list and no lazy restore of this
+/// process serves it (the process that restored it stopped or died before every file was
+/// local): its database names files that are not there. A restore completes it.
+pub fn check_complete(dir: &Path) -> Result<()> {
+    if !dir.join(LAZY_PENDING).exists() || is_lazy(dir) {
+        return Ok(());
+    }
+    Err(Error::new(
+        crate::error::ErrorKind::InvalidInput,
+        format!(
+            "{} is an incomplete lazy restore ({LAZY_PENDING} lists files still only in the blob store): restore it again before opening or backing it up",
+            dir.display()
+        ),
+    ))
 }
 
 /// Whether `dir` is a lazily restored store with files still remote (open it with
@@ -362,7 +406,12 @@ pub fn close(dir: &Path) {
     let Ok(dir) = absolute(dir) else { return };
     let mut r = registry();
     if let Some(s) = r.stores.remove(&dir) {
+        let _placing = s.placing();
         s.cancel.cancel();
+        // Every file local (read on demand before the background got to it): complete.
+        if s.status().files_remote == 0 {
+            let _ = std::fs::remove_file(dir.join(LAZY_PENDING));
+        }
         let _ = s.done.send(true);
     }
     count(&r);
@@ -419,7 +468,7 @@ fn remote_size(path: &Path) -> Option<u64> {
     }
     let (dir, name) = split(path)?;
     r.links
-        .get(dir)?
+        .get(&absolute(dir).ok()?)?
         .get(name)
         .map(|remote| remote.entry.file_metadata.size)
 }
@@ -440,10 +489,13 @@ fn fetch_now(path: &Path) -> std::result::Result<(), String> {
             FileState::Local | FileState::Dropped => return Ok(()),
             FileState::Failed(msg) if started => return Err(msg.clone()),
             FileState::Remote | FileState::Failed(_) => {
+                let rt = runtime().map_err(|e| e.to_string())?;
+                if store.cancel.is_cancelled() {
+                    return Err("the store was closed".into());
+                }
                 *st = FileState::Fetching;
                 started = true;
                 let (store, remote) = (Arc::clone(&store), Arc::clone(&remote));
-                let rt = runtime().map_err(|e| e.to_string())?;
                 rt.spawn(async move {
                     let size = remote.entry.file_metadata.size;
                     if fetch_one(&store, &remote).await {
@@ -566,16 +618,48 @@ fn renamed(src: &Path, dst: &Path) {
 
 // ---- fetching ----
 
+/// Sets a file left `Fetching` by a fetch that ended without an outcome (its task panicked or
+/// was dropped) to `Failed`, and wakes its waiters: no waiter waits forever.
+struct Settle<'a>(&'a Remote);
+
+impl Drop for Settle<'_> {
+    fn drop(&mut self) {
+        let mut st = self.0.state();
+        if *st == FileState::Fetching {
+            *st = FileState::Failed("the fetch ended without a result".into());
+            self.0.changed.notify_all();
+        }
+    }
+}
+
+/// A temporary name for a fetch of `name`, unique in this process (two fetches of one file by
+/// two registrations never share one).
+fn part_name(name: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        ".{name}.{}-{}.blobsnap-part",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
 /// Fetch `remote` (whose state the caller set to `Fetching`) into the store dir; sets the
 /// outcome and wakes the waiters. True when the file was put in place.
 async fn fetch_one(store: &LazyStore, remote: &Remote) -> bool {
+    let _settle = Settle(remote);
     let dest = store.dir.join(&remote.name);
-    let tmp = store.dir.join(format!(".{}.blobsnap-part", remote.name));
+    let tmp = store.dir.join(part_name(&remote.name));
     let r = (store.fetch)(remote.entry.clone(), tmp.clone()).await;
     let mut st = remote.state();
+    let placing = store.placing();
     let placed = match r {
-        _ if *st == FileState::Dropped || store.cancel.is_cancelled() => {
+        _ if *st == FileState::Dropped => {
             let _ = std::fs::remove_file(&tmp);
+            false
+        }
+        _ if store.cancel.is_cancelled() => {
+            let _ = std::fs::remove_file(&tmp);
+            *st = FileState::Failed("the store was closed".into());
             false
         }
         Ok(()) => match std::fs::rename(&tmp, &dest) {
@@ -597,6 +681,7 @@ async fn fetch_one(store: &LazyStore, remote: &Remote) -> bool {
             false
         }
     };
+    drop(placing);
     remote.changed.notify_all();
     placed
 }
@@ -657,11 +742,18 @@ async fn download_all(store: Arc<LazyStore>, bg: Background) {
         }
     }
     if !store.cancel.is_cancelled() {
-        if let Ok(d) = std::fs::File::open(&store.dir) {
-            let _ = d.sync_all();
-        }
         let st = store.status();
         if st.files_remote == 0 {
+            // Every file is local: the dir is a complete database again.
+            {
+                let _placing = store.placing();
+                if !store.cancel.is_cancelled() {
+                    let _ = std::fs::remove_file(store.dir.join(LAZY_PENDING));
+                }
+            }
+            if let Ok(d) = std::fs::File::open(&store.dir) {
+                let _ = d.sync_all();
+            }
             tracing::info!(store = %store.dir.display(), on_demand = st.files_on_demand, background = st.files_background, dropped = st.files_dropped, secs = started.elapsed().as_secs_f64(), "lazy restore complete: every file is local");
             let mut r = registry();
             if r.stores
