@@ -9,6 +9,8 @@
 //!   machine restores through the same faults and ends with the right counts.
 //!   `BLOBSNAP_SOAK_COMMITS` (default 40) sets how many commits; the long-test command runs
 //!   ≥ 500, and the same against LocalStack (`external::`).
+//! - A lazy restore whose server stops answering fails the RocksDB open that needs a remote
+//!   file, naming it, and opens once the server answers again.
 
 use crate::support;
 
@@ -408,4 +410,141 @@ mod external {
     async fn demo_commits_through_a_faulty_wire() {
         demo_through_faults(true, soak_commits()).await
     }
+}
+
+/// A lazy restore whose server stops answering mid-download (every GET reset at the proxy)
+/// fails the RocksDB open that needs a remote SST as an I/O error naming it — no unverified
+/// byte in place — and the store opens and reads every key once the server answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_restore_through_a_dead_endpoint_fails_the_read_never_the_data() {
+    use blobsnap::backend::{
+        Clock, StoreSpec, SystemClock, TaskBackupManager as _, TaskContext, TaskRestoreManager as _,
+    };
+    use blobsnap::blob::backup::{BackupSettings, BlobBackupManager};
+    use blobsnap::blob::restore::{BlobRestoreManager, RestoreSettings};
+    use blobsnap::checkpoint::{Checkpoint, CheckpointIdGen, CheckpointV2};
+    use blobsnap::local::lazy;
+    use blobsnap::local::rocks::RocksStore;
+    use std::collections::BTreeMap;
+
+    let (h, ak, sk) = upstream(false).await;
+    let s3 = s3_of(&h);
+    let proxy = Proxy::start(addr_of(s3), FaultRates::default(), 11).await;
+    let mut c = s3.config().clone();
+    c.endpoint = Some(proxy.endpoint());
+    let store: Arc<dyn BlobStore> = Arc::new(RetryStore::new(
+        S3Store::connect_with_credentials(c, &ak, &sk, None)
+            .await
+            .unwrap(),
+        RetryPolicy {
+            initial_delay_ms: 10,
+            max_delay_ms: 50,
+            budget_ms: 2_000,
+            max_attempts: 2,
+            ..Default::default()
+        },
+    ));
+    let task = TaskContext {
+        job_name: h.scope.as_str().trim_end_matches('/').to_string(),
+        job_id: "1".into(),
+        task_name: "Partition 0".into(),
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = |d: &str| StoreSpec {
+        name: "counts".into(),
+        dir: tmp.path().join(d),
+    };
+    let mut opts = rocksdb::Options::default();
+    opts.create_if_missing(true);
+    opts.set_disable_auto_compactions(true);
+
+    // 8 flushed SSTs, committed.
+    let src = spec("src");
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let db = RocksStore::open_with("counts", &src.dir, &opts).unwrap();
+    let mgr = BlobBackupManager::new(
+        Arc::clone(&store),
+        task.clone(),
+        std::slice::from_ref(&src),
+        Arc::clone(&clock),
+        BackupSettings::default(),
+    )
+    .unwrap();
+    mgr.init(None).await.unwrap();
+    for i in 0..8u32 {
+        support::rocks::write_keys(&db, i * 500, 500, u64::from(i) + 1);
+        db.db().flush().unwrap();
+    }
+    let id = CheckpointIdGen::new().next(clock.now_millis()).unwrap();
+    let markers = support::rocks::commit_once(&mgr, &db, id).await;
+    let read_all = |db: &RocksStore| -> Vec<(Vec<u8>, Vec<u8>)> {
+        db.db()
+            .iterator(rocksdb::IteratorMode::Start)
+            .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).unwrap())
+            .collect()
+    };
+    let expected = read_all(&db);
+    drop(db);
+    let cp = Checkpoint::V2(CheckpointV2 {
+        id,
+        input_offsets: Default::default(),
+        state_checkpoint_markers: BTreeMap::from([(
+            blobsnap::blob::FACTORY_NAME.to_string(),
+            markers,
+        )]),
+    });
+
+    // A new host restores lazily; the background holds after its first file; then every GET
+    // is reset.
+    let dst = spec("dst");
+    let r = BlobRestoreManager::new(
+        Arc::clone(&store),
+        task.clone(),
+        std::slice::from_ref(&dst),
+        RestoreSettings {
+            lazy: Some(lazy::Background {
+                downloads: 1,
+                max_rate: 1,
+            }),
+            max_attempts: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    r.init(Some(&cp)).await.unwrap();
+    r.restore().await.unwrap();
+    proxy.set_rates(FaultRates {
+        reset: 1.0,
+        only: &["GET "],
+        ..Default::default()
+    });
+    let sst_before: Vec<String> = std::fs::read_dir(&dst.dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".sst"))
+        .collect();
+    let e = RocksStore::open_with("counts", &dst.dir, &opts).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("blobsnap lazy restore") && msg.contains(".sst"),
+        "the open fails naming the lazy fetch and the file: {msg}"
+    );
+    assert!(proxy.stats.resets.load(Relaxed) > 0);
+    let sst_after: Vec<String> = std::fs::read_dir(&dst.dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".sst"))
+        .collect();
+    assert!(
+        sst_after.len() <= sst_before.len() + 1,
+        "nothing was placed while the server was gone but what was in flight: {sst_before:?} → {sst_after:?}"
+    );
+    // The server answers again: the same store opens and every key reads.
+    proxy.set_rates(FaultRates::default());
+    let db = RocksStore::open_with("counts", &dst.dir, &opts).unwrap();
+    assert_eq!(read_all(&db), expected);
+    drop(db);
+    h.cleanup().await;
 }

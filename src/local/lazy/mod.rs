@@ -2,7 +2,7 @@
 //! local. The restore writes the small files (CURRENT, MANIFEST, OPTIONS…) and registers
 //! every immutable file still to download here as *remote*; the store is then opened on
 //! RocksDB's `blobsnap-lazy` Env (a file system wrapper, `cpp/lazy_fs.cc`, reached through
-//! [`ffi`]), which asks this registry before RocksDB touches a file:
+//! `ffi`), which asks this registry before RocksDB touches a file:
 //!
 //! - opening a remote file fetches it first, with priority, verified whole (size and SHA-256)
 //!   and renamed into place before RocksDB reads a byte; a fetch that fails is an I/O error
