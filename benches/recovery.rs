@@ -1,7 +1,7 @@
 //! Time to the first processed message after a task is killed (not a test: it prints numbers).
 //!
 //! ```sh
-//! cargo bench --bench recovery -- [--size-mib 1024,8192] [--store local|s3] [--last-commit-mib N]
+//! cargo bench --bench recovery -- [--size-mib 1024,8192] [--store local|s3] [--last-commit-mib N] [--lazy-rate-mib N]
 //! ```
 //!
 //! For each size: a word-count task whose store holds that much data (random 16 KiB values
@@ -15,7 +15,9 @@
 //!
 //! Then (d) a new host restoring lazily (`restore-mode = "lazy"`): its first message, the
 //! bytes fetched before it, the time until its store is complete and the messages processed
-//! meanwhile, against (e) the steady throughput of a task restored in full.
+//! meanwhile, against (e) the steady throughput of a task restored in full. `--lazy-rate-mib
+//! N` bounds the lazy restore's background download to N MiB/s (`Background::max_rate`; 0:
+//! unbounded; default `lazy::DEFAULT_RATE`, 200 MiB/s).
 //!
 //! `--last-commit-mib N`: the task writes N MiB of random values before its third commit,
 //! and the standby is stopped once it holds the second, so a failover to its host fetches
@@ -68,6 +70,7 @@ fn job(state: &std::path::Path, input: &std::path::Path, id: &str) -> blobsnap::
         create_resources: true,
         index_inline_below: blobsnap::blob::backup::INLINE_BELOW,
         restore_mode: blobsnap::job::RestoreMode::Full,
+        lazy_download_rate: blobsnap::local::lazy::DEFAULT_RATE,
     }
 }
 
@@ -89,7 +92,14 @@ fn backend(store: &Arc<dyn BlobStore>) -> Arc<dyn StateBackendFactory> {
         None,
         Default::default(),
         RestoreSettings {
-            lazy: lazy.then(blobsnap::local::lazy::Background::default),
+            lazy: lazy.then(|| blobsnap::local::lazy::Background {
+                // RECOVERY_LAZY_RATE_MIB: the background download's bound (0: none).
+                max_rate: std::env::var("RECOVERY_LAZY_RATE_MIB")
+                    .ok()
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .map_or(blobsnap::local::lazy::DEFAULT_RATE, |m| m << 20),
+                ..Default::default()
+            }),
             ..Default::default()
         },
         "bench",
@@ -386,6 +396,10 @@ fn main() {
     let kind = arg("--store").unwrap_or_else(|| "local".into());
     let bulk_mib: u64 =
         arg("--last-commit-mib").map_or(0, |v| v.parse().expect("--last-commit-mib"));
+    if let Some(rate) = arg("--lazy-rate-mib") {
+        let _: u64 = rate.parse().expect("--lazy-rate-mib N");
+        std::env::set_var("RECOVERY_LAZY_RATE_MIB", rate);
+    }
     let work =
         tempfile::tempdir_in(std::env::var("BENCH_TMP").unwrap_or_else(|_| "/var/tmp".into()))
             .expect("work dir");

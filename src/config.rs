@@ -155,6 +155,9 @@ pub struct JobConfig {
     pub restore_fallback: bool,
     /// How a task's stores are restored at its start: "full" (default) or "lazy".
     pub restore_mode: crate::job::RestoreMode,
+    /// A lazy restore's background download, bytes/s (`"200MiB/s"`); 0: no bound.
+    #[serde(deserialize_with = "crate::units::rate")]
+    pub lazy_download_rate: u64,
     /// This deployment's id, recorded in the scope's owner record (`scope.json`): a job
     /// started with another id on the same scope is refused (two deployments sharing a scope
     /// would delete each other's blobs). Give each deployment of a job its own.
@@ -185,6 +188,7 @@ impl Default for JobConfig {
             gc_grace_secs: 86_400,
             restore_fallback: false,
             restore_mode: crate::job::RestoreMode::Full,
+            lazy_download_rate: crate::local::lazy::DEFAULT_RATE,
             deployment_id: "default".into(),
             create_resources: true,
             index_inline_below: crate::blob::backup::INLINE_BELOW,

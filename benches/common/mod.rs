@@ -124,5 +124,6 @@ pub fn one_task_job(
         create_resources: true,
         index_inline_below: blobsnap::blob::backup::INLINE_BELOW,
         restore_mode: blobsnap::job::RestoreMode::Full,
+        lazy_download_rate: blobsnap::local::lazy::DEFAULT_RATE,
     }
 }

@@ -115,6 +115,7 @@ pub(crate) async fn run(
         create_resources: job.create_resources,
         index_inline_below: job.index_inline_below,
         restore_mode: restore_mode.unwrap_or(job.restore_mode),
+        lazy_download_rate: job.lazy_download_rate,
     };
     let admin = open_admin(
         has_store_flags.then_some(store_args),

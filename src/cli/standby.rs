@@ -57,6 +57,7 @@ pub(crate) async fn run(
         create_resources: false,
         index_inline_below: blobsnap::blob::backup::INLINE_BELOW,
         restore_mode: blobsnap::job::RestoreMode::Full,
+        lazy_download_rate: blobsnap::local::lazy::DEFAULT_RATE,
     };
     let backend: Arc<dyn blobsnap::backend::StateBackendFactory> =
         Arc::new(blobsnap::blob::factory::BlobStateBackendFactory::new(

@@ -74,6 +74,9 @@ pub struct JobSettings {
     pub index_inline_below: u64,
     /// How the task's stores are restored at its start (default: the verified full restore).
     pub restore_mode: RestoreMode,
+    /// A lazy restore's background download stays under this many bytes/s (0: no bound;
+    /// default [`DEFAULT_RATE`](crate::local::lazy::DEFAULT_RATE)).
+    pub lazy_download_rate: u64,
 }
 
 /// How a task's stores are restored when it starts.

@@ -230,8 +230,12 @@ pub async fn run(
             ..Default::default()
         },
         RestoreSettings {
-            lazy: (settings.restore_mode == crate::job::RestoreMode::Lazy)
-                .then(crate::local::lazy::Background::default),
+            lazy: (settings.restore_mode == crate::job::RestoreMode::Lazy).then(|| {
+                crate::local::lazy::Background {
+                    max_rate: settings.lazy_download_rate,
+                    ..Default::default()
+                }
+            }),
             ..Default::default()
         },
         settings.deployment_id.clone(),

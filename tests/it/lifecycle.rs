@@ -1444,6 +1444,7 @@ async fn slow_uploads_skip_commits_and_counts_stay_right() {
             create_resources: true,
             index_inline_below: blobsnap::blob::backup::INLINE_BELOW,
             restore_mode: blobsnap::job::RestoreMode::Full,
+            lazy_download_rate: blobsnap::local::lazy::DEFAULT_RATE,
         };
         wordcount::generate_input(&settings.input_dir, 2, 1500, 5).unwrap();
         let observer: Arc<blobsnap::job::CommitObserver> = Arc::new(|_, _, _| {});
@@ -1964,6 +1965,7 @@ fn job_settings(
         create_resources: true,
         index_inline_below: blobsnap::blob::backup::INLINE_BELOW,
         restore_mode: blobsnap::job::RestoreMode::Full,
+        lazy_download_rate: blobsnap::local::lazy::DEFAULT_RATE,
     }
 }
 

@@ -60,11 +60,16 @@ pub struct Background {
     pub max_rate: u64,
 }
 
+/// The background download's default bound, bytes/s (`[job] lazy-download-rate`): on the
+/// recovery bench's 2 cores it keeps the task at 72–73 % of its steady throughput while the
+/// store downloads (49 % unbounded; benches/RESULTS.md §2).
+pub const DEFAULT_RATE: u64 = 200 << 20;
+
 impl Default for Background {
     fn default() -> Self {
         Background {
             downloads: 2,
-            max_rate: 0,
+            max_rate: DEFAULT_RATE,
         }
     }
 }
