@@ -28,7 +28,8 @@
 //! - [`checkpoint`], [`layout`], [`local`]: CheckpointV1/V2 JSON (Samza-compatible) and the
 //!   [`CheckpointStore`](checkpoint::CheckpointStore); the bucket layout (DESIGN §5); RocksDB
 //!   stores ([`StoreEngine`](backend::StoreEngine)), directory scans, the hash cache, the
-//!   store-dir lock, the atomic swap of a restored tree ([`local::swap`]).
+//!   store-dir lock, the atomic swap of a restored tree ([`local::swap`]), the lazy restore's
+//!   file system ([`local::lazy`]).
 //! - [`commit`]: the commit manager, driving every backend of a task through the SPI.
 //! - [`blob`]: the blob-store backend. [`blob::load_snapshot`] is the one way a snapshot is
 //!   read and checked; [`blob::backup`] (scan, diff, dedup upload, index → marker),
@@ -39,6 +40,15 @@
 //!   builds its managers through).
 //! - [`job`]: a small CheckpointV2 job runtime, the demo job, and a task's warm standby
 //!   ([`job::standby`]: follows its commits read-only so that a failover downloads little).
+//!
+//! ## `unsafe`
+//!
+//! Denied crate-wide and allowed in one module only, `local::lazy::ffi` (private): the lazy
+//! restore needs RocksDB to use a file system of ours, which rust-rocksdb cannot express, so
+//! a small C++ `FileSystemWrapper` (`cpp/lazy_fs.cc`, built against the bundled RocksDB's
+//! headers) is registered with RocksDB under the Env name `blobsnap-lazy` and calls back into
+//! Rust; that registration call and the five callbacks are the crate's only FFI. The module's
+//! docs give the safety argument; a test fails if any other file allows `unsafe_code`.
 //!
 //! The `blobsnap` command is `src/main.rs` (parse, runtime, exit codes) and `src/cli/`, one
 //! module per command; `examples/embed.rs` drives a processing loop of its own through the
