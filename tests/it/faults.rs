@@ -518,12 +518,15 @@ async fn a_lazy_restore_through_a_dead_endpoint_fails_the_read_never_the_data() 
         only: &["GET "],
         ..Default::default()
     });
-    let sst_before: Vec<String> = std::fs::read_dir(&dst.dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().into_string().unwrap())
-        .filter(|n| n.ends_with(".sst"))
-        .collect();
+    let ssts = || -> Vec<String> {
+        std::fs::read_dir(&dst.dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().into_string().unwrap())
+            .filter(|n| n.ends_with(".sst"))
+            .collect()
+    };
+    let sst_before = ssts();
     let e = RocksStore::open_with("counts", &dst.dir, &opts).unwrap_err();
     let msg = e.to_string();
     assert!(
@@ -531,12 +534,7 @@ async fn a_lazy_restore_through_a_dead_endpoint_fails_the_read_never_the_data() 
         "the open fails naming the lazy fetch and the file: {msg}"
     );
     assert!(proxy.stats.resets.load(Relaxed) > 0);
-    let sst_after: Vec<String> = std::fs::read_dir(&dst.dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().into_string().unwrap())
-        .filter(|n| n.ends_with(".sst"))
-        .collect();
+    let sst_after = ssts();
     assert!(
         sst_after.len() <= sst_before.len() + 1,
         "nothing was placed while the server was gone but what was in flight: {sst_before:?} → {sst_after:?}"

@@ -81,12 +81,22 @@ impl Fx {
     }
 
     fn restorer(&self, spec: &StoreSpec) -> BlobRestoreManager {
+        self.restorer_with(spec, None)
+    }
+
+    /// A restore manager for `spec`; `lazy`: a lazy restore whose background runs so.
+    fn restorer_with(
+        &self,
+        spec: &StoreSpec,
+        lazy: Option<lazy::Background>,
+    ) -> BlobRestoreManager {
         BlobRestoreManager::new(
             Arc::clone(&self.store),
             self.task.clone(),
             std::slice::from_ref(spec),
             RestoreSettings {
                 part_size: 5 << 20,
+                lazy,
                 ..Default::default()
             },
         )
@@ -195,17 +205,7 @@ fn spec_cp_has(spec: &StoreSpec, cp: &Checkpoint, name: &str) -> bool {
 
 /// A lazy restore manager for `spec` whose background download runs as `bg`.
 fn lazy_restorer(fx: &Fx, spec: &StoreSpec, bg: lazy::Background) -> BlobRestoreManager {
-    BlobRestoreManager::new(
-        Arc::clone(&fx.store),
-        fx.task.clone(),
-        std::slice::from_ref(spec),
-        RestoreSettings {
-            part_size: 5 << 20,
-            lazy: Some(bg),
-            ..Default::default()
-        },
-    )
-    .unwrap()
+    fx.restorer_with(spec, Some(bg))
 }
 
 /// RocksDB options without automatic compactions: the SST set a test made stays the set.

@@ -110,10 +110,6 @@ impl Remote {
 /// Counters of one lazily restored store.
 #[derive(Debug, Default)]
 pub struct LazyProgress {
-    /// Files registered as remote.
-    pub files: AtomicU64,
-    /// Their bytes.
-    pub bytes: AtomicU64,
     /// Files fetched because RocksDB opened them.
     pub files_on_demand: AtomicU64,
     /// Their bytes.
@@ -295,11 +291,6 @@ pub fn register(
     ffi::install();
     let dir = absolute(dir)?;
     let progress = LazyProgress::default();
-    progress.files.store(files.len() as u64, Ordering::Relaxed);
-    progress.bytes.store(
-        files.iter().map(|f| f.file_metadata.size).sum(),
-        Ordering::Relaxed,
-    );
     let files = files
         .into_iter()
         .map(|entry| {
