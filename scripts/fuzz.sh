@@ -5,6 +5,7 @@
 # to something that reads as the same value. Run by scripts/long-test.sh.
 #
 #   scripts/fuzz.sh [SECONDS per target]     # default $BLOBSNAP_LIBFUZZER_SECS or 600
+#   scripts/fuzz.sh --install                # only install cargo-fuzz and fetch fuzz/'s crates
 #
 # Seeds: fuzz/corpus/<target>/ (documents the readers accept: Samza's V1/V2 checkpoints, an
 # index, a marker, an id, a key, a scope), read-only; what libFuzzer learns goes to a scratch
@@ -20,6 +21,10 @@ version=0.13.2
 if ! cargo fuzz --version 2>/dev/null | grep -q " $version"; then
   echo "fuzz.sh: installing cargo-fuzz $version" >&2
   cargo install --locked cargo-fuzz --version "$version"
+fi
+if [ "$secs" = --install ]; then
+  (cd fuzz && cargo fetch)
+  exit 0
 fi
 target_dir=${BLOBSNAP_FUZZ_TARGET_DIR:-/var/tmp/blobsnap-fuzz-target}
 work=$(mktemp -d /var/tmp/blobsnap-fuzz-XXXXXX)

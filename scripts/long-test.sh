@@ -21,18 +21,30 @@
 # 6. the property tests (index, checkpoint, marker and key parsers, diff) with 100x their
 #    usual case counts.
 #
+# The installs (the only steps that use the network) come first; everything after them runs in
+# a network namespace whose only interface is loopback (scripts/netns.sh), as in test.sh.
+#
 # Set CARGO_TARGET_DIR to reuse a build directory. Prints each stage's duration.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 source scripts/stage.sh
 
-stage "build prerequisites"
-bash scripts/prereqs.sh
-bash scripts/prereqs.sh --tools curl python3 flock setsid cksum openssl
+if [ "${1:-}" != --suites ]; then
+  stage "build prerequisites"
+  bash scripts/prereqs.sh
+  bash scripts/prereqs.sh --tools curl python3 flock setsid cksum openssl ip unshare
 
-stage "LocalStack"
-bash minio/localstack.sh install
+  stage "installs: LocalStack, cargo-fuzz, the crates"
+  bash minio/localstack.sh install
+  bash scripts/fuzz.sh --install
+  cargo fetch --locked
+
+  export CARGO_NET_OFFLINE=true
+  exec bash scripts/netns.sh bash scripts/long-test.sh --suites
+fi
+
+stage "LocalStack (network namespace: ${BLOBSNAP_NETNS:-none})"
 bash minio/localstack.sh start
 trap 'bash minio/localstack.sh stop' EXIT
 

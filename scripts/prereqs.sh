@@ -63,7 +63,8 @@ package_of() {
   case "$1" in
     /usr/bin/time) echo time ;;
     c++|g++) echo g++ ;;
-    setsid|flock) echo util-linux ;;
+    setsid|flock|unshare) echo util-linux ;;
+    ip) echo iproute2 ;;
     ldb) echo rocksdb-tools ;;
     *) echo "$1" ;;
   esac

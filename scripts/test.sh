@@ -3,18 +3,24 @@
 #
 #   scripts/test.sh
 #
-# 1. installs what the build needs when missing (libclang-dev for RocksDB's bindgen, found by
-#    the names bindgen loads: scripts/prereqs.sh) and checks the tools the suites run;
-# 2. installs (once, into ~/.cache/blobsnap) and starts LocalStack on a free loopback port;
-# 3. runs fmt, clippy (-D warnings), rustdoc (-D warnings) and `cargo test` — the unit
-#    tests, the format tests, the conformance suite and the backup suite (real RocksDB)
-#    against the local store and an in-process s3s-fs server;
-# 4. runs every external-endpoint suite (conformance, backup, restore, restore crash,
-#    lifecycle, admin) against LocalStack;
-# 5. builds Garage once (cargo install, 12.5 min measured, cached in ~/.cache/blobsnap/garage), runs the
-#    same external suites against a single Garage node, then the node-loss test on a 3-node
-#    Garage cluster (tests/garage_cluster.rs);
-# 6. stops LocalStack and Garage (by their PIDs) and exits non-zero if anything failed.
+# 1. installs what the build and the suites need, the only steps that use the network (the
+#    package registries): libclang-dev for RocksDB's bindgen (found by the names bindgen
+#    loads: scripts/prereqs.sh), the tools the suites run (ldb from rocksdb-tools, curl,
+#    python3, ...), LocalStack (once, into ~/.cache/blobsnap, a venv), Garage (once: cargo
+#    install, ~12.5 min, cached in ~/.cache/blobsnap/garage) and the crates (cargo fetch);
+# 2. runs everything else in a network namespace whose only interface is loopback
+#    (scripts/netns.sh, offline cargo): no test, server or library can reach an address off
+#    this machine. Inside it:
+# 3. starts LocalStack on a free loopback port;
+# 4. runs fmt, clippy (-D warnings) and `cargo test` — the unit tests, the format tests, the
+#    conformance suite and the backup suite (real RocksDB) against the local store and an
+#    in-process s3s-fs server — and the library example;
+# 5. runs every external-endpoint suite (conformance, backup, restore, restore crash,
+#    lifecycle, admin, ...) against LocalStack;
+# 6. the same external suites against a single Garage node, then the node-loss test on a
+#    3-node Garage cluster (tests/garage_cluster.rs);
+# 7. the interoperability test with RocksDB 7.8 (ldb), the bounded-resources test, rustdoc;
+# 8. stops LocalStack and Garage (by their PIDs) and exits non-zero if anything failed.
 #
 # The servers of one run are its own: state dirs named after this run's PID under
 # ~/.cache/blobsnap/instances, free ports, stopped on every exit (a signal included); a run
@@ -28,9 +34,25 @@ cd "$(dirname "$0")/.."
 
 source scripts/stage.sh
 
-stage "build prerequisites"
-bash scripts/prereqs.sh
-bash scripts/prereqs.sh --tools curl python3 flock setsid cksum ldb openssl
+if [ "${1:-}" != --suites ]; then
+  stage "build prerequisites"
+  bash scripts/prereqs.sh
+  bash scripts/prereqs.sh --tools curl python3 flock setsid cksum ldb openssl ip unshare
+
+  stage "LocalStack: install (cached after the first run)"
+  bash minio/localstack.sh install
+
+  stage "Garage: install (cached after the first build)"
+  bash minio/garage.sh install
+
+  stage "cargo fetch (the last step that uses the network)"
+  cargo fetch --locked
+
+  # CI must not run the suites without the guard.
+  if [ "${CI:-}" = true ]; then export BLOBSNAP_REQUIRE_NETNS=1; fi
+  export CARGO_NET_OFFLINE=true
+  exec bash scripts/netns.sh bash scripts/test.sh --suites
+fi
 
 TOOLS=${BLOBSNAP_TOOLS:-$HOME/.cache/blobsnap}
 export BLOBSNAP_OWNER_PID=$$
@@ -46,8 +68,7 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM HUP
 
-stage "LocalStack"
-bash minio/localstack.sh install
+stage "LocalStack: start (network namespace: ${BLOBSNAP_NETNS:-none})"
 bash minio/localstack.sh start
 eval "export $(bash minio/localstack.sh env | tr '\n' ' ')"
 
@@ -77,9 +98,6 @@ rm -rf "$embed"
 
 stage "external-endpoint suites (every external:: case of the test binaries) on LocalStack ($BLOBSNAP_TEST_S3_ENDPOINT)"
 cargo test --locked --tests -- --ignored external::
-
-stage "Garage: install (cached after the first build)"
-bash minio/garage.sh install
 
 stage "external-endpoint suites on a single Garage node"
 bash minio/garage.sh start 1

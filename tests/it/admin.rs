@@ -240,9 +240,11 @@ mod external {
     /// Virtual-hosted-style addressing (`path-style = false`, the S3 default): requests go to
     /// `<bucket>.<domain>`. The server's own name (BLOBSNAP_TEST_S3_VHOST_DOMAIN) never
     /// resolves here, so `s3.resolve` maps the bucket's host name to the server; the bare
-    /// domain is mapped to an unroutable address, so only requests addressed by the bucket's
-    /// name can reach the server. A put, a listing, a multipart upload and the demo job go
-    /// through virtual-hosted; the same settings with path-style cannot connect.
+    /// domain is mapped to another loopback address on which nothing listens at the server's
+    /// port ([`dead_loopback`]), so only requests addressed by the bucket's name can reach the
+    /// server and a path-style request is refused at once, on this machine. A put, a listing, a
+    /// multipart upload and the demo job go through virtual-hosted; the same settings with
+    /// path-style cannot connect.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "needs BLOBSNAP_TEST_S3_ENDPOINT; run by scripts/test.sh"]
     async fn virtual_hosted_addressing_through_fixed_addresses() {
@@ -270,13 +272,13 @@ mod external {
         let endpoint = format!("{}://{domain}:{}", url.0, url.2);
         let bucket_host = format!("{}.{domain}", cfg.bucket);
         let server_ip: std::net::IpAddr = url.1.parse().expect("the endpoint is an IP address");
-        let unroutable: std::net::IpAddr = "192.0.2.1".parse().unwrap(); // RFC 5737 TEST-NET-1
+        let dead = dead_loopback(server_ip, url.2);
         cfg.endpoint = Some(endpoint.clone());
         cfg.path_style = false;
         cfg.connect_timeout_ms = 500;
         cfg.resolve = [
             (bucket_host.clone(), server_ip),
-            (domain.clone(), unroutable),
+            (domain.clone(), dead),
         ]
         .into();
         cfg.multipart_threshold = 5 << 20;
@@ -316,7 +318,8 @@ mod external {
         let listed = blobsnap::blobstore::list_all(&vh, &vh_scope).await.unwrap();
         assert_eq!(listed.len(), 2, "{listed:?}");
 
-        // Path-style with the same map goes to the bare domain: unroutable, so it fails.
+        // Path-style with the same map goes to the bare domain: nothing listens there, so the
+        // connection is refused.
         let mut path_cfg = cfg.clone();
         path_cfg.path_style = true;
         let path = S3Store::connect_with_credentials(path_cfg, &ak, &sk, None)
@@ -333,7 +336,7 @@ mod external {
 
         // The CLI, configured from the environment: the demo job commits, restores and
         // checks over virtual-hosted addressing.
-        let resolve = format!("{bucket_host}={server_ip},{domain}={unroutable}");
+        let resolve = format!("{bucket_host}={server_ip},{domain}={dead}");
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
             .args([
                 "--json",
@@ -381,6 +384,19 @@ mod external {
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(v["check"], "ok", "{v}");
         h.cleanup().await;
+    }
+
+    /// A loopback address other than `server` on which nothing listens at `port`: the first
+    /// of 127.0.0.2.. that this process can bind `port` on (without SO_REUSEADDR, so a
+    /// listener on that address or on 0.0.0.0 makes the bind fail). The socket is closed
+    /// again: a connection there is refused by this machine's kernel. Never an address off
+    /// this machine (tests/it/loopback_only.rs).
+    fn dead_loopback(server: std::net::IpAddr, port: u16) -> std::net::IpAddr {
+        (2..=254u8)
+            .map(|last| std::net::IpAddr::from([127, 0, 0, last]))
+            .filter(|ip| *ip != server)
+            .find(|ip| std::net::TcpListener::bind((*ip, port)).is_ok())
+            .expect("a loopback address with nothing listening on the server's port")
     }
 
     /// (scheme, host, port) of an endpoint URL `scheme://host:port`.

@@ -21,6 +21,7 @@ mod formats;
 mod fuzz;
 mod gc_model;
 mod interop;
+mod loopback_only;
 mod lifecycle;
 mod prereqs;
 mod restore;
