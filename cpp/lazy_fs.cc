@@ -36,6 +36,9 @@ struct blobsnap_lazyfs_callbacks {
   void (*renamed)(const char* src, size_t src_len, const char* dst, size_t dst_len);
 };
 }
+// Five function pointers, as src/local/lazy/ffi.rs declares (and asserts) them.
+static_assert(sizeof(blobsnap_lazyfs_callbacks) == 5 * sizeof(void*),
+              "blobsnap_lazyfs_callbacks must match src/local/lazy/ffi.rs");
 
 namespace {
 
@@ -109,12 +112,18 @@ class LazyFs : public FileSystemWrapper {
   }
 
  private:
+  // 0: local now. -1: failed for good (plain IOError: a corrupt or missing blob, a closed
+  // store). -2: failed for now (a retryable IOError: RocksDB reschedules a compaction that
+  // needed the file instead of stopping the DB's writes).
   static IOStatus Fetch(const std::string& f) {
     char msg[512];
     msg[0] = '\0';
-    if (g_callbacks.fetch(f.data(), f.size(), msg, sizeof msg) != 0) {
+    int32_t rc = g_callbacks.fetch(f.data(), f.size(), msg, sizeof msg);
+    if (rc != 0) {
       msg[sizeof msg - 1] = '\0';
-      return IOStatus::IOError("blobsnap lazy restore: " + f, msg);
+      IOStatus s = IOStatus::IOError("blobsnap lazy restore: " + f, msg);
+      if (rc == -2) s.SetRetryable(true);
+      return s;
     }
     return IOStatus::OK();
   }
@@ -134,16 +143,22 @@ Env* LazyEnv() {
 extern "C" {
 
 // Install the callbacks and register the Env "blobsnap-lazy" (the first call wins; later
-// calls do nothing). Returns 0.
-int32_t blobsnap_lazyfs_install(const blobsnap_lazyfs_callbacks* callbacks) {
-  static std::once_flag once;
-  std::call_once(once, [callbacks] {
-    g_callbacks = *callbacks;
-    ROCKSDB_NAMESPACE::ObjectLibrary::Default()->AddFactory<Env>(
-        "blobsnap-lazy",
-        [](const std::string& /*uri*/, std::unique_ptr<Env>* /*guard*/,
-           std::string* /*errmsg*/) { return LazyEnv(); });
-  });
+// calls do nothing). Returns 0; 1 when `size` is not this side's struct size; 2 when C++
+// threw (nothing unwinds into the Rust caller, which imports this as plain "C").
+int32_t blobsnap_lazyfs_install(const blobsnap_lazyfs_callbacks* callbacks, size_t size) {
+  if (size != sizeof(blobsnap_lazyfs_callbacks)) return 1;
+  try {
+    static std::once_flag once;
+    std::call_once(once, [callbacks] {
+      g_callbacks = *callbacks;
+      ROCKSDB_NAMESPACE::ObjectLibrary::Default()->AddFactory<Env>(
+          "blobsnap-lazy",
+          [](const std::string& /*uri*/, std::unique_ptr<Env>* /*guard*/,
+             std::string* /*errmsg*/) { return LazyEnv(); });
+    });
+  } catch (...) {
+    return 2;
+  }
   return 0;
 }
 

@@ -602,6 +602,7 @@ fn remove_older_checkpoint_dirs(spec: &StoreSpec, committed: CheckpointId, keep:
             if let Err(err) = std::fs::remove_dir_all(e.path()) {
                 tracing::warn!(dir = %e.path().display(), error = %err, "could not delete an old checkpoint dir");
             }
+            crate::local::lazy::forget_links(&e.path());
         }
     }
 }

@@ -77,6 +77,9 @@ pub async fn backup<W>(
     } else {
         None
     };
+    // A checkpoint dir a lazily restored store made while files were remote (it has no LOCK:
+    // live_files does not see it) is refused unless this process's lazy restore serves it.
+    crate::local::lazy::check_complete(db_dir)?;
     let only = closed.as_ref().map(|c| c.live_files()).transpose()?;
     let mut ids = CheckpointIdGen::after(
         last.as_ref()

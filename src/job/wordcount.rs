@@ -57,7 +57,7 @@ fn add_counts<'a>(db: &RocksStore, counts: impl Iterator<Item = (&'a str, u64)>)
             let old = db
                 .db()
                 .get(w.as_bytes())
-                .map_err(|e| Error::new(crate::ErrorKind::Io, format!("read count of {w:?}: {e}")))?
+                .map_err(|e| crate::local::rocks::rocks_error(format!("read count of {w:?}"), &e))?
                 .map(|v| decode(&v))
                 .transpose()?
                 .unwrap_or(0);
@@ -66,7 +66,7 @@ fn add_counts<'a>(db: &RocksStore, counts: impl Iterator<Item = (&'a str, u64)>)
     }
     db.db()
         .write(batch)
-        .map_err(|e| Error::new(crate::ErrorKind::Io, format!("write counts: {e}")))
+        .map_err(|e| crate::local::rocks::rocks_error("write counts", &e))
 }
 
 fn decode(v: &[u8]) -> Result<u64> {

@@ -34,13 +34,36 @@ impl std::fmt::Debug for RocksStore {
 }
 
 fn rocks_err(what: String, e: rocksdb::Error) -> Error {
-    let msg = e.to_string();
-    Error::new(classify(&msg), format!("{what}: {msg}"))
+    rocks_error(what, &e)
 }
 
-/// The kind of a RocksDB error message. Corruption first: its messages may contain "lock"
-/// ("block checksum mismatch"); a held lock is RocksDB's "While lock file: <dir>/LOCK: ...".
-fn classify(msg: &str) -> ErrorKind {
+/// A RocksDB error as the crate's error, classified ([`classify`]).
+pub(crate) fn rocks_error(what: impl Into<String>, e: &rocksdb::Error) -> Error {
+    let msg = e.to_string();
+    Error::new(classify(&msg), format!("{}: {msg}", what.into()))
+}
+
+/// The kind of a RocksDB error message. A lazy restore's failed fetch carries its own kind
+/// (`blobsnap lazy restore: <path>: [corrupt] …`, `local::lazy::ffi`): a corrupt or missing
+/// blob stays `Corrupt` / `NotFound` through RocksDB, so the task's next start can fall back.
+/// Then corruption: its messages may contain "lock" ("block checksum mismatch"); a held lock
+/// is RocksDB's "While lock file: <dir>/LOCK: ...".
+pub(crate) fn classify(msg: &str) -> ErrorKind {
+    if let Some(i) = msg.find("blobsnap lazy restore: ") {
+        let tail = &msg[i..];
+        for kind in [
+            ErrorKind::Corrupt,
+            ErrorKind::NotFound,
+            ErrorKind::Transient,
+            ErrorKind::Permanent,
+            ErrorKind::InvalidInput,
+            ErrorKind::Cancelled,
+        ] {
+            if tail.contains(&format!("[{kind}] ")) {
+                return kind;
+            }
+        }
+    }
     if msg.contains("Corruption") {
         ErrorKind::Corrupt
     } else if msg.contains("While lock file") || msg.contains("/LOCK:") {
@@ -179,6 +202,9 @@ impl RocksStore {
         let what = || format!("open RocksDB store {name} at {}", dir.display());
         lazy::check_complete(dir).map_err(|e| e.context(what()))?;
         let lazy = lazy::is_lazy(dir);
+        if lazy {
+            lazy::refuse_current_thread().map_err(|e| e.context(what()))?;
+        }
         let db = if lazy {
             let mut base = opts.clone();
             let mut opts = base

@@ -276,11 +276,7 @@ mod external {
         cfg.endpoint = Some(endpoint.clone());
         cfg.path_style = false;
         cfg.connect_timeout_ms = 500;
-        cfg.resolve = [
-            (bucket_host.clone(), server_ip),
-            (domain.clone(), dead),
-        ]
-        .into();
+        cfg.resolve = [(bucket_host.clone(), server_ip), (domain.clone(), dead)].into();
         cfg.multipart_threshold = 5 << 20;
         cfg.part_size = 5 << 20;
         let vh = S3Store::connect_with_credentials(cfg.clone(), &ak, &sk, None)

@@ -2083,6 +2083,85 @@ async fn a_transient_or_permission_error_never_triggers_the_fallback() {
     }
 }
 
+/// A lazy restore takes the restore fallback like a full one (F3 of the lazy-restore review):
+/// the latest snapshot names an SST whose blob is gone; the restore proves every remote blob
+/// before it reports success, so the missing one is `NotFound` at restore time, the task
+/// falls back to the older checkpoint (resuming from exactly its offset) and ends with the
+/// input's counts. Without the fallback, the same restore stops the task with `NotFound`
+/// naming the file, committing nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_restore_of_a_missing_blob_takes_the_fallback() {
+    use blobsnap::blobstore::local::LocalStore;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut settings = job_settings(tmp.path(), &["counts"], true);
+    blobsnap::job::wordcount::generate_input(&settings.input_dir, 1, 3000, 4).unwrap();
+    let store: Arc<dyn BlobStore> = Arc::new(LocalStore::new(tmp.path().join("store")).unwrap());
+    run_job(&settings, Arc::clone(&store)).await.unwrap();
+    let job = JobScope::new("wordcount", "1").unwrap();
+    let cps = BlobCheckpointStore::new(Arc::clone(&store), job.clone());
+    let task = "Partition 0";
+    let history = cps.history(task, usize::MAX).await.unwrap();
+    let latest = history[0].checkpoint.as_v2().unwrap().clone();
+    let older = history[1].checkpoint.as_v2().unwrap().clone();
+    let ctx = blobsnap::backend::TaskContext {
+        job_name: "wordcount".into(),
+        job_id: "1".into(),
+        task_name: task.into(),
+    };
+    let marker = |c: &blobsnap::checkpoint::CheckpointV2| {
+        c.state_checkpoint_markers[FACTORY_NAME]["counts"].clone()
+    };
+    let new_idx = support::index_of(store.as_ref(), &ctx, &marker(&latest)).await;
+    let old_idx = support::index_of(store.as_ref(), &ctx, &marker(&older)).await;
+    let old_blobs: BTreeSet<String> = old_idx
+        .present_files()
+        .into_iter()
+        .flat_map(|(_, f)| f.blobs.iter().map(|b| b.blob_id.clone()))
+        .collect();
+    let (gone_file, gone_blob) = new_idx
+        .present_files()
+        .into_iter()
+        .filter(|(n, f)| n.ends_with(".sst") && f.inline_data.is_none())
+        .find_map(|(n, f)| {
+            let b = &f.blobs.first()?.blob_id;
+            (!old_blobs.contains(b)).then(|| (n, b.clone()))
+        })
+        .expect("an SST only the latest snapshot has");
+    let key = job.store(task, "counts").unwrap().key(&gone_blob).unwrap();
+    store.delete_many(std::slice::from_ref(&key)).await.unwrap();
+    settings.restore_mode = blobsnap::job::RestoreMode::Lazy;
+    let ssp = Ssp::new("files", "lines", 0);
+
+    // Without the fallback: NotFound at restore, naming the file; nothing committed.
+    settings.restore_fallback = false;
+    let _ = std::fs::remove_dir_all(&settings.state_dir);
+    let e = run_job(&settings, Arc::clone(&store)).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    assert!(e.to_string().contains(&gone_file), "names the file: {e}");
+    let now = cps.latest(task).await.unwrap().unwrap();
+    assert_eq!(
+        now.checkpoint.as_v2().unwrap().id,
+        latest.id,
+        "nothing committed"
+    );
+
+    // With it: the task falls back to the older checkpoint and resumes from its offset.
+    settings.restore_fallback = true;
+    let _ = std::fs::remove_dir_all(&settings.state_dir);
+    let s = run_job(&settings, Arc::clone(&store)).await.unwrap();
+    let fell = s[0].fell_back_to.as_deref().expect("fell back");
+    assert!(fell.starts_with(&older.id.to_string()), "{fell}");
+    assert_eq!(
+        Some(s[0].resumed_from),
+        older.input_offsets[&ssp].parse().ok(),
+        "resumed from exactly the older checkpoint's offset"
+    );
+    assert_eq!(
+        blobsnap::job::wordcount::count_stores(&settings.state_dir, 1).unwrap(),
+        blobsnap::job::wordcount::count_input(&settings.input_dir, 1).unwrap()
+    );
+}
+
 /// A task whose last checkpoint is a CheckpointV1 (a job migrating from a changelog backend,
 /// Samza's shape: input offsets mixed with a changelog position): the runtime resumes from
 /// the V1 input offset with empty stores (V1 names no snapshot), and its first commit is a

@@ -203,6 +203,19 @@ fn spec_cp_has(spec: &StoreSpec, cp: &Checkpoint, name: &str) -> bool {
         .exists()
 }
 
+/// `blobsnap --local ROOT backup --db DIR --name NAME`, as another process.
+fn cli_backup(root: &Path, dir: &Path, name: &str) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+        .arg("--local")
+        .arg(root)
+        .args(["backup", "--db"])
+        .arg(dir)
+        .args(["--name", name])
+        .env("XDG_CACHE_HOME", root.join("cache"))
+        .output()
+        .unwrap()
+}
+
 /// A lazy restore manager for `spec` whose background download runs as `bg`.
 fn lazy_restorer(fx: &Fx, spec: &StoreSpec, bg: lazy::Background) -> BlobRestoreManager {
     fx.restorer_with(spec, Some(bg))
@@ -330,6 +343,20 @@ mod cases {
             put < remote_bytes,
             "uploaded {put} bytes, remote {remote_bytes}"
         );
+        // The checkpoint dir lacks those files on disk, and says so durably: another process
+        // (the CLI's manual backup of it, which the locked-DB error recommends) refuses it,
+        // exit 5, naming a missing file — it never uploads an unrestorable backup.
+        let cp2_dir = dst.checkpoint_dir(cp2.as_v2().unwrap().id);
+        assert!(cp2_dir.join(blobsnap::index::LAZY_PENDING).is_file());
+        let manual = tempfile::tempdir().unwrap();
+        let out = cli_backup(manual.path(), &cp2_dir, "lazy-cp");
+        assert_eq!(out.status.code(), Some(5), "{out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("incomplete lazy restore")
+                && remote.iter().any(|n| err.contains(n.as_str())),
+            "names the dir's missing files: {err}"
+        );
 
         // Every key reads (the rest fetched on demand), and the new checkpoint restores,
         // in full elsewhere, to the same keys.
@@ -342,6 +369,26 @@ mod cases {
         let third = fx.spec("third");
         restore(&fx, &third, Some(&cp2)).await.unwrap();
         assert_eq!(all_keys(&third.dir), got);
+        // Every file is local now, and so linked into the checkpoint dir, which lost its
+        // pending list: the manual backup of it from another process restores, in full, to
+        // the checkpoint's keys.
+        for n in ssts.keys() {
+            assert!(cp2_dir.join(n).is_file(), "{n} linked into the checkpoint");
+        }
+        assert!(!cp2_dir.join(blobsnap::index::LAZY_PENDING).exists());
+        let out = cli_backup(manual.path(), &cp2_dir, "lazy-cp");
+        assert!(out.status.success(), "{out:?}");
+        let back = fx.spec("from-manual");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+            .arg("--local")
+            .arg(manual.path())
+            .args(["restore", "--name", "lazy-cp", "--to"])
+            .arg(&back.dir)
+            .env("XDG_CACHE_HOME", manual.path().join("cache"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(all_keys(&back.dir), got);
         // The next commit proves the SSTs fetched since by the lazy restore's verification:
         // none of them is read again.
         write_keys(&db, 200_000, 10, 98);
@@ -393,6 +440,9 @@ mod cases {
             msg.contains("blobsnap lazy restore") && ssts.keys().any(|n| msg.contains(n.as_str())),
             "names the lazy fetch and the file: {msg}"
         );
+        // A corrupt blob stays Corrupt through RocksDB (not Io): the task's next start can
+        // fall back.
+        assert_eq!(e.kind(), ErrorKind::Corrupt, "{msg}");
         for n in ssts.keys() {
             assert!(
                 !dst.dir.join(n).exists(),

@@ -495,8 +495,16 @@ impl BlobRestoreManager {
         let cache = self.caches.get(&spec.name).cloned();
         let restored = plan.files.clone();
         // A lazy restore: what is not downloaded is remote from here on (nothing remote:
-        // the store opens as after a full restore).
+        // the store opens as after a full restore). Before anything is swapped in, every
+        // remote blob is proved to exist with its size: a missing or truncated one fails the
+        // restore here (NotFound / Corrupt), where `restore-fallback` can act, not at the
+        // task's first read of it.
         let remote: Vec<FileIndex> = remote.into_iter().map(|f| f.entry).collect();
+        if self.settings.lazy.is_some() {
+            self.prove_remote(scope, &remote)
+                .await
+                .map_err(|e| e.context(format!("restore store {}", spec.name)))?;
+        }
         let lazy = match self.settings.lazy {
             Some(bg) if !remote.is_empty() => Some((bg, remote, self.fetcher(scope))),
             _ => None,
@@ -593,6 +601,40 @@ impl BlobRestoreManager {
 
     /// How a lazy restore of a store in `scope` fetches its remote files: as
     /// [`fetch_blob`](Self::fetch_blob), on the lazy restore's runtime.
+    /// HEAD every blob of `remote` (bounded: `downloads × part_concurrency` at once): `Ok`
+    /// when each exists with its entry's size; `NotFound` naming the first file whose blob is
+    /// missing, `Corrupt` when a blob's size is not the file's.
+    async fn prove_remote(&self, scope: &StoreScope, remote: &[FileIndex]) -> Result<()> {
+        let width = (self.settings.downloads.max(1) * self.settings.part_concurrency.max(1)).max(4);
+        futures::stream::iter(remote.iter().cloned())
+            .map(|entry: FileIndex| async move {
+                let blob = &entry
+                    .blobs
+                    .first()
+                    .ok_or_else(|| {
+                        Error::corrupt(format!("index entry {} has no blob", entry.file_name))
+                    })?
+                    .blob_id;
+                let key = scope.key(blob)?;
+                let meta = self
+                    .blob_store
+                    .head(&key)
+                    .await
+                    .map_err(|e| e.context(format!("lazy restore: file {} (blob {key})", entry.file_name)))?;
+                if meta.size != entry.file_metadata.size {
+                    return Err(Error::corrupt(format!(
+                        "lazy restore: file {} (blob {key}) is {} bytes in the store, the index says {}",
+                        entry.file_name, meta.size, entry.file_metadata.size
+                    )));
+                }
+                Ok(())
+            })
+            .buffer_unordered(width)
+            .try_collect::<Vec<()>>()
+            .await
+            .map(|_| ())
+    }
+
     fn fetcher(&self, scope: &StoreScope) -> crate::local::lazy::FetchFn {
         let (store, scope, settings) = (
             Arc::clone(&self.blob_store),

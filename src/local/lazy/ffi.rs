@@ -20,7 +20,10 @@
 //!   caller's stack; they are written only when non-null, the message at most `msg_cap - 1`
 //!   bytes plus a NUL.
 //! - No panic crosses into C++: every callback runs under `catch_unwind`; a panic answers
-//!   "not mine" (the file system goes on) or, for a fetch, an I/O error.
+//!   "not mine" (the file system goes on) or, for a fetch, an I/O error. No C++ exception
+//!   crosses into Rust: `blobsnap_lazyfs_install` catches everything and returns nonzero.
+//! - The struct's layout is pinned on both sides: a compile-time size assertion here and a
+//!   `static_assert` in C++, and the size Rust passes at install is checked against C++'s.
 
 #![allow(unsafe_code)]
 
@@ -38,9 +41,15 @@ struct Callbacks {
     renamed: extern "C" fn(*const c_char, usize, *const c_char, usize),
 }
 
+// The C side is built with exceptions; `blobsnap_lazyfs_install` catches every one and
+// returns nonzero, so nothing unwinds across this import.
 extern "C" {
-    fn blobsnap_lazyfs_install(callbacks: *const Callbacks) -> i32;
+    fn blobsnap_lazyfs_install(callbacks: *const Callbacks, size: usize) -> i32;
 }
+
+// The struct is declared twice (here and in cpp/lazy_fs.cc): both sides pin its layout, five
+// function pointers (C++ static_asserts the same size, and checks the size passed at install).
+const _: () = assert!(std::mem::size_of::<Callbacks>() == 5 * std::mem::size_of::<usize>());
 
 static CALLBACKS: Callbacks = Callbacks {
     remote_size: on_remote_size,
@@ -55,8 +64,12 @@ pub(super) fn install() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         // SAFETY: CALLBACKS is a static of the C struct's layout; see the module docs.
-        unsafe {
-            blobsnap_lazyfs_install(&CALLBACKS);
+        let rc = unsafe { blobsnap_lazyfs_install(&CALLBACKS, std::mem::size_of::<Callbacks>()) };
+        if rc != 0 {
+            tracing::error!(
+                rc,
+                "the lazy file system could not be registered with RocksDB"
+            );
         }
     });
 }
@@ -89,22 +102,42 @@ extern "C" fn on_remote_size(ptr: *const c_char, len: usize, size: *mut u64) -> 
     })
 }
 
+/// The fetch callback's answers (`cpp/lazy_fs.cc` maps them to an `IOStatus`).
+const FETCH_OK: i32 = 0;
+/// Failed for good (a corrupt or missing blob, a closed store): a plain I/O error.
+const FETCH_FAILED: i32 = -1;
+/// Failed for now (the store's endpoint did not answer): a retryable I/O error, so a
+/// compaction that needed the file is rescheduled instead of stopping the DB's writes.
+const FETCH_RETRYABLE: i32 = -2;
+
 extern "C" fn on_fetch(ptr: *const c_char, len: usize, msg: *mut c_char, msg_cap: usize) -> i32 {
-    let r = guarded(Err("panic while fetching".to_string()), || {
-        path(ptr, len).map_or(Ok(()), super::fetch_now)
-    });
+    let r = guarded(
+        Err((crate::ErrorKind::Io, "panic while fetching".to_string())),
+        || path(ptr, len).map_or(Ok(()), super::fetch_now),
+    );
     match r {
-        Ok(()) => 0,
-        Err(text) => {
+        Ok(()) => FETCH_OK,
+        Err((kind, text)) => {
+            // The kind first, so that a message cut at msg_cap keeps it: the reader of the
+            // RocksDB error classifies by it (`local::rocks::classify`).
+            let text = format!("[{kind}] {text}");
             if !msg.is_null() && msg_cap > 0 {
-                let n = text.len().min(msg_cap - 1);
+                // Cut at a character boundary at most msg_cap - 1 bytes in.
+                let mut n = text.len().min(msg_cap - 1);
+                while !text.is_char_boundary(n) {
+                    n -= 1;
+                }
                 // SAFETY: `msg` is the caller's buffer of `msg_cap` bytes; n + 1 ≤ msg_cap.
                 unsafe {
                     std::ptr::copy_nonoverlapping(text.as_ptr().cast::<c_char>(), msg, n);
                     *msg.add(n) = 0;
                 }
             }
-            -1
+            if kind == crate::ErrorKind::Transient {
+                FETCH_RETRYABLE
+            } else {
+                FETCH_FAILED
+            }
         }
     }
 }

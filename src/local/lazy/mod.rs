@@ -35,11 +35,13 @@ use tokio_util::sync::CancellationToken;
 
 use super::hashcache::CacheKey;
 use crate::digest::FileDigest;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::index::{FileIndex, LAZY_PENDING};
 
-/// The options string that selects the lazy file system for a RocksDB open.
-pub const ENV_OPTION: &str = "env=blobsnap-lazy";
+/// The options string of a lazy open: the lazy file system, and no table opened in the
+/// background at open (`open_files_async` would fetch up to the table cache's capacity on
+/// the flush pool, where a failure is a background error).
+pub const ENV_OPTION: &str = "env=blobsnap-lazy;open_files_async=false";
 
 /// While files are remote, RocksDB keeps at most this many files open (its table cache is
 /// this minus 10): a DB open then loads at most 2 tables, so it fetches at most 2 files
@@ -80,12 +82,16 @@ enum FileState {
     Fetching,
     Local,
     Dropped,
-    Failed(String),
+    /// The last fetch failed: what kind of failure (a corrupt or missing blob, a transient
+    /// fault…) and the message.
+    Failed(ErrorKind, String),
 }
 
 #[derive(Debug)]
 struct Remote {
     name: String,
+    /// The store dir the file is placed into once fetched.
+    store_dir: PathBuf,
     entry: FileIndex,
     state: Mutex<FileState>,
     changed: Condvar,
@@ -102,7 +108,7 @@ impl Remote {
     fn is_remote(&self) -> bool {
         matches!(
             *self.state(),
-            FileState::Remote | FileState::Fetching | FileState::Failed(_)
+            FileState::Remote | FileState::Fetching | FileState::Failed(..)
         )
     }
 }
@@ -172,7 +178,7 @@ impl LazyStore {
                     s.files_remote += 1;
                     s.bytes_remote += r.entry.file_metadata.size;
                 }
-                FileState::Failed(_) => {
+                FileState::Failed(..) => {
                     s.files_remote += 1;
                     s.files_failed += 1;
                     s.bytes_remote += r.entry.file_metadata.size;
@@ -258,12 +264,7 @@ fn runtime() -> Result<&'static tokio::runtime::Runtime> {
             .map_err(|e| e.to_string())
     })
     .as_ref()
-    .map_err(|e| {
-        Error::new(
-            crate::error::ErrorKind::Io,
-            format!("lazy restore runtime: {e}"),
-        )
-    })
+    .map_err(|e| Error::new(ErrorKind::Io, format!("lazy restore runtime: {e}")))
 }
 
 fn split(path: &Path) -> Option<(&Path, &str)> {
@@ -296,6 +297,7 @@ pub fn register(
         .map(|entry| {
             let r = Remote {
                 name: entry.file_name.clone(),
+                store_dir: dir.clone(),
                 entry,
                 state: Mutex::new(FileState::Remote),
                 changed: Condvar::new(),
@@ -327,33 +329,97 @@ pub fn register(
 }
 
 /// Record in `dir` (a restore's staging tree, before it is swapped in) that `files` are
-/// remote: [`LAZY_PENDING`], the durable list of them (name, size, SHA-256, blob), fsynced.
-/// It is removed once every file is local; while it is there, the dir is not a complete
-/// database and nothing opens or backs it up as one ([`check_complete`]).
+/// remote: [`LAZY_PENDING`], the durable list of them (one JSON index entry a line: name,
+/// size, SHA-256, blob), fsynced. It is removed once every file is local; while it is there,
+/// the dir is not a complete database and nothing opens or backs it up as one
+/// ([`check_complete`]).
 pub fn write_pending(dir: &Path, files: &[FileIndex]) -> Result<()> {
     use std::io::Write as _;
     let path = dir.join(LAZY_PENDING);
-    let bytes = serde_json::to_vec(files)
-        .map_err(|e| Error::invalid(format!("{}: {e}", path.display())))?;
+    let mut bytes = Vec::new();
+    for f in files {
+        bytes.extend(pending_line(&path, f)?);
+    }
     std::fs::File::create(&path)
         .and_then(|mut f| f.write_all(&bytes).and_then(|()| f.sync_all()))
         .map_err(Error::io_with(format!("write {}", path.display())))
 }
 
-/// `Err` when `dir` holds a lazy restore's files-still-remote list and no lazy restore of this
-/// process serves it (the process that restored it stopped or died before every file was
-/// local): its database names files that are not there. A restore completes it.
+fn pending_line(path: &Path, entry: &FileIndex) -> Result<Vec<u8>> {
+    let mut line = serde_json::to_vec(entry)
+        .map_err(|e| Error::invalid(format!("{}: {e}", path.display())))?;
+    line.push(b'\n');
+    Ok(line)
+}
+
+/// The names a [`LAZY_PENDING`] file lists (`None`: unreadable or not a list).
+fn read_pending(dir: &Path) -> Option<Vec<String>> {
+    let text = std::fs::read_to_string(dir.join(LAZY_PENDING)).ok()?;
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .ok()?
+                .get("file-name")?
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+/// `Err` when `dir` holds a lazy restore's files-still-remote list ([`LAZY_PENDING`]: a store
+/// dir, or a RocksDB checkpoint of one taken while files were remote) and no lazy restore of
+/// this process serves it (the process that made it stopped or died before every file was
+/// local): its MANIFEST names files that are not there. The error names them. A restore
+/// completes a store dir; a checkpoint dir is complete in the checkpoints taken after its
+/// store's files were all local.
 pub fn check_complete(dir: &Path) -> Result<()> {
-    if !dir.join(LAZY_PENDING).exists() || is_lazy(dir) {
+    if !dir.join(LAZY_PENDING).exists() || is_served(dir) {
         return Ok(());
     }
+    let missing = match read_pending(dir) {
+        Some(names) => {
+            let missing: Vec<String> = names
+                .into_iter()
+                .filter(|n| std::fs::symlink_metadata(dir.join(n)).is_err())
+                .collect();
+            let shown = missing
+                .iter()
+                .take(5)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ");
+            let more = missing.len().saturating_sub(5);
+            format!(
+                "{} files it lists are missing ({shown}{})",
+                missing.len(),
+                if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                }
+            )
+        }
+        None => "its list is unreadable".to_string(),
+    };
     Err(Error::new(
-        crate::error::ErrorKind::InvalidInput,
+        ErrorKind::InvalidInput,
         format!(
-            "{} is an incomplete lazy restore ({LAZY_PENDING} lists files still only in the blob store): restore it again before opening or backing it up",
+            "{} is an incomplete lazy restore: not every file had been fetched when it was made ({LAZY_PENDING}: {missing}): restore the store again, or back up a checkpoint taken once every file was local",
             dir.display()
         ),
     ))
+}
+
+/// Whether a lazy restore of this process serves `dir`: a lazily restored store dir, or a
+/// checkpoint dir with remote files recorded in it.
+fn is_served(dir: &Path) -> bool {
+    if ACTIVE.load(Ordering::Acquire) == 0 {
+        return false;
+    }
+    let Ok(dir) = absolute(dir) else { return false };
+    let r = registry();
+    r.stores.contains_key(&dir) || r.links.contains_key(&dir)
 }
 
 /// Whether `dir` is a lazily restored store with files still remote (open it with
@@ -385,7 +451,7 @@ pub async fn wait_complete(dir: &Path) -> Result<()> {
     let st = store.status();
     if st.files_remote > 0 {
         return Err(Error::new(
-            crate::error::ErrorKind::Io,
+            ErrorKind::Io,
             format!(
                 "lazy restore of {}: {} files could not be fetched",
                 dir.display(),
@@ -400,18 +466,26 @@ pub async fn wait_complete(dir: &Path) -> Result<()> {
 /// What is still remote stays missing on disk; the next restore fetches it.
 pub fn close(dir: &Path) {
     let Ok(dir) = absolute(dir) else { return };
-    let mut r = registry();
-    if let Some(s) = r.stores.remove(&dir) {
-        let _placing = s.placing();
-        s.cancel.cancel();
-        // Every file local (read on demand before the background got to it): complete.
-        if s.status().files_remote == 0 {
-            let _ = std::fs::remove_file(dir.join(LAZY_PENDING));
+    let store = {
+        let mut r = registry();
+        let s = r.stores.remove(&dir);
+        count(&r);
+        s
+    };
+    if let Some(s) = store {
+        // Cancelling ends every fetch in flight (its download is dropped, its file set to
+        // Failed, its waiters woken: a RocksDB read or compaction parked on it gets an error
+        // at once), and nothing is placed once the cancel is seen under `placing`.
+        {
+            let _placing = s.placing();
+            s.cancel.cancel();
+            // Every file local (read on demand before the background got to it): complete.
+            if s.status().files_remote == 0 {
+                let _ = std::fs::remove_file(dir.join(LAZY_PENDING));
+            }
         }
         let _ = s.done.send(true);
     }
-    count(&r);
-    drop(r);
     proofs().remove(&dir);
 }
 
@@ -470,24 +544,26 @@ fn remote_size(path: &Path) -> Option<u64> {
 }
 
 /// Make `path` local if it is a remote file of a store: fetch it (or wait for the fetch in
-/// flight) and return once it is in place; `Err` with the reason when it cannot be.
-fn fetch_now(path: &Path) -> std::result::Result<(), String> {
+/// flight) and return once it is in place; `Err` with the kind of failure and the reason when
+/// it cannot be.
+fn fetch_now(path: &Path) -> std::result::Result<(), (ErrorKind, String)> {
     if ACTIVE.load(Ordering::Acquire) == 0 {
         return Ok(());
     }
     let Some((store, remote)) = find(&registry(), path) else {
         return Ok(());
     };
+    refuse_current_thread().map_err(|e| (e.kind(), e.to_string()))?;
     let mut started = false;
     let mut st = remote.state();
     loop {
         match &*st {
             FileState::Local | FileState::Dropped => return Ok(()),
-            FileState::Failed(msg) if started => return Err(msg.clone()),
-            FileState::Remote | FileState::Failed(_) => {
-                let rt = runtime().map_err(|e| e.to_string())?;
+            FileState::Failed(kind, msg) if started => return Err((*kind, msg.clone())),
+            FileState::Remote | FileState::Failed(..) => {
+                let rt = runtime().map_err(|e| (e.kind(), e.to_string()))?;
                 if store.cancel.is_cancelled() {
-                    return Err("the store was closed".into());
+                    return Err((ErrorKind::Cancelled, "the store was closed".into()));
                 }
                 *st = FileState::Fetching;
                 started = true;
@@ -513,6 +589,25 @@ fn fetch_now(path: &Path) -> std::result::Result<(), String> {
     }
 }
 
+/// `Err` on the thread of a current-thread tokio runtime: a lazily restored store's read
+/// would park that runtime's only thread until a fetch completes, and whatever the fetch
+/// needs from that runtime (a pooled connection it drives) could never run. Lazily restored
+/// stores are opened and read from multi-thread runtimes (the job runtime is one), or from
+/// threads outside any runtime.
+pub fn refuse_current_thread() -> Result<()> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread => {
+            Err(Error::new(
+                ErrorKind::InvalidInput,
+                "a lazily restored store cannot be opened or read on a current-thread tokio \
+                 runtime (its reads block until a download completes): use a multi-thread \
+                 runtime, or restore-mode = \"full\"",
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Wait for `remote`'s state to change; on a runtime worker thread, through
 /// `block_in_place` (the runtime moves its other tasks off this thread meanwhile).
 fn wait<'a>(remote: &'a Remote, st: MutexGuard<'a, FileState>) -> MutexGuard<'a, FileState> {
@@ -530,35 +625,174 @@ fn wait<'a>(remote: &'a Remote, st: MutexGuard<'a, FileState>) -> MutexGuard<'a,
     }
 }
 
+/// Serializes the writers of checkpoint dirs' [`LAZY_PENDING`] lists and their hard links
+/// ([`link`], [`renamed`], [`materialize`]). First in the module's lock order; held across
+/// local file-system calls only (an append of one line, a hard link, an fsync), never across
+/// a fetch.
+fn links_io() -> MutexGuard<'static, ()> {
+    static L: Mutex<()> = Mutex::new(());
+    L.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// RocksDB hard-links `src` to `dst` (a checkpoint): when `src` is remote, record `dst` as
-/// naming the same remote file and return true (nothing is made on disk).
+/// naming the same remote file and return true (nothing is made on disk but a line of the
+/// checkpoint dir's [`LAZY_PENDING`] list, which marks the dir incomplete for every other
+/// reader until [`materialize`] links the fetched file in). False: link it for real — also
+/// when the list cannot be written, so the checkpoint fails rather than be incomplete and
+/// unmarked.
 fn link(src: &Path, dst: &Path) -> bool {
     if ACTIVE.load(Ordering::Acquire) == 0 {
         return false;
     }
+    let _io = links_io();
+    let (dir, name, entry, first) = {
+        let mut r = registry();
+        let Some((_, remote)) = find(&r, src) else {
+            return false;
+        };
+        if !remote.is_remote() {
+            return false;
+        }
+        let Some((dir, name)) = split(dst) else {
+            return false;
+        };
+        let Ok(dir) = absolute(dir) else {
+            return false;
+        };
+        let first = !r.links.contains_key(&dir);
+        if first {
+            // A new checkpoint dir: forget those that were removed since.
+            r.links.retain(|d, _| d.exists());
+        }
+        let entry = remote.entry.clone();
+        r.links
+            .entry(dir.clone())
+            .or_default()
+            .insert(name.to_string(), remote);
+        count(&r);
+        (dir, name.to_string(), entry, first)
+    };
+    match append_pending(&dir, &entry, first) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::error!(dir = %dir.display(), error = %e, "lazy restore: cannot record a remote file in a checkpoint dir");
+            let mut r = registry();
+            if let Some(l) = r.links.get_mut(&dir) {
+                l.remove(&name);
+                if l.is_empty() {
+                    r.links.remove(&dir);
+                }
+            }
+            count(&r);
+            false
+        }
+    }
+}
+
+/// Append `entry` to `dir`'s [`LAZY_PENDING`]; the first line creates it, durably (file and
+/// dir fsynced: from then on the dir is marked incomplete); the later lines are fsynced when
+/// the checkpoint's dir is renamed into place ([`renamed`]).
+fn append_pending(dir: &Path, entry: &FileIndex, first: bool) -> Result<()> {
+    use std::io::Write as _;
+    let path = dir.join(LAZY_PENDING);
+    let line = pending_line(&path, entry)?;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .map_err(Error::io_with(format!("open {}", path.display())))?;
+    f.write_all(&line)
+        .map_err(Error::io_with(format!("write {}", path.display())))?;
+    if first {
+        f.sync_all()
+            .map_err(Error::io_with(format!("fsync {}", path.display())))?;
+        sync_dir(dir)?;
+    }
+    Ok(())
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(Error::io_with(format!("fsync {}", dir.display())))
+}
+
+/// Hard-link every recorded remote file that is now local (fetched into its store dir) into
+/// the checkpoint dirs that name it; a checkpoint dir with nothing left to link loses its
+/// [`LAZY_PENDING`] (after an fsync of the links): it is a complete database on disk. Called
+/// after each placement, after a checkpoint's rename, before RocksDB deletes a store file, and
+/// when a store's download completes.
+fn materialize() {
+    if ACTIVE.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let _io = links_io();
+    let todo: Vec<(PathBuf, String, PathBuf)> = {
+        let r = registry();
+        r.links
+            .iter()
+            .flat_map(|(dir, files)| {
+                files
+                    .iter()
+                    .filter(|(_, remote)| *remote.state() == FileState::Local)
+                    .map(move |(name, remote)| {
+                        (
+                            dir.clone(),
+                            name.clone(),
+                            remote.store_dir.join(&remote.name),
+                        )
+                    })
+            })
+            .collect()
+    };
+    if todo.is_empty() {
+        return;
+    }
+    let mut linked = Vec::new();
+    for (dir, name, src) in todo {
+        match std::fs::hard_link(&src, dir.join(&name)) {
+            Ok(()) => linked.push((dir, name)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => linked.push((dir, name)),
+            // The dir is gone (deleted, or renamed and the rename's callback will call again).
+            Err(e) => {
+                tracing::debug!(src = %src.display(), dir = %dir.display(), error = %e, "lazy restore: link into a checkpoint dir deferred");
+            }
+        }
+    }
+    let mut emptied = Vec::new();
+    {
+        let mut r = registry();
+        for (dir, name) in linked {
+            if let Some(l) = r.links.get_mut(&dir) {
+                l.remove(&name);
+                if l.is_empty() {
+                    r.links.remove(&dir);
+                    emptied.push(dir);
+                }
+            }
+        }
+        count(&r);
+    }
+    for dir in emptied {
+        // The links first, durably; then the list that said they were missing.
+        if sync_dir(&dir).is_ok() && std::fs::remove_file(dir.join(LAZY_PENDING)).is_ok() {
+            let _ = sync_dir(&dir);
+        }
+    }
+}
+
+/// The checkpoint dir `dir` was deleted (by the commit manager, with `std::fs`): forget the
+/// remote files recorded in it.
+pub fn forget_links(dir: &Path) {
+    if ACTIVE.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let Ok(dir) = absolute(dir) else { return };
+    let _io = links_io();
     let mut r = registry();
-    let Some((_, remote)) = find(&r, src) else {
-        return false;
-    };
-    if !remote.is_remote() {
-        return false;
+    if r.links.remove(&dir).is_some() {
+        count(&r);
     }
-    let Some((dir, name)) = split(dst) else {
-        return false;
-    };
-    let Ok(dir) = absolute(dir) else {
-        return false;
-    };
-    if !r.links.contains_key(&dir) {
-        // A new checkpoint dir: forget those that were removed since.
-        r.links.retain(|d, _| d.exists());
-    }
-    r.links
-        .entry(dir)
-        .or_default()
-        .insert(name.to_string(), remote);
-    count(&r);
-    true
 }
 
 /// RocksDB deletes `path`: when it is remote, drop it (the background download skips it) and
@@ -567,12 +801,15 @@ fn drop_file(path: &Path) -> bool {
     if ACTIVE.load(Ordering::Acquire) == 0 {
         return false;
     }
+    // A fetched file some checkpoint dir still records as remote is linked there before
+    // RocksDB deletes it from the store.
+    materialize();
     let mut r = registry();
     if let Some((store, remote)) = find(&r, path) {
         let mut st = remote.state();
         if matches!(
             *st,
-            FileState::Remote | FileState::Fetching | FileState::Failed(_)
+            FileState::Remote | FileState::Fetching | FileState::Failed(..)
         ) {
             *st = FileState::Dropped;
             store.progress.files_dropped.fetch_add(1, Ordering::Relaxed);
@@ -606,10 +843,27 @@ fn renamed(src: &Path, dst: &Path) {
     let (Ok(src), Ok(dst)) = (absolute(src), absolute(dst)) else {
         return;
     };
-    let mut r = registry();
-    if let Some(links) = r.links.remove(&src) {
-        r.links.insert(dst, links);
+    {
+        let _io = links_io();
+        let moved = {
+            let mut r = registry();
+            match r.links.remove(&src) {
+                Some(links) => {
+                    r.links.insert(dst.clone(), links);
+                    true
+                }
+                None => false,
+            }
+        };
+        if moved {
+            // The whole list durable before RocksDB fsyncs the checkpoint into place.
+            let path = dst.join(LAZY_PENDING);
+            if let Err(e) = std::fs::File::open(&path).and_then(|f| f.sync_all()) {
+                tracing::warn!(file = %path.display(), error = %e, "lazy restore: fsync of a checkpoint's pending list failed");
+            }
+        }
     }
+    materialize();
 }
 
 // ---- fetching ----
@@ -622,7 +876,7 @@ impl Drop for Settle<'_> {
     fn drop(&mut self) {
         let mut st = self.0.state();
         if *st == FileState::Fetching {
-            *st = FileState::Failed("the fetch ended without a result".into());
+            *st = FileState::Failed(ErrorKind::Io, "the fetch ended without a result".into());
             self.0.changed.notify_all();
         }
     }
@@ -645,39 +899,60 @@ async fn fetch_one(store: &LazyStore, remote: &Remote) -> bool {
     let _settle = Settle(remote);
     let dest = store.dir.join(&remote.name);
     let tmp = store.dir.join(part_name(&remote.name));
-    let r = (store.fetch)(remote.entry.clone(), tmp.clone()).await;
-    let mut st = remote.state();
-    let placing = store.placing();
-    let placed = match r {
-        _ if *st == FileState::Dropped => {
-            let _ = std::fs::remove_file(&tmp);
-            false
-        }
-        _ if store.cancel.is_cancelled() => {
-            let _ = std::fs::remove_file(&tmp);
-            *st = FileState::Failed("the store was closed".into());
-            false
-        }
-        Ok(()) => match std::fs::rename(&tmp, &dest) {
-            Ok(()) => {
-                *st = FileState::Local;
-                record_proof(&store.dir, remote, &dest);
-                crate::crash::point("lazy.after-fetch");
-                true
-            }
-            Err(e) => {
+    // A close cancels the download itself (it does not wait for it: F4 of the lazy-restore
+    // review); the branch below then sees the cancel.
+    let r = tokio::select! {
+        r = (store.fetch)(remote.entry.clone(), tmp.clone()) => r,
+        () = store.cancel.cancelled() => Err(Error::new(
+            ErrorKind::Cancelled,
+            "the store was closed",
+        )),
+    };
+    // The module's lock order: `placing` before the file's state.
+    let placed = {
+        let placing = store.placing();
+        let mut st = remote.state();
+        let placed = match r {
+            _ if *st == FileState::Dropped => {
                 let _ = std::fs::remove_file(&tmp);
-                *st = FileState::Failed(format!("rename into {}: {e}", dest.display()));
                 false
             }
-        },
-        Err(e) => {
-            tracing::warn!(file = %dest.display(), error = %e, "lazy restore: fetch failed");
-            *st = FileState::Failed(e.to_string());
-            false
-        }
+            _ if store.cancel.is_cancelled() => {
+                let _ = std::fs::remove_file(&tmp);
+                *st = FileState::Failed(ErrorKind::Cancelled, "the store was closed".into());
+                false
+            }
+            Ok(()) => match std::fs::rename(&tmp, &dest) {
+                Ok(()) => {
+                    *st = FileState::Local;
+                    record_proof(&store.dir, remote, &dest);
+                    crate::crash::point("lazy.after-fetch");
+                    true
+                }
+                Err(e) => {
+                    let _ = std::fs::remove_file(&tmp);
+                    *st = FileState::Failed(
+                        ErrorKind::Io,
+                        format!("rename into {}: {e}", dest.display()),
+                    );
+                    false
+                }
+            },
+            Err(e) => {
+                tracing::warn!(file = %dest.display(), error = %e, "lazy restore: fetch failed");
+                *st = FileState::Failed(e.kind(), e.to_string());
+                false
+            }
+        };
+        drop(st);
+        drop(placing);
+        placed
     };
-    drop(placing);
+    if placed {
+        // Checkpoint dirs that recorded this file get it now, before the reader waiting for
+        // it is woken.
+        let _ = tokio::task::spawn_blocking(materialize).await;
+    }
     remote.changed.notify_all();
     placed
 }
@@ -699,7 +974,7 @@ async fn download_all(store: Arc<LazyStore>, bg: Background) {
                 {
                     let mut st = remote.state();
                     match *st {
-                        FileState::Remote | FileState::Failed(_) => *st = FileState::Fetching,
+                        FileState::Remote | FileState::Failed(..) => *st = FileState::Fetching,
                         _ => return,
                     }
                 }
@@ -764,4 +1039,216 @@ async fn download_all(store: Arc<LazyStore>, bg: Background) {
         }
     }
     let _ = store.done.send(true);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::{FileBlob, FileMetadata};
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    fn entry(name: &str, size: u64) -> FileIndex {
+        FileIndex {
+            file_name: name.into(),
+            blobs: vec![FileBlob {
+                blob_id: format!("blob-{name}"),
+                offset: 0,
+            }],
+            file_metadata: FileMetadata {
+                creation_time_millis: 0,
+                last_modified_time_millis: 0,
+                size,
+                owner: String::new(),
+                group: String::new(),
+                permissions: "rw-r--r--".into(),
+            },
+            checksum: 0,
+            sha256: None,
+            inline_data: None,
+        }
+    }
+
+    /// A fetch of `000001.sst` that never resolves, and one of `000002.sst` that writes its
+    /// temp file once `release` is sent; `started` gets each file's name as its fetch starts.
+    fn gated_fetch(
+        release: tokio::sync::watch::Receiver<bool>,
+        started: mpsc::Sender<String>,
+    ) -> FetchFn {
+        let started = Mutex::new(started);
+        Arc::new(move |e: FileIndex, tmp: PathBuf| {
+            let mut release = release.clone();
+            let _ = started
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .send(e.file_name.clone());
+            Box::pin(async move {
+                if e.file_name == "000001.sst" {
+                    std::future::pending::<()>().await;
+                }
+                let _ = release.wait_for(|r| *r).await;
+                std::fs::write(&tmp, vec![7u8; e.file_metadata.size as usize])
+                    .map_err(Error::io_with("write"))?;
+                Ok(())
+            })
+        })
+    }
+
+    /// F1 of the lazy-restore review: `close` (registry → placing → each file's state) racing
+    /// a fetch that finishes (it used to take its file's state, then `placing`). The test
+    /// holds one file's state while close runs, then lets the other file's fetch finish:
+    /// with the old order both sides waited for each other forever; with the module's one
+    /// lock order the close returns and the finished fetch places nothing.
+    #[test]
+    fn close_racing_a_finishing_fetch_returns() {
+        let dir = tempfile::tempdir().unwrap();
+        let dir = dir.path().join("store");
+        std::fs::create_dir(&dir).unwrap();
+        let (release_tx, release_rx) = tokio::sync::watch::channel(false);
+        let (started_tx, started_rx) = mpsc::channel();
+        register(
+            &dir,
+            vec![entry("000001.sst", 10), entry("000002.sst", 20)],
+            gated_fetch(release_rx, started_tx),
+            Background {
+                downloads: 2,
+                max_rate: 0,
+            },
+        )
+        .unwrap();
+        let mut seen = vec![
+            started_rx.recv_timeout(Duration::from_secs(30)).unwrap(),
+            started_rx.recv_timeout(Duration::from_secs(30)).unwrap(),
+        ];
+        seen.sort();
+        assert_eq!(seen, ["000001.sst", "000002.sst"]);
+        let store = registry()
+            .stores
+            .get(&absolute(&dir).unwrap())
+            .cloned()
+            .unwrap();
+        let first = Arc::clone(&store.files["000001.sst"]);
+        let second = Arc::clone(&store.files["000002.sst"]);
+        let held = first.state();
+        let (closed_tx, closed_rx) = mpsc::channel();
+        let close_dir = dir.clone();
+        std::thread::spawn(move || {
+            close(&close_dir);
+            let _ = closed_tx.send(());
+        });
+        // Let the close reach the held state, then the second fetch finish (the order that
+        // deadlocked; a different interleaving only makes the race easier).
+        std::thread::sleep(Duration::from_millis(100));
+        release_tx.send(true).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        drop(held);
+        closed_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("close returned (no lock-order deadlock)");
+        // Both fetches settle (the cancel ends the pending one), nothing is placed after the
+        // close, and no temp file is left.
+        for r in [&first, &second] {
+            let mut st = r.state();
+            while *st == FileState::Fetching {
+                st = r
+                    .changed
+                    .wait_timeout(st, Duration::from_secs(30))
+                    .unwrap()
+                    .0;
+            }
+            assert!(
+                matches!(
+                    *st,
+                    FileState::Failed(ErrorKind::Cancelled, _) | FileState::Local
+                ),
+                "{:?}",
+                *st
+            );
+        }
+        assert!(!dir.join("000001.sst").exists());
+        let leftovers: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .filter(|n| n.to_string_lossy().ends_with(".blobsnap-part"))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+        assert!(status(&dir).is_none());
+    }
+
+    /// F4: a reader waiting for a fetch that never completes is woken by the close, with an
+    /// error, at once (the close cancels the download instead of waiting for it).
+    #[test]
+    fn close_wakes_a_reader_waiting_for_a_fetch() {
+        let dir = tempfile::tempdir().unwrap();
+        let dir = dir.path().join("store");
+        std::fs::create_dir(&dir).unwrap();
+        let (_release_tx, release_rx) = tokio::sync::watch::channel(false);
+        let (started_tx, started_rx) = mpsc::channel();
+        register(
+            &dir,
+            vec![entry("000001.sst", 10)],
+            gated_fetch(release_rx, started_tx),
+            Background {
+                downloads: 1,
+                max_rate: 0,
+            },
+        )
+        .unwrap();
+        started_rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        let (tx, rx) = mpsc::channel();
+        let (reading_tx, reading_rx) = mpsc::channel();
+        let path = absolute(&dir).unwrap().join("000001.sst");
+        std::thread::spawn(move || {
+            let _ = reading_tx.send(());
+            let _ = tx.send(fetch_now(&path));
+        });
+        // The reader is parked on the in-flight fetch (or about to be): close.
+        reading_rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        close(&dir);
+        let r = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the reader was woken");
+        let (kind, msg) = r.unwrap_err();
+        assert_eq!(kind, ErrorKind::Cancelled, "{msg}");
+        assert!(msg.contains("closed"), "{msg}");
+    }
+
+    /// A read from a current-thread runtime is refused with a clear error (it would park the
+    /// runtime's only thread until the download completes).
+    #[test]
+    fn a_current_thread_runtime_is_refused() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let e = rt.block_on(async { refuse_current_thread() }).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput);
+        assert!(e.to_string().contains("current-thread"), "{e}");
+        assert!(refuse_current_thread().is_ok());
+    }
+
+    /// A checkpoint dir's pending list: appended per link, read back by name, and the dir is
+    /// refused by every other reader (naming the missing files) until they are there.
+    #[test]
+    fn a_pending_list_marks_a_dir_incomplete_and_names_the_missing_files() {
+        let dir = tempfile::tempdir().unwrap();
+        append_pending(dir.path(), &entry("000007.sst", 1), true).unwrap();
+        append_pending(dir.path(), &entry("000009.sst", 1), false).unwrap();
+        assert_eq!(
+            read_pending(dir.path()).unwrap(),
+            ["000007.sst", "000009.sst"]
+        );
+        std::fs::write(dir.path().join("000007.sst"), b"x").unwrap();
+        let e = check_complete(dir.path()).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput);
+        let msg = e.to_string();
+        assert!(
+            msg.contains("000009.sst") && !msg.contains("000007.sst") && msg.contains("1 files"),
+            "{msg}"
+        );
+        std::fs::write(dir.path().join(LAZY_PENDING), b"\xff not json").unwrap();
+        let e = check_complete(dir.path()).unwrap_err();
+        assert!(e.to_string().contains("unreadable"), "{e}");
+    }
 }
