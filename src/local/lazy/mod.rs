@@ -12,7 +12,10 @@
 //!   scan ([`remote_files_in`]) lists it with the index entry's SHA-256, size and CRC, so the
 //!   next snapshot reuses the blob it already has — a remote file is never hashed, cached or
 //!   uploaded, and every retained snapshot of a still-remote file names its blob, so retention
-//!   cannot delete it;
+//!   cannot delete it. The checkpoint dir gets a [`LAZY_PENDING`] list of what it lacks, so
+//!   every other reader refuses it ([`check_complete`]); each file, once fetched, is
+//!   hard-linked into the checkpoint dirs that recorded it, and a dir lacking nothing loses
+//!   its list;
 //! - deleting it (the live DB compacted it away) drops it: the background download skips it.
 //!
 //! Meanwhile a background download fetches every remote file, verified, at a bounded rate and
@@ -21,6 +24,15 @@
 //! are remote leaves a store dir that lacks them, and the next start's restore plans against
 //! the index and fetches exactly those (lazily again or in full). The registry is the
 //! in-process manifest of the remote files.
+//!
+//! # Lock order
+//!
+//! One order for the whole module, outermost first: `links_io` (the checkpoint dirs'
+//! pending lists and links) → the registry → a store's `placing` → a file's state → the
+//! proofs. A function may skip levels but never takes an outer lock while holding an inner
+//! one. No lock is held across a fetch (the download runs with none held; waiting readers
+//! park on the file's condvar); `links_io` and `placing` are held across local file-system
+//! calls only (an append of one line, a hard link, a rename, an fsync).
 
 mod ffi;
 
