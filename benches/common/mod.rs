@@ -125,5 +125,6 @@ pub fn one_task_job(
         index_inline_below: blobsnap::blob::backup::INLINE_BELOW,
         restore_mode: blobsnap::job::RestoreMode::Full,
         lazy_download_rate: blobsnap::local::lazy::DEFAULT_RATE,
+        stop: Default::default(),
     }
 }

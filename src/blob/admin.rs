@@ -272,6 +272,58 @@ pub struct WriterLease {
     pub pid: u32,
     /// The task's sweep grace, seconds.
     pub gc_grace_secs: u64,
+    /// Which process exactly (absent in leases of older versions): with it, a reader on the
+    /// same machine can tell that the writer is gone ([`WriterLease::is_gone`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<ProcessIdentity>,
+}
+
+/// What identifies a process beyond its pid, which the kernel reuses: the machine's boot, the
+/// pid namespace the pid is counted in, and the process's start time.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct ProcessIdentity {
+    /// `/proc/sys/kernel/random/boot_id`: one per boot of one machine.
+    pub boot_id: String,
+    /// The pid namespace (`/proc/self/ns/pid`'s link, `pid:[N]`).
+    pub pid_namespace: String,
+    /// The process's start time, in clock ticks since boot (`/proc/<pid>/stat` field 22).
+    pub start_ticks: u64,
+}
+
+impl ProcessIdentity {
+    /// This process's identity (`None` where /proc does not say).
+    pub fn current() -> Option<Self> {
+        Some(ProcessIdentity {
+            boot_id: std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+                .ok()?
+                .trim()
+                .to_string(),
+            pid_namespace: pid_namespace()?,
+            start_ticks: start_ticks(std::process::id())?,
+        })
+    }
+}
+
+fn pid_namespace() -> Option<String> {
+    std::fs::read_link("/proc/self/ns/pid")
+        .ok()?
+        .to_str()
+        .map(str::to_string)
+}
+
+/// Field 22 of `/proc/<pid>/stat` (after the command name, which may hold spaces and
+/// parentheses: parsed from its last `)`).
+fn start_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default()
 }
 
 impl WriterLease {
@@ -280,11 +332,30 @@ impl WriterLease {
         WriterLease {
             task: task.to_string(),
             writer: format!("{:032x}", rand::random::<u128>()),
-            host: std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .map(|h| h.trim().to_string())
-                .unwrap_or_default(),
+            host: hostname(),
             pid: std::process::id(),
             gc_grace_secs: gc_grace.as_secs(),
+            process: ProcessIdentity::current(),
+        }
+    }
+
+    /// Whether the writer of this lease certainly no longer runs: it ran on this machine,
+    /// in this boot and this pid namespace (so its pid is one this process can look up), and
+    /// no process with its pid and start time exists. `false` whenever that cannot be known
+    /// (another host, a lease without [`ProcessIdentity`], /proc unreadable).
+    pub fn is_gone(&self) -> bool {
+        let (Some(theirs), Some(ours)) = (&self.process, ProcessIdentity::current()) else {
+            return false;
+        };
+        if self.host != hostname()
+            || theirs.boot_id != ours.boot_id
+            || theirs.pid_namespace != ours.pid_namespace
+        {
+            return false;
+        }
+        match start_ticks(self.pid) {
+            None => !std::path::Path::new(&format!("/proc/{}", self.pid)).exists(),
+            Some(t) => t != theirs.start_ticks,
         }
     }
 
@@ -361,10 +432,17 @@ pub async fn active_writers(
             host: String::new(),
             pid: 0,
             gc_grace_secs: 86_400,
+            process: None,
         });
-        if age < std::time::Duration::from_secs(lease.gc_grace_secs) {
-            out.push((lease, age));
+        if age >= std::time::Duration::from_secs(lease.gc_grace_secs) {
+            continue;
         }
+        if lease.is_gone() {
+            // Killed (SIGKILL, a crash) on this very machine: no commit of it is in flight.
+            tracing::warn!(task = %lease.task, host = %lease.host, pid = lease.pid, age_secs = age.as_secs(), key = %m.key, "a writer lease of a process that no longer runs on this host: not an active writer");
+            continue;
+        }
+        out.push((lease, age));
     }
     Ok(out)
 }
@@ -436,6 +514,67 @@ mod guard_tests {
             host: "h".into(),
             pid: 1,
             gc_grace_secs: grace,
+            process: None,
+        }
+    }
+
+    /// A lease of a process that ran on this machine and is gone is recognised as such; a
+    /// live one (this process), one of another boot, pid namespace or host, and one without
+    /// the identity (an older version's) never are.
+    #[test]
+    fn a_lease_of_a_dead_process_on_this_host_is_gone() {
+        let mine = WriterLease::new("Partition 0", Duration::from_secs(60));
+        assert!(
+            mine.process.is_some(),
+            "/proc gives this process's identity"
+        );
+        assert!(!mine.is_gone(), "this process runs");
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        let dead = WriterLease {
+            pid,
+            ..mine.clone()
+        };
+        assert!(dead.is_gone(), "pid {pid} exited");
+        // The same pid with another start time: a reused pid, so the writer is gone too.
+        let reused = WriterLease {
+            process: mine.process.clone().map(|p| ProcessIdentity {
+                start_ticks: p.start_ticks + 1,
+                ..p
+            }),
+            ..mine.clone()
+        };
+        assert!(reused.is_gone());
+        for other in [
+            WriterLease {
+                host: format!("{}-elsewhere", mine.host),
+                pid,
+                ..mine.clone()
+            },
+            WriterLease {
+                pid,
+                process: mine.process.clone().map(|p| ProcessIdentity {
+                    boot_id: "another boot".into(),
+                    ..p
+                }),
+                ..mine.clone()
+            },
+            WriterLease {
+                pid,
+                process: mine.process.clone().map(|p| ProcessIdentity {
+                    pid_namespace: "pid:[1]".into(),
+                    ..p
+                }),
+                ..mine.clone()
+            },
+            WriterLease {
+                pid,
+                process: None,
+                ..mine.clone()
+            },
+        ] {
+            assert!(!other.is_gone(), "{other:?}");
         }
     }
 

@@ -90,6 +90,12 @@ pub struct BackupSettings {
 /// The default [`BackupSettings::inline_below`]: 64 KiB.
 pub const INLINE_BELOW: u64 = 64 << 10;
 
+/// At most this many bytes of file content travel inline in one index (retained and added
+/// files together; base64 makes them 4/3 as large): past it, small files are blobs like the
+/// others, so an index stays far under the [`MAX_INDEX_BYTES`](crate::index::MAX_INDEX_BYTES)
+/// its readers accept, whatever the number of small files.
+pub const INLINE_BUDGET: u64 = 16 << 20;
+
 impl Default for BackupSettings {
     fn default() -> Self {
         BackupSettings {
@@ -242,7 +248,14 @@ pub struct BlobBackupManager {
     /// When each uncommitted upload made its first PUT (over all stores): monotonic and on
     /// the task's clock. The abandon rule measures from here.
     first_put: Mutex<BTreeMap<CheckpointId, (Instant, u64)>>,
+    /// Commits abandoned by the abandon rule since the last one that committed.
+    abandoned_in_a_row: std::sync::atomic::AtomicU32,
 }
+
+/// After this many consecutive commits abandoned by the abandon rule, the next abandonment is
+/// an `InvalidInput` error that stops the task (the grace is too short for the store's
+/// uploads: every retry would upload at least as much and be abandoned again).
+pub const ABANDON_LIMIT: u32 = 3;
 
 impl std::fmt::Debug for BlobBackupManager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -300,6 +313,7 @@ impl BlobBackupManager {
             stats: Mutex::new(BTreeMap::new()),
             cleanup_stats: Mutex::new(CleanupStats::default()),
             first_put: Mutex::default(),
+            abandoned_in_a_row: Default::default(),
         })
     }
 
@@ -611,6 +625,16 @@ impl BlobBackupManager {
         let marker = IndexMarker::of(id, &bytes);
         let key = scope.index_key(&marker)?;
         let index_len = bytes.len() as u64;
+        // Never commit an index no reader would accept: the commit fails (nothing committed
+        // is lost) and says why.
+        if index_len > crate::index::MAX_INDEX_BYTES {
+            return Err(Error::invalid(format!(
+                "the index of store {:?} at checkpoint {id} would be {index_len} bytes, over the {}-byte cap every reader enforces ({} files): not committed",
+                index.snapshot_metadata.store_name,
+                crate::index::MAX_INDEX_BYTES,
+                index.present_files().len()
+            )));
+        }
         match self
             .blob_store
             .put(
@@ -715,9 +739,9 @@ fn has_inline(d: &DirIndex) -> bool {
 }
 
 /// Read the files that travel inline (small: off the async threads, all at once) and encode
-/// them, by content. Each is checked against the SHA-256 and size the scan found: a file of
+/// them, by path. Each is checked against the SHA-256 and size the scan found: a file of
 /// a checkpoint dir that changed since is an error, never a wrong index.
-async fn read_inline(files: &[&LocalFile]) -> Result<HashMap<Sha256, String>> {
+async fn read_inline(files: &[&LocalFile]) -> Result<HashMap<PathBuf, String>> {
     let jobs: Vec<(PathBuf, FileDigest)> =
         files.iter().map(|f| (f.path.clone(), f.digest)).collect();
     tokio::task::spawn_blocking(move || {
@@ -736,7 +760,7 @@ async fn read_inline(files: &[&LocalFile]) -> Result<HashMap<Sha256, String>> {
                     ),
                 ));
             }
-            out.insert(digest.sha256, FileIndex::encode_inline(&bytes));
+            out.insert(path, FileIndex::encode_inline(&bytes));
         }
         Ok(out)
     })
@@ -773,12 +797,15 @@ fn plan_blobs<'a>(
     let mut to_put: Vec<&LocalFile> = Vec::new();
     let mut to_inline: Vec<&LocalFile> = Vec::new();
     let mut deduplicated = 0u64;
+    // What the retained files already carry inline counts against the index's budget.
+    let mut inline_left = INLINE_BUDGET.saturating_sub(retained_inline_bytes(dd));
     for f in dd.added_files() {
         // Only mutable files (MANIFEST, OPTIONS, CURRENT, a WAL): they change at almost every
         // commit, so a blob of their own would cost a PUT each time. An SST or blob file is
         // immutable and stays a blob, which retained snapshots share for free (inline, it
         // would be sent again in every later index).
-        if f.digest.size < inline_below && !is_immutable(&f.name) {
+        if f.digest.size < inline_below && !is_immutable(&f.name) && f.digest.size <= inline_left {
+            inline_left -= f.digest.size;
             to_inline.push(f);
             continue;
         }
@@ -793,12 +820,27 @@ fn plan_blobs<'a>(
     (blob_of, to_put, to_inline, deduplicated)
 }
 
+/// Bytes of the files `dd` retains that carry their content inline (their entries keep it).
+fn retained_inline_bytes(dd: &DirDiff<'_>) -> u64 {
+    let here: u64 = dd
+        .files_retained
+        .iter()
+        .filter(|(_, prev)| prev.inline_data.is_some())
+        .map(|(_, prev)| prev.file_metadata.size)
+        .sum();
+    dd.sub_dirs_added
+        .iter()
+        .chain(&dd.sub_dirs_retained)
+        .map(retained_inline_bytes)
+        .fold(here, u64::saturating_add)
+}
+
 /// The new DirIndex: retained files keep their blob or inline data (with attributes from
 /// disk now), added files get their inline data or the blob planned for their content.
 fn build_dir(
     d: &DirDiff<'_>,
     blob_of: &HashMap<Sha256, String>,
-    inline: &HashMap<Sha256, String>,
+    inline: &HashMap<PathBuf, String>,
 ) -> Result<DirIndex> {
     let mut files = Vec::with_capacity(d.files_added.len() + d.files_retained.len());
     for (local, prev) in &d.files_retained {
@@ -807,7 +849,9 @@ fn build_dir(
         files.push(fi);
     }
     for f in &d.files_added {
-        if let Some(data) = inline.get(&f.digest.sha256) {
+        // By file, not by content: a copy of an inlined content that came past the inline
+        // budget is a blob.
+        if let Some(data) = inline.get(&f.path) {
             files.push(FileIndex {
                 blobs: Vec::new(),
                 inline_data: Some(data.clone()),
@@ -982,6 +1026,8 @@ impl BlobBackupManager {
     async fn note_committed(&self, id: CheckpointId, markers: &StoreMarkers) -> Result<()> {
         // Uploads up to this one will never commit now: their clocks are done.
         lock(&self.first_put)?.retain(|k, _| *k > id);
+        self.abandoned_in_a_row
+            .store(0, std::sync::atomic::Ordering::Relaxed);
         for (spec, _, _) in &self.stores {
             let Some(marker_str) = markers.get(&spec.name) else {
                 continue;
@@ -1036,8 +1082,22 @@ impl BlobBackupManager {
         ));
         if self.settings.abandon_rule && ran > self.settings.gc_grace / 2 {
             lock(&self.first_put)?.remove(&id);
+            metrics::counter!("blobsnap_commit_abandoned_total", "task" => self.task.task_name.clone())
+                .increment(1);
+            let n = self
+                .abandoned_in_a_row
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                + 1;
+            if n >= ABANDON_LIMIT {
+                // Not transient: every next commit uploads at least as much and is abandoned
+                // again (a livelock that never commits). Stop the task, saying what to change.
+                return Err(Error::invalid(format!(
+                    "{what} at {id}: {n} commits in a row were abandoned because their uploads outlived half the sweep's grace ({:?}; this one's first PUT was {ran:?} ago): the store's uploads take longer than gc-grace / 2. Raise job.gc-grace-secs above twice the upload time, or make each commit upload less",
+                    self.settings.gc_grace
+                )));
+            }
             return Err(Error::transient(format!(
-                "{what} at {id}: its first PUT was {ran:?} ago, over half the sweep's grace ({:?}): abandoned; the next commit starts afresh",
+                "{what} at {id}: its first PUT was {ran:?} ago, over half the sweep's grace ({:?}): abandoned ({n} in a row); the next commit starts afresh",
                 self.settings.gc_grace
             )));
         }

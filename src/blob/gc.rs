@@ -287,6 +287,7 @@ async fn decide(
                 "sweep reads the roots of task {task:?} (nothing deleted)"
             ))
         })?;
+        let newest = history.first().map(|c| c.seq);
         for c in history {
             plan.roots += 1;
             let Some(v2) = c.checkpoint.as_v2() else {
@@ -303,8 +304,19 @@ async fn decide(
                     store_name,
                 };
                 let snap = load_snapshot(store, &who, marker).await.map_err(|e| {
+                    let repair = if Some(c.seq) == newest {
+                        "it is the task's latest checkpoint: restore the index from a copy, or run the job with restore-fallback so that it commits past it".to_string()
+                    } else {
+                        format!(
+                            "it is an older retained checkpoint (the latest is #{}): the job's next commits trim it from the history once it leaves retention, or delete that checkpoint's document under {} if no rollback to it is needed",
+                            newest.unwrap_or(c.seq),
+                            job.scope().as_str()
+                        )
+                    };
                     e.context(format!(
-                        "sweep: root of task {task:?} store {store_name:?} (nothing deleted)"
+                        "sweep: checkpoint #{} ({}) of task {task:?} names the snapshot {marker} of store {store_name:?}, which cannot be read, so the sweep cannot know what it keeps alive and deletes nothing; {repair}",
+                        c.seq,
+                        v2.id
                     ))
                 })?;
                 live.insert(snap.scope.index_key(&snap.marker)?);

@@ -48,7 +48,8 @@ pub struct ManualBackup {
 /// upload (a running process holds it: `Conflict`), and only the live files are read (not
 /// `LOCK`, the info logs, obsolete MANIFESTs). A checkpoint dir (no `LOCK`) is uploaded as it
 /// is. The hashes of immutable files are cached in `hash_cache_dir` (never next to the
-/// database), so an incremental backup reads only new files.
+/// database), so an incremental backup reads only new files; `None`: no cache, every file is
+/// hashed.
 ///
 /// `watch` sees the upload's progress once it starts; what it returns is dropped when the
 /// upload ends (a progress bar).
@@ -97,7 +98,8 @@ pub async fn backup<W>(
         std::slice::from_ref(&spec),
         Arc::new(SystemClock),
         BackupSettings {
-            hash_cache: true,
+            // Never beside the database: without a cache dir, no cache (every file hashed).
+            hash_cache: hash_cache_dir.is_some(),
             hash_cache_dir,
             only,
             ..Default::default()
@@ -124,7 +126,15 @@ pub async fn backup<W>(
         input_offsets: Default::default(),
         state_checkpoint_markers: [(FACTORY_NAME.to_string(), markers)].into(),
     });
-    let seq = last.as_ref().map_or(0, |c| c.seq) + 1;
+    let seq = last
+        .as_ref()
+        .map_or(0, |c| c.seq)
+        .checked_add(1)
+        .ok_or_else(|| {
+            Error::corrupt(format!(
+                "backup {name}: the latest checkpoint number has no successor: the history is corrupt"
+            ))
+        })?;
     pins.write(
         TASK,
         seq,

@@ -22,6 +22,9 @@ use crate::digest::Sha256;
 use crate::error::{Error, ErrorKind, Result};
 use crate::layout::JobScope;
 
+/// The format of the checkpoint documents this version writes and reads.
+const FORMAT: u32 = 1;
+
 #[derive(Serialize, Deserialize)]
 struct Document {
     #[serde(rename = "blobsnap-checkpoint")]
@@ -68,6 +71,12 @@ impl BlobCheckpointStore {
         let bytes = get_bytes(self.store.as_ref(), key, MAX_CHECKPOINT_BYTES as u64).await?;
         let doc: Document = serde_json::from_slice(&bytes)
             .map_err(|e| Error::corrupt(format!("checkpoint {key}: {e}")))?;
+        if doc.format != FORMAT {
+            return Err(Error::corrupt(format!(
+                "checkpoint {key}: blobsnap-checkpoint format {} (this blobsnap reads {FORMAT})",
+                doc.format
+            )));
+        }
         if doc.seq != seq {
             return Err(Error::corrupt(format!(
                 "checkpoint {key} says it is number {}, its key says {seq}",
@@ -103,13 +112,33 @@ impl CheckpointStore for BlobCheckpointStore {
         Ok(self.seqs(task).await?.pop().map(|(seq, _)| seq))
     }
 
+    /// A document listed but gone when read was trimmed by the task's writer meanwhile (every
+    /// commit trims what left retention): the history is listed and read again, up to 3 times,
+    /// so a reader of a busy job's roots (the sweep) does not fail on that routine race. A
+    /// document still missing after that is `NotFound`, as is any other failure of the read.
     async fn history(&self, task: &str, limit: usize) -> Result<Vec<CommittedCheckpoint>> {
-        let seqs = self.seqs(task).await?;
-        let mut out = Vec::new();
-        for (seq, key) in seqs.iter().rev().take(limit) {
-            out.push(self.read(task, *seq, key).await?);
+        let mut attempt = 0;
+        'listing: loop {
+            attempt += 1;
+            let seqs = self.seqs(task).await?;
+            let mut out = Vec::new();
+            for (seq, key) in seqs.iter().rev().take(limit) {
+                match self.read(task, *seq, key).await {
+                    Ok(c) => out.push(c),
+                    Err(e) if e.kind() == ErrorKind::NotFound && attempt < 3 => {
+                        tracing::debug!(
+                            task,
+                            seq,
+                            attempt,
+                            "checkpoint trimmed while the history was read; listing again"
+                        );
+                        continue 'listing;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            return Ok(out);
         }
-        Ok(out)
     }
 
     async fn write(
@@ -125,7 +154,7 @@ impl CheckpointStore for BlobCheckpointStore {
         let checkpoint_json: serde_json::Value = serde_json::from_slice(&checkpoint.to_json()?)
             .map_err(|e| Error::invalid(format!("checkpoint JSON: {e}")))?;
         let doc = Document {
-            format: 1,
+            format: FORMAT,
             seq,
             writer: writer.to_string(),
             checkpoint: checkpoint_json,

@@ -327,13 +327,30 @@ pub(crate) async fn open_demo_store(
     settings.open_store().await
 }
 
-pub(crate) fn user_cache_dir() -> std::path::PathBuf {
-    std::env::var_os("XDG_CACHE_HOME")
+/// The user's cache dir for blobsnap (`$XDG_CACHE_HOME/blobsnap`, else
+/// `$HOME/.cache/blobsnap`); `None` when neither is set — never a shared temp dir, where
+/// another user could plant a cache or a symlink (the commands then hash instead of caching).
+pub(crate) fn user_cache_dir() -> Option<std::path::PathBuf> {
+    let dir = std::env::var_os("XDG_CACHE_HOME")
         .filter(|v| !v.is_empty())
         .map(std::path::PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir)
-        .join("blobsnap")
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| std::path::PathBuf::from(h).join(".cache"))
+        })?
+        .join("blobsnap");
+    Some(dir)
+}
+
+/// The hash cache dir of `backup` and `restore`: `<user cache dir>/hashcache`, or `None`
+/// (no cache: every reused file is read) with a warning when there is no user cache dir.
+pub(crate) fn hash_cache_dir() -> Option<std::path::PathBuf> {
+    let dir = user_cache_dir().map(|d| d.join("hashcache"));
+    if dir.is_none() {
+        tracing::warn!("neither XDG_CACHE_HOME nor HOME is set: no hash cache (files are hashed instead of proved from a cache)");
+    }
+    dir
 }
 
 /// The settings file and environment, with the store flags on top.

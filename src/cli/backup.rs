@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use super::args::{open_store, user_cache_dir, StoreArgs};
+use super::args::{open_store, StoreArgs};
 use super::progress::Bar;
 use blobsnap::blob::manual;
 use clap::Args;
@@ -35,11 +35,14 @@ pub(crate) async fn backup_command(
     name: &str,
 ) -> blobsnap::Result<()> {
     let blob_store = open_store(args).await?;
-    let made = manual::backup(
+    let stop = super::signal::stop_on_signal(
+        "nothing is committed; what was uploaded is left to the sweep, after its grace",
+    );
+    let backup = manual::backup(
         blob_store,
         db_dir,
         name,
-        Some(user_cache_dir().join("hashcache")),
+        super::args::hash_cache_dir(),
         |p| {
             Bar::start("backup", move || {
                 use std::sync::atomic::Ordering::Relaxed;
@@ -49,8 +52,16 @@ pub(crate) async fn backup_command(
                 )
             })
         },
-    )
-    .await?;
+    );
+    let made = tokio::select! {
+        made = backup => made?,
+        () = stop.cancelled() => {
+            return Err(blobsnap::Error::new(
+                blobsnap::ErrorKind::Cancelled,
+                format!("backup {name} stopped on request: nothing was committed (the previous backup is still the latest)"),
+            ));
+        }
+    };
     let (marker, s) = (made.marker, made.stats);
     if json {
         println!(

@@ -116,6 +116,9 @@ pub(crate) async fn run(
         index_inline_below: job.index_inline_below,
         restore_mode: restore_mode.unwrap_or(job.restore_mode),
         lazy_download_rate: job.lazy_download_rate,
+        stop: super::signal::stop_on_signal(
+            "each task commits what it processed, deletes its lease and releases its stores",
+        ),
     };
     let admin = open_admin(
         has_store_flags.then_some(store_args),

@@ -13,6 +13,7 @@ mod probe;
 mod progress;
 mod restore;
 mod show;
+mod signal;
 mod standby;
 mod verify;
 

@@ -66,6 +66,7 @@ pub(crate) async fn run(
     };
     // Nobody else may restore into the dir or have its database open meanwhile.
     let _lock = blobsnap::local::lock::StoreDirLock::acquire(&spec.dir)?;
+    let cache_dir = super::args::hash_cache_dir();
     let mgr = BlobRestoreManager::new(
         blob_store,
         ctx,
@@ -74,7 +75,11 @@ pub(crate) async fn run(
             // The same cache as `blobsnap backup`'s: in the user's cache dir, never beside the
             // target (a restore of a dir that `blobsnap backup` backed up proves its SSTs
             // without reading them).
-            hash_cache_dir: Some(super::args::user_cache_dir().join("hashcache")),
+            hash_cache: cache_dir.is_some(),
+            hash_cache_dir: cache_dir,
+            cancel: super::signal::stop_on_signal(
+                "the restore stops; the target dir stays as it was, a rerun reuses what was downloaded",
+            ),
             ..Default::default()
         },
     )?;

@@ -58,6 +58,7 @@ pub(crate) async fn run(
         index_inline_below: blobsnap::blob::backup::INLINE_BELOW,
         restore_mode: blobsnap::job::RestoreMode::Full,
         lazy_download_rate: blobsnap::local::lazy::DEFAULT_RATE,
+        stop: Default::default(),
     };
     let backend: Arc<dyn blobsnap::backend::StateBackendFactory> =
         Arc::new(blobsnap::blob::factory::BlobStateBackendFactory::new(
@@ -67,14 +68,8 @@ pub(crate) async fn run(
             blobsnap::blob::restore::RestoreSettings::default(),
             job.deployment_id.clone(),
         ));
-    let stop = tokio_util::sync::CancellationToken::new();
-    {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            let _ = tokio::signal::ctrl_c().await;
-            stop.cancel();
-        });
-    }
+    let stop =
+        super::signal::stop_on_signal("the standby stops between polls; its copy stays consistent");
     let until = args.until_seq;
     let task = args.task.clone();
     let stop_at = stop.clone();

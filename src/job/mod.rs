@@ -77,6 +77,13 @@ pub struct JobSettings {
     /// A lazy restore's background download stays under this many bytes/s (0: no bound;
     /// default [`DEFAULT_RATE`](crate::local::lazy::DEFAULT_RATE)).
     pub lazy_download_rate: u64,
+    /// Cancel to stop the job gracefully (the `blobsnap` command does on its first SIGINT or
+    /// SIGTERM): a task restoring stops its restore (the store dirs unchanged); a task
+    /// processing stops taking messages, waits for its commit in flight, commits what it
+    /// processed since, hands back what retention let go, releases its stores and deletes its
+    /// writer lease — without waiting for a lazy restore's background download — and
+    /// returns `Cancelled` naming the offset it committed.
+    pub stop: tokio_util::sync::CancellationToken,
 }
 
 /// How a task's stores are restored when it starts.
@@ -365,73 +372,113 @@ async fn run_task_leased(
     let mut in_flight: Option<tokio::task::JoinHandle<Result<CommitReport>>> = None;
     let mut due_since: Option<std::time::Instant> = None;
     let mut last_commit_at = std::time::Instant::now();
-    loop {
-        if in_flight.as_ref().is_some_and(|h| h.is_finished()) {
+    // The processing loop and the last commit; whatever ends them, a commit still in flight
+    // is awaited before the task returns — so it never runs on, detached, with the stores
+    // open and the store-dir locks released (an in-process restart could swap a tree under
+    // it).
+    let processed = async {
+        loop {
+            if settings.stop.is_cancelled() {
+                break;
+            }
+            if in_flight.as_ref().is_some_and(|h| h.is_finished()) {
+                if let Some(h) = in_flight.take() {
+                    finished(h, &task, &backup, on_commit, &mut summary, &sweep).await?;
+                }
+            }
+            if lease_renewed.elapsed() >= settings.gc_grace / 4 {
+                match lease.announce(blob_store.as_ref(), job).await {
+                    Ok(()) => lease_renewed = std::time::Instant::now(),
+                    // Retried at the next message; fatal only once the lease is half a grace
+                    // old (past that, a sweep could take the task for stopped).
+                    Err(e) if lease_renewed.elapsed() < settings.gc_grace / 2 => {
+                        tracing::warn!(task = %task, error = %e, "could not renew the writer lease; retrying");
+                    }
+                    Err(e) => {
+                        return Err(e.context(format!(
+                            "the writer lease of task {task:?} could not be renewed for half the sweep grace ({} s)",
+                            (settings.gc_grace / 2).as_secs()
+                        )))
+                    }
+                }
+            }
+            let Some(msg) = reader.next_message()? else {
+                break;
+            };
+            processor.process(&stores, &msg)?;
+            if summary.processed == 0 {
+                // From the task's start (before its claim and restore) to its first message.
+                let secs = started.elapsed().as_secs_f64();
+                summary.first_message_secs = Some(secs);
+                metrics::gauge!("blobsnap_task_first_message_seconds", "task" => task.clone())
+                    .set(secs);
+            }
+            // Processing is synchronous: without a yield now and then, the tasks of a job would
+            // keep every runtime thread busy and the async stages of their commits would starve
+            // until the input ends (found on Garage: 2 commits in a 60,000-message run).
+            tokio::task::consume_budget().await;
+            offset = msg.next_offset;
+            summary.processed += 1;
+            since_commit += 1;
+            let by_time = !settings.commit_interval.is_zero()
+                && last_commit_at.elapsed() >= settings.commit_interval;
+            if since_commit < settings.commit_every && !by_time {
+                continue;
+            }
             if let Some(h) = in_flight.take() {
+                let due = *due_since.get_or_insert_with(|| {
+                    summary.commits_skipped += 1;
+                    std::time::Instant::now()
+                });
+                if due.elapsed() < settings.commit_max_delay && !h.is_finished() {
+                    in_flight = Some(h);
+                    continue; // skipped: keep processing
+                }
                 finished(h, &task, &backup, on_commit, &mut summary, &sweep).await?;
             }
-        }
-        if lease_renewed.elapsed() >= settings.gc_grace / 4 {
-            lease.announce(blob_store.as_ref(), job).await?;
-            lease_renewed = std::time::Instant::now();
-        }
-        let Some(msg) = reader.next_message()? else {
-            break;
-        };
-        processor.process(&stores, &msg)?;
-        if summary.processed == 0 {
-            // From the task's start (before its claim and restore) to its first message.
-            let secs = started.elapsed().as_secs_f64();
-            summary.first_message_secs = Some(secs);
-            metrics::gauge!("blobsnap_task_first_message_seconds", "task" => task.clone())
-                .set(secs);
-        }
-        // Processing is synchronous: without a yield now and then, the tasks of a job would
-        // keep every runtime thread busy and the async stages of their commits would starve
-        // until the input ends (found on Garage: 2 commits in a 60,000-message run).
-        tokio::task::consume_budget().await;
-        offset = msg.next_offset;
-        summary.processed += 1;
-        since_commit += 1;
-        let by_time = !settings.commit_interval.is_zero()
-            && last_commit_at.elapsed() >= settings.commit_interval;
-        if since_commit < settings.commit_every && !by_time {
-            continue;
+            due_since = None;
+            last_commit_at = std::time::Instant::now();
+            let pending = commits
+                .sync_stage(BTreeMap::from([(ssp.clone(), offset.to_string())]))
+                .await?;
+            since_commit = 0;
+            let c = Arc::clone(&commits);
+            in_flight = Some(tokio::spawn(async move { c.async_stage(pending).await }));
         }
         if let Some(h) = in_flight.take() {
-            let due = *due_since.get_or_insert_with(|| {
-                summary.commits_skipped += 1;
-                std::time::Instant::now()
-            });
-            if due.elapsed() < settings.commit_max_delay && !h.is_finished() {
-                in_flight = Some(h);
-                continue; // skipped: keep processing
-            }
             finished(h, &task, &backup, on_commit, &mut summary, &sweep).await?;
         }
-        due_since = None;
-        last_commit_at = std::time::Instant::now();
-        let pending = commits
-            .sync_stage(BTreeMap::from([(ssp.clone(), offset.to_string())]))
-            .await?;
-        since_commit = 0;
-        let c = Arc::clone(&commits);
-        in_flight = Some(tokio::spawn(async move { c.async_stage(pending).await }));
+        if since_commit > 0 || summary.commits == 0 {
+            let report = commits
+                .commit(BTreeMap::from([(ssp.clone(), offset.to_string())]))
+                .await?;
+            on_commit(&task, &report, backup.as_ref());
+            summary.commits += 1;
+            summary.last_commit = Some(report);
+        }
+        Ok::<(), Error>(())
     }
+    .await;
     if let Some(h) = in_flight.take() {
-        finished(h, &task, &backup, on_commit, &mut summary, &sweep).await?;
+        tracing::warn!(task = %task, "the task stops on an error: waiting for its commit in flight before it releases its stores");
+        let _ = h.await;
     }
-    if since_commit > 0 || summary.commits == 0 {
-        let report = commits
-            .commit(BTreeMap::from([(ssp.clone(), offset.to_string())]))
-            .await?;
-        on_commit(&task, &report, backup.as_ref());
-        summary.commits += 1;
-        summary.last_commit = Some(report);
-    }
+    processed?;
     // What the last commit's cleanup handed back would otherwise wait for a next commit.
     if let Err(e) = commits.finish().await {
         tracing::warn!(task = %task, error = %e, "could not delete the snapshots that left retention at the last commit; the sweep will");
+    }
+    if settings.stop.is_cancelled() {
+        // A graceful stop: everything processed is committed, the stores close (a lazy
+        // restore's background download stops with them: the next start fetches the rest).
+        tracing::info!(task = %task, offset, "task stopped: its last commit holds every message it processed");
+        return Err(Error::new(
+            crate::error::ErrorKind::Cancelled,
+            format!(
+                "task {task:?} stopped on request after committing offset {offset} ({} messages processed)",
+                summary.processed
+            ),
+        ));
     }
     // A store restored lazily is complete before the task lets it go: only a crash leaves one
     // incomplete (and the next start's restore completes it).
@@ -647,7 +694,16 @@ async fn finished(
             }
             Ok(())
         }
-        Err(e) if e.kind() == crate::ErrorKind::Conflict => Err(e),
+        // Fenced off by a newer writer, or a commit that cannot succeed as configured (an
+        // index over the cap, uploads that outlive half the grace again and again): stop.
+        Err(e)
+            if matches!(
+                e.kind(),
+                crate::ErrorKind::Conflict | crate::ErrorKind::InvalidInput
+            ) =>
+        {
+            Err(e)
+        }
         Err(e) => {
             summary.commits_failed += 1;
             metrics::counter!("blobsnap_commit_failures_total", "task" => task.to_string())

@@ -230,6 +230,7 @@ pub async fn run(
             ..Default::default()
         },
         RestoreSettings {
+            cancel: settings.stop.clone(),
             lazy: (settings.restore_mode == crate::job::RestoreMode::Lazy).then(|| {
                 crate::local::lazy::Background {
                     max_rate: settings.lazy_download_rate,

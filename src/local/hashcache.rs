@@ -117,10 +117,15 @@ impl HashCache {
         PathBuf::from(p)
     }
 
-    /// Load the cache at `path`; a missing, torn or corrupt file gives an empty cache.
+    /// Load the cache at `path`; a missing, torn or corrupt file gives an empty cache, and so
+    /// does one this process should not trust: not a regular file (a symlink is never
+    /// followed), not owned by this process's user, or in a dir of another user or one
+    /// everyone may write to (a cache maps files to digests the restore and backup then take
+    /// without reading: a planted one would install or dedup wrong bytes).
     pub fn load(path: PathBuf) -> Self {
-        let map = std::fs::read(&path)
-            .ok()
+        let map = trusted(&path)
+            .then(|| std::fs::read(&path).ok())
+            .flatten()
             .and_then(|bytes| Self::decode(&bytes))
             .unwrap_or_default();
         HashCache {
@@ -206,20 +211,110 @@ impl HashCache {
             serde_json::to_vec(&entries)
                 .map_err(|e| Error::invalid(format!("serialize hash cache: {e}")))?
         };
+        // A temp name of this save's own, created new: an existing path (a symlink someone
+        // planted included) is never opened, followed or truncated.
         let mut tmp = self.path.as_os_str().to_owned();
-        tmp.push(".tmp");
+        tmp.push(format!(
+            ".{}-{:016x}.tmp",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
         let tmp = PathBuf::from(tmp);
         let write = || -> std::io::Result<()> {
             if let Some(parent) = self.path.parent() {
                 std::fs::create_dir_all(parent)?;
             }
-            let mut f = std::fs::File::create(&tmp)?;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&tmp)?;
             f.write_all(&body)?;
             f.write_all(b"\n")?;
             f.write_all(Sha256::of(&body).to_hex().as_bytes())?;
             f.sync_all()?;
             std::fs::rename(&tmp, &self.path)
         };
-        write().map_err(|e| Error::io(format!("save hash cache {}", self.path.display()), e))
+        write().map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            Error::io(format!("save hash cache {}", self.path.display()), e)
+        })
+    }
+}
+
+/// Whether the cache file at `path` may be read: absent (nothing to read), or a regular file
+/// owned by this process's user, in a dir of that user that not everyone may write to.
+fn trusted(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    let uid = rustix::process::geteuid().as_raw();
+    let Ok(md) = std::fs::symlink_metadata(path) else {
+        return true;
+    };
+    let dir_ok = path
+        .parent()
+        .map(|p| {
+            if p.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                p
+            }
+        })
+        .and_then(|p| std::fs::metadata(p).ok())
+        .is_some_and(|d| d.uid() == uid && d.mode() & 0o002 == 0);
+    let ok = md.file_type().is_file() && md.uid() == uid && dir_ok;
+    if !ok {
+        tracing::warn!(cache = %path.display(), "hash cache not trusted (not a regular file of this user, in a dir of this user that not everyone may write to): ignoring it");
+    }
+    ok
+}
+
+#[cfg(test)]
+mod trust_tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt as _;
+
+    fn one_entry(dir: &Path) -> HashCache {
+        let c = HashCache::load(dir.join("c.blobsnap-hashcache"));
+        let f = dir.join("000001.sst");
+        std::fs::write(&f, b"x").unwrap();
+        let md = std::fs::symlink_metadata(&f).unwrap();
+        c.insert(
+            CacheKey::of("000001.sst", &md),
+            FileDigest {
+                sha256: Sha256::of(b"x"),
+                crc32: 0,
+                size: 1,
+            },
+        );
+        c
+    }
+
+    /// A cache saved and loaded in the user's own dir is read back; in a dir everyone may
+    /// write to, or through a symlink, it is ignored (empty).
+    #[test]
+    fn a_cache_others_could_have_planted_is_ignored() {
+        let tmp = tempfile::tempdir().unwrap();
+        let own = tmp.path().join("own");
+        std::fs::create_dir(&own).unwrap();
+        one_entry(&own).save().unwrap();
+        assert_eq!(HashCache::load(own.join("c.blobsnap-hashcache")).len(), 1);
+        let leftovers: Vec<_> = std::fs::read_dir(&own)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+            .collect();
+        assert!(leftovers.is_empty(), "no temp file left: {leftovers:?}");
+
+        let shared = tmp.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+        one_entry(&shared).save().unwrap();
+        assert!(HashCache::load(shared.join("c.blobsnap-hashcache")).is_empty());
+
+        let link = own.join("link.blobsnap-hashcache");
+        std::os::unix::fs::symlink(own.join("c.blobsnap-hashcache"), &link).unwrap();
+        assert!(
+            HashCache::load(link).is_empty(),
+            "a symlink is not followed"
+        );
     }
 }

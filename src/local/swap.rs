@@ -19,6 +19,19 @@ pub fn sibling(dir: &Path, suffix: &str) -> Result<PathBuf> {
     Ok(dir.with_file_name(n))
 }
 
+/// The directory that holds `path`: its parent, or `.` for a bare relative name (`r1`,
+/// `r1/`), whose parent is the empty path (which no system call accepts).
+pub fn parent_dir(path: &Path) -> Result<&Path> {
+    match path.parent() {
+        Some(p) if p.as_os_str().is_empty() => Ok(Path::new(".")),
+        Some(p) => Ok(p),
+        None => Err(Error::invalid(format!(
+            "{} has no parent directory",
+            path.display()
+        ))),
+    }
+}
+
 /// `<store dir>.blobsnap-standby`: where a warm standby of the store's task keeps its copy
 /// (`job::standby`), beside the store dir, on the same filesystem (its files are hard-linked).
 pub fn standby_dir(store_dir: &Path) -> Result<PathBuf> {
@@ -103,9 +116,7 @@ pub fn roll_forward(store_dir: &Path) -> Result<()> {
             staging.display()
         )))?;
     }
-    if let Some(parent) = store_dir.parent() {
-        fsync_dir(parent)?;
-    }
+    fsync_dir(parent_dir(store_dir)?)?;
     std::fs::remove_file(&intent)
         .map_err(Error::io_with(format!("remove {}", intent.display())))?;
     remove_tree(&old)
@@ -113,9 +124,7 @@ pub fn roll_forward(store_dir: &Path) -> Result<()> {
 
 /// Exchange the complete staging tree with the store dir, atomically.
 pub fn swap_in(store_dir: &Path, staging: &Path) -> Result<()> {
-    let parent = store_dir.parent().ok_or_else(|| {
-        Error::invalid(format!("store dir {} has no parent", store_dir.display()))
-    })?;
+    let parent = parent_dir(store_dir)?;
     if !store_dir.exists() {
         std::fs::rename(staging, store_dir).map_err(Error::io_with(format!(
             "move {} into place",
@@ -156,5 +165,26 @@ pub fn swap_in(store_dir: &Path, staging: &Path) -> Result<()> {
             ),
             std::io::Error::from(e),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parent_dir;
+    use std::path::Path;
+
+    #[test]
+    fn a_bare_relative_name_has_the_current_dir_as_parent() {
+        for (p, want) in [
+            ("r1", "."),
+            ("r1/", "."),
+            ("./r1", "."),
+            ("a/r1", "a"),
+            ("../x/r1", "../x"),
+            ("/abs/r1", "/abs"),
+        ] {
+            assert_eq!(parent_dir(Path::new(p)).unwrap(), Path::new(want), "{p}");
+        }
+        assert!(parent_dir(Path::new("/")).is_err());
     }
 }

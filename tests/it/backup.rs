@@ -1237,3 +1237,78 @@ async fn the_hash_cache_trusts_exactly_its_key() {
     assert_eq!(s.hash_cache_hits, 0, "the damaged cache was ignored: {s:?}");
     assert!(s.bytes_hashed >= 2 * 65_536, "{s:?}");
 }
+
+/// The inline budget (N4 of the second protocol review): a checkpoint dir of 800 small
+/// mutable files of 65,000 bytes each (each under the 64 KiB inline threshold; base64 would
+/// make an all-inline index ~69 MB, over the 64 MiB every reader enforces) commits an index
+/// that carries at most `INLINE_BUDGET` bytes inline, the rest as blobs — and it restores,
+/// byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_small_files_stay_under_the_index_cap() {
+    use blobsnap::backend::TaskRestoreManager as _;
+    use blobsnap::blob::backup::INLINE_BUDGET;
+    use blobsnap::blob::restore::{BlobRestoreManager, RestoreSettings};
+    let h = support::local().await;
+    let mut fx = Fixture::new(&h);
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = StoreSpec {
+        name: "many".into(),
+        dir: tmp.path().join("many"),
+    };
+    let mgr = fx.manager(std::slice::from_ref(&spec));
+    mgr.init(None).await.unwrap();
+    let cp = tmp.path().join("cp");
+    for i in 0..800u32 {
+        let body: Vec<u8> = (0..65_000u32).map(|j| ((i * 7 + j) % 251) as u8).collect();
+        write(&cp.join(format!("f{i:04}.dat")), &body);
+    }
+    let id = fx.next_id();
+    let m = mgr
+        .upload(
+            id,
+            &StoreMarkers::new(),
+            &BTreeMap::from([("many".into(), cp.clone())]),
+        )
+        .await
+        .unwrap();
+    let marker = m["many"].clone();
+    let idx = fx.index("many", &marker).await;
+    let inline: u64 = idx
+        .present_files()
+        .iter()
+        .filter(|(_, f)| f.inline_data.is_some())
+        .map(|(_, f)| f.file_metadata.size)
+        .sum();
+    assert!(
+        inline > 0 && inline <= INLINE_BUDGET,
+        "{inline} bytes inline"
+    );
+    assert!(
+        (idx.to_bytes().unwrap().len() as u64) < blobsnap::index::MAX_INDEX_BYTES,
+        "the index is under the cap"
+    );
+    fx.check_blobs("many", &idx).await;
+    let dst = StoreSpec {
+        name: "many".into(),
+        dir: tmp.path().join("restored"),
+    };
+    let r = BlobRestoreManager::new(
+        Arc::clone(&fx.store),
+        fx.task.clone(),
+        std::slice::from_ref(&dst),
+        RestoreSettings::default(),
+    )
+    .unwrap();
+    r.init(Some(&checkpoint_of(id, "many", &marker)))
+        .await
+        .unwrap();
+    r.restore().await.unwrap();
+    for i in 0..800u32 {
+        let name = format!("f{i:04}.dat");
+        assert_eq!(
+            std::fs::read(dst.dir.join(&name)).unwrap(),
+            std::fs::read(cp.join(&name)).unwrap(),
+            "{name}"
+        );
+    }
+}

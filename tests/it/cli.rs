@@ -824,16 +824,53 @@ async fn the_scope_is_guarded_by_admin_validation_and_writer_leases() {
         err.contains("Partition 0") && err.contains("lease"),
         "{err}"
     );
-    // Killed, its lease stays (it may have died mid-commit)...
+    // Killed, its lease stays (it may have died mid-commit). A lease of a process on another
+    // host is honoured until its grace ends; this one's process is known to be gone (this
+    // machine, this boot, this pid namespace, no process with its pid and start time): the
+    // sweep says so and proceeds. The same lease copied as another host's still refuses.
     child.kill().await.unwrap();
+    child.wait().await.unwrap();
+    assert_eq!(leases(&t).await, 1, "the killed task's lease stays");
+    let job = JobScope::new("wordcount", "1").unwrap();
+    let lease_key = blobsnap::blobstore::list_all(t.store.as_ref(), &job.all_writers().unwrap())
+        .await
+        .unwrap()[0]
+        .key
+        .clone();
+    let lease_bytes = blobsnap::blobstore::get_bytes(t.store.as_ref(), &lease_key, 1 << 20)
+        .await
+        .unwrap();
+    let mut other: serde_json::Value = serde_json::from_slice(&lease_bytes).unwrap();
+    other["host"] = format!("{}-elsewhere", other["host"].as_str().unwrap()).into();
+    let other_key = job
+        .writers("Partition 1")
+        .unwrap()
+        .key("elsewhere.json")
+        .unwrap();
+    t.store
+        .put(
+            &other_key,
+            PutBody::Bytes(serde_json::to_vec(&other).unwrap().into()),
+            PutOptions::default(),
+        )
+        .await
+        .unwrap();
     let (code, _, err) = gc_run("0", true).await;
     assert_eq!(
         code,
         Some(6),
-        "a killed task's lease, within its grace: {err}"
+        "another host's lease, within its grace: {err}"
     );
-    // ...until the task's next claim: the rerun fences the dead writer off and drops its
-    // lease, and deletes its own when it stops.
+    assert!(err.contains("-elsewhere"), "{err}");
+    t.store
+        .delete_many(std::slice::from_ref(&other_key))
+        .await
+        .unwrap();
+    let (code, _, err) = gc_run("0", true).await;
+    assert_eq!(code, Some(0), "a dead process's lease on this host: {err}");
+    assert!(err.contains("no longer runs"), "says why it proceeds: {err}");
+    // The task's next claim fences the dead writer off and drops its lease, and deletes its
+    // own when it stops.
     let args = demo(&["--lines", "200000", "--commit-every", "2000"]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let (code, v, err) = run(&t, &args).await;
@@ -1275,4 +1312,344 @@ async fn cost_of_a_demo_job_and_the_limit_flags() {
     assert_eq!(code, Some(2), "{err}");
     let (code, _, err) = run(&t, &["--max-transfers", "0", "ls"]).await;
     assert_eq!(code, Some(5), "{err}");
+}
+
+/// `restore --to` takes any path shape a user types — a bare relative name (whose parent is
+/// the empty path: the swap's fsync of it used to fail *after* the dir was replaced, exit 3,
+/// staging left behind), `./r`, `a/r` (a new parent), `../x/r`, an absolute path, a trailing
+/// slash — and each restores the snapshot's keys with no staging dir left beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restore_to_every_path_shape() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = local_target(tmp.path());
+    let dbdir = tmp.path().join("srcdb");
+    {
+        let db = RocksStore::open("x", &dbdir).unwrap();
+        write_keys(&db, 0, 500);
+        db.db().flush().unwrap();
+    }
+    let keys_in = |dir: &Path| -> Vec<(Vec<u8>, Vec<u8>)> {
+        let db = RocksStore::open("check", dir).unwrap();
+        db.db()
+            .iterator(rocksdb::IteratorMode::Start)
+            .map(|r| {
+                let (k, v) = r.unwrap();
+                (k.to_vec(), v.to_vec())
+            })
+            .collect()
+    };
+    let want = keys_in(&dbdir);
+    assert_eq!(want.len(), 500);
+    let (code, _, err) = run(
+        &t,
+        &[
+            "backup",
+            "--db",
+            dbdir.to_str().unwrap(),
+            "--name",
+            "shapes",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let cwd = tmp.path().join("cwd");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let abs = tmp.path().join("abs-r");
+    for (to, lands) in [
+        ("r1".to_string(), cwd.join("r1")),
+        ("./r2".to_string(), cwd.join("r2")),
+        ("new/r3".to_string(), cwd.join("new/r3")),
+        ("../x/r4".to_string(), tmp.path().join("x/r4")),
+        ("r5/".to_string(), cwd.join("r5")),
+        (abs.display().to_string(), abs.clone()),
+    ] {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+            .args(&t.args)
+            .args(["restore", "--name", "shapes", "--to", &to])
+            .current_dir(&cwd)
+            .env("XDG_CACHE_HOME", cache_dir())
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "restore --to {to}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let staging = blobsnap::local::swap::staging_dir(&lands).unwrap();
+        assert!(!staging.exists(), "--to {to}: {} left", staging.display());
+        assert_eq!(keys_in(&lands), want, "--to {to}");
+    }
+}
+
+/// Every object of the store, with its bytes.
+async fn objects(store: &Arc<dyn BlobStore>) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let all = blobsnap::blobstore::list_all(store.as_ref(), &blobsnap::blobstore::Scope::root())
+        .await
+        .unwrap();
+    let mut out = std::collections::BTreeMap::new();
+    for m in all {
+        let bytes = blobsnap::blobstore::get_bytes(store.as_ref(), &m.key, 1 << 30)
+            .await
+            .unwrap();
+        out.insert(m.key.as_str().to_string(), bytes.to_vec());
+    }
+    out
+}
+
+/// The sweep fails closed: when a root it must read — the index an older retained
+/// checkpoint names (gone, then corrupt), or a checkpoint document itself — cannot be read,
+/// `gc` deletes nothing (an orphan past the grace included), touches nothing (`scope.json`
+/// included: every object's bytes are compared), and says which checkpoint names what, and
+/// how to repair it (exit 3 / 4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_fails_closed_on_an_unreadable_root_and_names_the_repair() {
+    use blobsnap::checkpoint::{BlobCheckpointStore, CheckpointStore as _};
+    let tmp = tempfile::tempdir().unwrap();
+    let t = local_target(tmp.path());
+    let demo = tmp.path().join("demo").display().to_string();
+    let (code, _, err) = run(
+        &t,
+        &[
+            "demo",
+            "--dir",
+            &demo,
+            "--partitions",
+            "1",
+            "--lines",
+            "3000",
+            "--commit-every",
+            "500",
+            "--retention",
+            "3",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let job = JobScope::new("wordcount", "1").unwrap();
+    let task = "Partition 0";
+    let cps = BlobCheckpointStore::new(Arc::clone(&t.store), job.clone());
+    let history = cps.history(task, usize::MAX).await.unwrap();
+    assert!(history.len() >= 2, "{} retained", history.len());
+    let older = &history[1];
+    let marker: blobsnap::index::IndexMarker =
+        older.checkpoint.as_v2().unwrap().state_checkpoint_markers[blobsnap::blob::FACTORY_NAME]
+            ["counts"]
+            .parse()
+            .unwrap();
+    let index_key = job
+        .store(task, "counts")
+        .unwrap()
+        .index_key(&marker)
+        .unwrap();
+    let orphan = job
+        .store(task, "counts")
+        .unwrap()
+        .key(&format!("blobs/1000-0/{}", "cd".repeat(32)))
+        .unwrap();
+    t.store
+        .put(
+            &orphan,
+            PutBody::Bytes(b"orphan".to_vec().into()),
+            PutOptions::default(),
+        )
+        .await
+        .unwrap();
+    let good_index = blobsnap::blobstore::get_bytes(t.store.as_ref(), &index_key, 1 << 30)
+        .await
+        .unwrap();
+    let gc = ["gc", "--job", "wordcount", "--grace-secs", "0", "--force"];
+
+    // The index gone.
+    t.store
+        .delete_many(std::slice::from_ref(&index_key))
+        .await
+        .unwrap();
+    let before = objects(&t.store).await;
+    assert!(before.keys().any(|k| k.ends_with("scope.json")));
+    let (code, _, err) = run(&t, &gc).await;
+    assert_eq!(code, Some(3), "{err}");
+    assert!(
+        err.contains(&format!("checkpoint #{}", older.seq))
+            && err.contains("older retained checkpoint")
+            && err.contains("deletes nothing"),
+        "names the checkpoint and the repair: {err}"
+    );
+    assert_eq!(
+        objects(&t.store).await,
+        before,
+        "nothing deleted or touched"
+    );
+
+    // The index corrupt.
+    let mut bad = good_index.to_vec();
+    bad[0] ^= 0x20;
+    t.store
+        .put(
+            &index_key,
+            PutBody::Bytes(bad.into()),
+            PutOptions::default(),
+        )
+        .await
+        .unwrap();
+    let before = objects(&t.store).await;
+    let (code, _, err) = run(&t, &gc).await;
+    assert_eq!(code, Some(4), "{err}");
+    assert_eq!(
+        objects(&t.store).await,
+        before,
+        "nothing deleted or touched"
+    );
+
+    // The checkpoint document corrupt (the index good again).
+    t.store
+        .put(
+            &index_key,
+            PutBody::Bytes(good_index),
+            PutOptions::default(),
+        )
+        .await
+        .unwrap();
+    let cp_key = blobsnap::blobstore::list_all(t.store.as_ref(), &job.checkpoints(task).unwrap())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.key)
+        .find(|k| k.as_str().ends_with(&format!("/{:020}.json", older.seq)))
+        .unwrap_or_else(|| panic!("the key of checkpoint #{}", older.seq));
+    t.store
+        .put(
+            &cp_key,
+            PutBody::Bytes(b"{ not a checkpoint".to_vec().into()),
+            PutOptions::default(),
+        )
+        .await
+        .unwrap();
+    let before = objects(&t.store).await;
+    let (code, _, err) = run(&t, &gc).await;
+    assert_eq!(code, Some(4), "{err}");
+    assert_eq!(
+        objects(&t.store).await,
+        before,
+        "nothing deleted or touched"
+    );
+}
+
+/// Ctrl-C is a graceful stop: the demo, held in its second commit, gets SIGINT, says it is
+/// stopping, finishes that commit, commits what it processed since, deletes its writer lease
+/// and exits 10 naming the offset it committed — which is the latest checkpoint's; a rerun
+/// resumes from exactly there and ends with the independent count. A second signal stops at
+/// once (exit 130).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_stops_the_demo_gracefully_and_a_second_one_at_once() {
+    use blobsnap::checkpoint::{BlobCheckpointStore, CheckpointStore as _};
+    use tokio::io::AsyncBufReadExt as _;
+    let job = JobScope::new("wordcount", "1").unwrap();
+    for second_signal in [false, true] {
+        // A store and a demo dir of each run's own.
+        let tmp = tempfile::tempdir().unwrap();
+        let t = local_target(tmp.path());
+        let demo = tmp.path().join("demo");
+        let go = tmp.path().join("go");
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+            .args(&t.args)
+            .env("XDG_CACHE_HOME", cache_dir())
+            .env("BLOBSNAP_HOLD_AT", "commit.after-checkpoint@2")
+            .env("BLOBSNAP_HOLD_UNTIL", &go)
+            .kill_on_drop(true)
+            .args(["demo", "--dir"])
+            .arg(&demo)
+            .args([
+                "--partitions",
+                "1",
+                "--lines",
+                "6000",
+                "--commit-every",
+                "300",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = rustix::process::Pid::from_raw(child.id().unwrap() as i32).unwrap();
+        let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        let mut seen = String::new();
+        let mut wait_for = async |needle: &str, seen: &mut String| loop {
+            let Some(line) = lines.next_line().await.unwrap() else {
+                return false;
+            };
+            seen.push_str(&line);
+            seen.push('\n');
+            if line.contains(needle) {
+                return true;
+            }
+        };
+        for needle in [
+            "hold point commit.after-checkpoint reached",
+            "stopping gracefully",
+        ] {
+            if !wait_for(needle, &mut seen).await {
+                let status = child.wait().await.unwrap();
+                panic!("the demo ended ({status}) before {needle:?}: {seen}");
+            }
+            if needle.starts_with("hold") {
+                rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
+            }
+        }
+        if second_signal {
+            rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
+            let status = child.wait().await.unwrap();
+            assert_eq!(status.code(), Some(130), "{seen}");
+            continue;
+        }
+        std::fs::write(&go, b"").unwrap();
+        while let Ok(Some(line)) = lines.next_line().await {
+            seen.push_str(&line);
+            seen.push('\n');
+        }
+        let status = child.wait().await.unwrap();
+        assert_eq!(status.code(), Some(10), "exit 10 (cancelled): {seen}");
+        let offset: u64 = seen
+            .split("after committing offset ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("names the committed offset: {seen}"));
+        let cps = BlobCheckpointStore::new(Arc::clone(&t.store), job.clone());
+        let latest = cps.latest("Partition 0").await.unwrap().unwrap();
+        let committed = latest.checkpoint.as_v2().unwrap().input_offsets
+            [&blobsnap::checkpoint::Ssp::new("files", "lines", 0)]
+            .clone();
+        assert_eq!(
+            committed,
+            offset.to_string(),
+            "the last commit holds what was processed"
+        );
+        let leases = blobsnap::blobstore::list_all(t.store.as_ref(), &job.all_writers().unwrap())
+            .await
+            .unwrap();
+        assert!(leases.is_empty(), "its writer lease is deleted: {leases:?}");
+        let (code, v, err) = run(
+            &t,
+            &[
+                "demo",
+                "--dir",
+                demo.to_str().unwrap(),
+                "--partitions",
+                "1",
+                "--lines",
+                "6000",
+                "--commit-every",
+                "300",
+            ],
+        )
+        .await;
+        assert_eq!(code, Some(0), "{err}");
+        assert_eq!(v["check"], "ok", "{v}");
+        assert_eq!(
+            v["tasks"][0]["resumed-from"].as_u64(),
+            Some(offset),
+            "resumes from the offset the stop committed: {v}"
+        );
+    }
 }

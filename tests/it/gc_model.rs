@@ -734,3 +734,101 @@ fn a_slow_index_put_past_the_grace_abandons_the_whole_commit() {
         assert_eq!(n, 6, "both stores' blobs are referenced and present");
     });
 }
+
+/// A short grace never livelocks a task (N7 of the second protocol review): on a store where
+/// every upload outlives half the sweep's grace (each request lets up to half a grace pass on
+/// the virtual clock), every commit is abandoned — and after `ABANDON_LIMIT` in a row the
+/// commit fails with `InvalidInput` naming the grace and what to change, which stops the task
+/// (the runtime stops on it: `job::finished`), instead of retrying forever.
+#[test]
+fn uploads_that_outlive_half_the_grace_stop_the_task_instead_of_retrying_forever() {
+    use blobsnap::blob::backup::ABANDON_LIMIT;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let clock = Arc::new(VClock(AtomicU64::new(1_800_000_000_000)));
+        let model = Model::new(&clock, 11, GRACE_MS / 2, None);
+        let store: Arc<dyn BlobStore> = model.clone();
+        let tmp = tempfile::tempdir().unwrap();
+        let ctx = TaskContext {
+            job_name: "model".into(),
+            job_id: "1".into(),
+            task_name: "Partition 0".into(),
+        };
+        let mut specs = Vec::new();
+        let mut engines: Vec<Arc<dyn StoreEngine>> = Vec::new();
+        for name in ["counts", "lengths"] {
+            let dir = tmp.path().join(name);
+            std::fs::create_dir_all(&dir).unwrap();
+            for i in 0..3 {
+                std::fs::write(dir.join(format!("{i:06}.sst")), format!("{name} {i}")).unwrap();
+            }
+            specs.push(StoreSpec {
+                name: name.into(),
+                dir: dir.clone(),
+            });
+            engines.push(Arc::new(Files { name, dir }));
+        }
+        let checkpoints: Arc<dyn CheckpointStore> = Arc::new(BlobCheckpointStore::new(
+            Arc::clone(&store),
+            JobScope::new("model", "1").unwrap(),
+        ));
+        let vclock: Arc<dyn Clock> = clock.clone();
+        let (mgr, last) =
+            TaskCommitManager::start(ctx.clone(), checkpoints, Arc::clone(&vclock), 2, false)
+                .await
+                .unwrap();
+        let backup = Arc::new(
+            BlobBackupManager::new(
+                Arc::clone(&store),
+                ctx.clone(),
+                &specs,
+                Arc::clone(&vclock),
+                BackupSettings {
+                    gc_grace: Duration::from_millis(GRACE_MS),
+                    hash_cache: false,
+                    ..Default::default()
+                },
+            )
+            .unwrap(),
+        );
+        backup.init(last.as_ref()).await.unwrap();
+        let mgr = mgr.with_stores(engines).with_backends(
+            vec![Backend {
+                name: FACTORY_NAME.into(),
+                manager: backup,
+            }],
+            last,
+        );
+        let offsets = |i: u64| BTreeMap::from([(Ssp::new("s", "in", 0), i.to_string())]);
+        let mut abandoned = 0u32;
+        let mut stopped = None;
+        for i in 1..=10u64 {
+            match mgr.commit(offsets(i)).await {
+                Ok(_) => panic!("commit {i} landed although its upload outlived half the grace"),
+                Err(e) if e.kind() == ErrorKind::InvalidInput => {
+                    stopped = Some(e);
+                    break;
+                }
+                Err(e) => {
+                    assert!(e.to_string().contains("abandoned"), "{e}");
+                    abandoned += 1;
+                }
+            }
+        }
+        let e = stopped.expect("ten commits abandoned and none stopped the task: a livelock");
+        assert_eq!(abandoned, ABANDON_LIMIT - 1, "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("in a row") && msg.contains("grace") && msg.contains("gc-grace-secs"),
+            "names the grace and what to change: {msg}"
+        );
+        assert_eq!(
+            retained_intact(&store, &ctx).await,
+            Ok(0),
+            "nothing was committed"
+        );
+    });
+}
