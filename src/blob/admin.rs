@@ -447,9 +447,15 @@ pub async fn active_writers(
     Ok(out)
 }
 
+/// The floor of a sweep's grace on a scope that records none and has no running writer (an
+/// embedder's scope made before scopes recorded their grace, a manual backup's): the default
+/// grace every writer abandons by (`BackupSettings::gc_grace`), 24 h — never less than what
+/// a writer there may be using.
+pub const UNRECORDED_GRACE_SECS: u64 = 86_400;
+
 /// May a sweep of `grace` run on a scope whose owner record is `record` and whose active
 /// writers are `active`? The job's grace (recorded, or the longest of its running writers', or
-/// 60 s, the least a job accepts) is the floor:
+/// [`UNRECORDED_GRACE_SECS`] when the scope says nothing) is the floor:
 /// - a grace at or over the floor is safe beside a running job (its commits are bounded by
 ///   half of it);
 /// - a shorter one is refused unless `force`, and even forced, refused while a writer is
@@ -465,7 +471,7 @@ pub fn sweep_guard(
         .into_iter()
         .chain(active.iter().map(|(l, _)| l.gc_grace_secs))
         .max()
-        .unwrap_or(60);
+        .unwrap_or(UNRECORDED_GRACE_SECS);
     if grace.as_secs() >= floor {
         return Ok(());
     }
@@ -478,7 +484,7 @@ pub fn sweep_guard(
             } else if !active.is_empty() {
                 "its running tasks' grace"
             } else {
-                "the least a job may use"
+                "the default grace: the scope records none"
             }
         )));
     }
@@ -597,10 +603,20 @@ mod guard_tests {
         // ...and refused while a writer is active, forced or not.
         let e = sweep_guard(s(0), Some(&rec), &[(lease(3600), s(5))], true).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Conflict, "{e}");
-        // No record: the running writers' grace, else 60 s.
+        // No record: the running writers' grace, else the default grace every writer
+        // abandons by (a record without a grace likewise): never a 60 s floor beside an
+        // embedder's or a manual backup's upload in flight (N1 of the second review).
         let e = sweep_guard(s(600), None, &[(lease(3600), s(5))], false).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
-        sweep_guard(s(60), None, &[], false).unwrap();
-        assert!(sweep_guard(s(59), None, &[], false).is_err());
+        let bare = ScopeRecord {
+            gc_grace_secs: None,
+            ..rec.clone()
+        };
+        for r in [None, Some(&bare)] {
+            let e = sweep_guard(s(60), r, &[], false).unwrap_err();
+            assert!(e.to_string().contains("records none"), "{e}");
+            sweep_guard(s(UNRECORDED_GRACE_SECS), r, &[], false).unwrap();
+            sweep_guard(s(60), r, &[], true).unwrap();
+        }
     }
 }

@@ -86,13 +86,18 @@ impl StateBackendFactory for BlobStateBackendFactory {
     }
 
     fn admin(&self, job_name: &str, job_id: &str) -> Result<Arc<dyn StateBackendAdmin>> {
-        Ok(Arc::new(BlobStoreAdmin::new(
-            Arc::clone(&self.store),
-            self.s3.clone(),
-            job_name,
-            job_id,
-            &self.deployment_id,
-        )?))
+        // The scope records the grace its writers abandon by: a sweep of that scope is then
+        // held to it (never to a default floor).
+        Ok(Arc::new(
+            BlobStoreAdmin::new(
+                Arc::clone(&self.store),
+                self.s3.clone(),
+                job_name,
+                job_id,
+                &self.deployment_id,
+            )?
+            .with_gc_grace(self.backup.gc_grace),
+        ))
     }
 }
 

@@ -99,7 +99,7 @@ fn millis(t: SystemTime) -> u64 {
 }
 
 /// The server's current time: PUT a probe object under the job scope, HEAD it, delete it.
-async fn server_now(store: &dyn BlobStore, job: &JobScope) -> Result<SystemTime> {
+pub async fn server_now(store: &dyn BlobStore, job: &JobScope) -> Result<SystemTime> {
     let probe = job
         .scope()
         .key(&format!("gc-probe-{:016x}", rand::random::<u64>()))?;

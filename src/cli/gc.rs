@@ -46,12 +46,15 @@ pub(crate) async fn run(store_args: &StoreArgs, json: bool, args: GcArgs) -> blo
         // job runs even then (a dry run deletes nothing: it only warns).
         let scope = blobsnap::layout::JobScope::new(&job, &job_id)?;
         let record = admin::read_scope_record(blob_store.as_ref(), &scope).await?;
-        let active = admin::active_writers(
-            blob_store.as_ref(),
-            &scope,
-            blobsnap::backend::Clock::now(&blobsnap::backend::SystemClock),
-        )
-        .await?;
+        // Lease ages on the server's clock (their last-modified times are the server's): a
+        // clock here that runs ahead cannot make a live writer look stopped. A dry run writes
+        // nothing, not even the probe: it judges them on this machine's clock.
+        let now = if dry_run {
+            blobsnap::backend::Clock::now(&blobsnap::backend::SystemClock)
+        } else {
+            gc::server_now(blob_store.as_ref(), &scope).await?
+        };
+        let active = admin::active_writers(blob_store.as_ref(), &scope, now).await?;
         match admin::sweep_guard(
             std::time::Duration::from_secs(grace_secs),
             record.as_ref(),

@@ -436,12 +436,15 @@ mod external {
     };
 
     /// On LocalStack: the abort-multipart rule is merged next to the user's rules, and an
-    /// expiration rule over the prefix fails validation.
+    /// expiration rule over the prefix fails validation. In a bucket of its own: the
+    /// bucket-wide expiration rule it sets would fail every other test's validation in the
+    /// shared bucket meanwhile.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "needs BLOBSNAP_TEST_S3_ENDPOINT; run by scripts/test.sh"]
     async fn lifecycle_rules_are_merged_and_checked() {
         let _turn = LIFECYCLE.lock().await;
-        let h = support::external().await;
+        let h =
+            support::external_in(Some(format!("blobsnap-lc-{:08x}", rand::random::<u32>()))).await;
         let support::Kind::S3(s3) = &h.kind else {
             unreachable!()
         };
@@ -516,6 +519,8 @@ mod external {
             .await
             .unwrap();
         h.cleanup().await;
+        // The bucket was this test's alone (empty now: the scope's objects are gone).
+        let _ = s3.client().delete_bucket().bucket(&bucket).send().await;
     }
 
     /// The runtime validates before its first commit: the demo against a bucket whose lifecycle

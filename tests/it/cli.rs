@@ -868,7 +868,10 @@ async fn the_scope_is_guarded_by_admin_validation_and_writer_leases() {
         .unwrap();
     let (code, _, err) = gc_run("0", true).await;
     assert_eq!(code, Some(0), "a dead process's lease on this host: {err}");
-    assert!(err.contains("no longer runs"), "says why it proceeds: {err}");
+    assert!(
+        err.contains("no longer runs"),
+        "says why it proceeds: {err}"
+    );
     // The task's next claim fences the dead writer off and drops its lease, and deletes its
     // own when it stops.
     let args = demo(&["--lines", "200000", "--commit-every", "2000"]);

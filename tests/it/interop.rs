@@ -33,11 +33,13 @@ fn ldb(db: &Path, args: &[&str]) -> String {
 }
 
 fn blobsnap(store: &Path, args: &[&str]) -> serde_json::Value {
+    // The CLI's hash cache goes beside the test's store, never into the user's ~/.cache.
     let out = Command::new(env!("CARGO_BIN_EXE_blobsnap"))
         .arg("--local")
         .arg(store)
         .arg("--json")
         .args(args)
+        .env("XDG_CACHE_HOME", store.with_extension("cache"))
         .output()
         .unwrap();
     assert!(

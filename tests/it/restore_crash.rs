@@ -81,6 +81,8 @@ fn restore_cmd(
             "--to",
         ])
         .arg(dst)
+        // The CLI's hash cache beside the target, never in the user's ~/.cache.
+        .env("XDG_CACHE_HOME", dst.with_extension("cache"))
         .envs(child_env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     cmd
 }

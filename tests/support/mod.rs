@@ -154,10 +154,19 @@ fn env_bool(name: &str, default: bool) -> bool {
 /// The external S3 server named by `BLOBSNAP_TEST_S3_ENDPOINT`. Panics (fails the test) when
 /// it is not configured or not reachable.
 pub async fn external() -> Harness {
+    external_in(None).await
+}
+
+/// [`external`] in `bucket` (created if missing) instead of the suite's shared one: for a
+/// test that changes bucket-wide settings (a lifecycle rule over every prefix) which would
+/// race every other test of the shared bucket.
+pub async fn external_in(bucket: Option<String>) -> Harness {
     let endpoint = env("BLOBSNAP_TEST_S3_ENDPOINT").expect(
         "BLOBSNAP_TEST_S3_ENDPOINT is not set: the external-endpoint suite needs an S3 server (scripts/test.sh starts LocalStack)",
     );
-    let bucket = env("BLOBSNAP_TEST_S3_BUCKET").unwrap_or_else(|| "blobsnap-test".into());
+    let bucket = bucket
+        .or_else(|| env("BLOBSNAP_TEST_S3_BUCKET"))
+        .unwrap_or_else(|| "blobsnap-test".into());
     let create_only = match env("BLOBSNAP_TEST_S3_CREATE_ONLY").as_deref() {
         None | Some("auto") => CreateOnlySetting::Auto,
         Some("atomic") => CreateOnlySetting::Atomic,
