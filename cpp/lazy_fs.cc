@@ -162,4 +162,16 @@ int32_t blobsnap_lazyfs_install(const blobsnap_lazyfs_callbacks* callbacks, size
   return 0;
 }
 
+// Make sure the default Env's LOW and HIGH pools (which every DB of the process, the lazy
+// ones included, schedule on) have at least `low` and `high` threads: never shrinks them.
+// Catches everything (nothing unwinds into Rust).
+void blobsnap_lazyfs_widen_pools(int32_t low, int32_t high) {
+  try {
+    Env* env = Env::Default();
+    env->IncBackgroundThreadsIfNeeded(low, Env::Priority::LOW);
+    env->IncBackgroundThreadsIfNeeded(high, Env::Priority::HIGH);
+  } catch (...) {
+  }
+}
+
 }  // extern "C"

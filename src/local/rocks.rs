@@ -16,6 +16,8 @@ pub struct RocksStore {
     db: rocksdb::DB,
     /// Opened on the lazy file system (files of a lazy restore still remote).
     lazy: bool,
+    /// A lazy DB's share of the process's thread pools (dropped after `db`: declared after).
+    _pools: Option<crate::local::lazy::PoolShare>,
 }
 
 impl Drop for RocksStore {
@@ -205,6 +207,7 @@ impl RocksStore {
         if lazy {
             lazy::refuse_current_thread().map_err(|e| e.context(what()))?;
         }
+        let pools = lazy.then(lazy::PoolShare::take);
         let db = if lazy {
             let mut base = opts.clone();
             let mut opts = base
@@ -212,6 +215,7 @@ impl RocksStore {
                 .map_err(|e| rocks_err(format!("{} (lazy file system)", what()), e))?;
             opts.set_max_open_files(lazy::LAZY_MAX_OPEN_FILES);
             opts.set_skip_stats_update_on_db_open(true);
+            opts.set_max_background_jobs(lazy::LAZY_MAX_BACKGROUND_JOBS);
             rocksdb::DB::open(&opts, lazy::absolute(dir)?)
         } else {
             rocksdb::DB::open(opts, dir)
@@ -222,6 +226,7 @@ impl RocksStore {
             dir: dir.to_path_buf(),
             db,
             lazy,
+            _pools: pools,
         })
     }
 

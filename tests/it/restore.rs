@@ -407,6 +407,210 @@ mod cases {
         );
     }
 
+    /// Compactions run while files are remote (F6 and F15 of the lazy-restore review): a store
+    /// of 8 L0 tables is restored lazily (the background held after its first file) and, once
+    /// open, gets auto compactions on, so RocksDB compacts them, fetching every input on
+    /// demand. The blob of one input still remote answers "503" to its first 3 GETs (the
+    /// restore's 3 attempts: the fetch fails as a *transient* error, a retryable I/O error in
+    /// RocksDB): the DB records no background error and keeps accepting writes, and the
+    /// manual compaction that follows fetches the file and completes; every key reads, and no
+    /// partial download is left.
+    pub async fn lazy_compaction_survives_a_transient_fetch_failure(h: &Harness) {
+        use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+        use std::sync::Mutex;
+        let mut fx = Fx::new(h);
+        let (cp, expected, ssts) = store_of_ssts(&mut fx, 8).await;
+        // The input whose GETs fail: chosen once the store is open (among the tables the open
+        // did not load), so that it is the compaction that meets the failure.
+        let flaky: Arc<Mutex<Option<blobsnap::blobstore::BlobKey>>> = Arc::default();
+        let failed = Arc::new(AtomicU64::new(0));
+        let hooked: Arc<dyn BlobStore> = Arc::new(support::Hooked::new(Arc::clone(&fx.store), {
+            let (flaky, failed) = (Arc::clone(&flaky), Arc::clone(&failed));
+            Box::new(move |k, _| {
+                (flaky.lock().unwrap().as_ref() == Some(k) && failed.fetch_add(1, SeqCst) < 3).then(
+                    || {
+                        blobsnap::Error::new(
+                            ErrorKind::Transient,
+                            format!("get {k}: 503 (injected)"),
+                        )
+                    },
+                )
+            })
+        }));
+        let dst = fx.spec("dst");
+        let r = BlobRestoreManager::new(
+            hooked,
+            fx.task.clone(),
+            std::slice::from_ref(&dst),
+            RestoreSettings {
+                lazy: Some(lazy::Background {
+                    downloads: 1,
+                    max_rate: 1,
+                }),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        r.init(Some(&cp)).await.unwrap();
+        r.restore().await.unwrap();
+        let mut opts = no_compactions();
+        opts.set_level_zero_file_num_compaction_trigger(2);
+        let db = RocksStore::open_with("counts", &dst.dir, &opts).unwrap();
+        let flaky_name = ssts
+            .iter()
+            .filter(|(n, _)| !dst.dir.join(n).exists())
+            .min_by_key(|(_, f)| f.file_metadata.size)
+            .map(|(n, f)| {
+                *flaky.lock().unwrap() = Some(fx.scope().key(&f.blobs[0].blob_id).unwrap());
+                n.clone()
+            })
+            .expect("a table still remote after the open");
+        // Compactions on: RocksDB compacts the 8 L0 tables, fetching its inputs; wait for the
+        // flaky one's fetch to have failed its 3 attempts (at most 60 s).
+        db.db()
+            .set_options(&[("disable_auto_compactions", "false")])
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        while failed.load(SeqCst) < 3 {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(60),
+                "the compaction never fetched {flaky_name}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        // The DB still takes writes, and has recorded no background error.
+        assert_eq!(
+            db.db()
+                .property_int_value("rocksdb.background-errors")
+                .unwrap(),
+            Some(0)
+        );
+        db.db()
+            .put(b"after-the-failure", b"1")
+            .expect("writes go on after a transient fetch failure in a compaction");
+        db.db().flush().unwrap();
+        db.db().compact_range::<&[u8], &[u8]>(None, None);
+        let l0 = db
+            .db()
+            .property_int_value("rocksdb.num-files-at-level0")
+            .unwrap()
+            .unwrap();
+        assert!(l0 < 8, "the compaction ran: {l0} L0 files");
+        let got = keys_of(&db).unwrap();
+        assert_eq!(got.len(), expected.len() + 1);
+        assert!(expected.iter().all(|kv| got.binary_search(kv).is_ok()));
+        let st = lazy::status(&dst.dir).expect("still lazy: the background is held");
+        assert_eq!(st.files_failed, 0, "{st:?}");
+        assert!(st.files_on_demand >= 1, "{st:?}");
+        drop(db);
+        let parts: Vec<_> = std::fs::read_dir(&dst.dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".blobsnap-part"))
+            .collect();
+        assert!(parts.is_empty(), "no partial download left: {parts:?}");
+    }
+
+    /// A lazy store's compaction blocked on a download never stalls another store's (F5 of
+    /// the lazy-restore review): store A is restored lazily and opened with auto compactions
+    /// on; the GET of one of its inputs is held (a gate); while A's compaction waits there,
+    /// store B (a normal store of the same process, default options) compacts to the end.
+    /// Every DB schedules on the default Env's thread pools — one compaction thread by
+    /// default — and a lazy DB widens them and limits itself to one compaction.
+    pub async fn a_blocked_lazy_compaction_does_not_stall_another_store(h: &Harness) {
+        use std::sync::{Condvar, Mutex};
+        let mut fx = Fx::new(h);
+        let (cp, expected, ssts) = store_of_ssts(&mut fx, 8).await;
+        let held = ssts
+            .iter()
+            .min_by_key(|(_, f)| f.file_metadata.size)
+            .map(|(_, f)| fx.scope().key(&f.blobs[0].blob_id).unwrap())
+            .unwrap();
+        // (entered, open): the held GET has started; the gate is open.
+        let gate = Arc::new((Mutex::new((false, false)), Condvar::new()));
+        let hooked: Arc<dyn BlobStore> = Arc::new(support::Hooked::new(Arc::clone(&fx.store), {
+            let gate = Arc::clone(&gate);
+            Box::new(move |k, _| {
+                if *k == held {
+                    let (m, cv) = &*gate;
+                    let mut g = m.lock().unwrap();
+                    g.0 = true;
+                    cv.notify_all();
+                    while !g.1 {
+                        g = cv.wait(g).unwrap();
+                    }
+                }
+                None
+            })
+        }));
+        let dst = fx.spec("dst");
+        let r = BlobRestoreManager::new(
+            hooked,
+            fx.task.clone(),
+            std::slice::from_ref(&dst),
+            RestoreSettings {
+                lazy: Some(lazy::Background {
+                    downloads: 1,
+                    max_rate: 1,
+                }),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        r.init(Some(&cp)).await.unwrap();
+        r.restore().await.unwrap();
+        // B first (a normal open sizes nothing beyond RocksDB's default), with 6 L0 tables.
+        let b_spec = fx.spec("b");
+        let b = Arc::new(RocksStore::open_with("b", &b_spec.dir, &no_compactions()).unwrap());
+        for i in 0..6 {
+            write_keys(&b, i * 300, 300, 7);
+            b.db().flush().unwrap();
+        }
+        let mut opts = rocksdb::Options::default();
+        opts.create_if_missing(true);
+        opts.set_level_zero_file_num_compaction_trigger(2);
+        let a = RocksStore::open_with("counts", &dst.dir, &opts).unwrap();
+        // A's compaction reaches the held input.
+        {
+            let (m, cv) = &*gate;
+            let g = m.lock().unwrap();
+            let (g, timeout) = cv
+                .wait_timeout_while(g, std::time::Duration::from_secs(60), |g| !g.0)
+                .unwrap();
+            assert!(
+                !timeout.timed_out() && g.0,
+                "A's compaction never fetched the held input"
+            );
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let b2 = Arc::clone(&b);
+        std::thread::spawn(move || {
+            b2.db().compact_range::<&[u8], &[u8]>(None, None);
+            let _ = tx.send(());
+        });
+        let done = tokio::task::spawn_blocking(move || {
+            rx.recv_timeout(std::time::Duration::from_secs(60)).is_ok()
+        })
+        .await
+        .unwrap();
+        // Open the gate whatever happened, so nothing is left waiting.
+        {
+            let (m, cv) = &*gate;
+            m.lock().unwrap().1 = true;
+            cv.notify_all();
+        }
+        assert!(done, "B's compaction waited for A's download");
+        let l0 = b
+            .db()
+            .property_int_value("rocksdb.num-files-at-level0")
+            .unwrap()
+            .unwrap();
+        assert_eq!(l0, 0, "B compacted");
+        let got = keys_of(&a).unwrap();
+        assert_eq!(got, expected);
+    }
+
     /// A lazily restored SST whose blob does not verify fails RocksDB's open or read as an
     /// I/O error naming it — never wrong data — and the background download reports it; once
     /// the blob is good again the store opens and reads every key; with the background
@@ -1062,6 +1266,8 @@ store_suites!([
     round_trip_and_exact_reuse,
     lazy_restore_opens_first_and_commits_while_files_are_remote,
     lazy_restore_of_a_corrupt_blob_fails_the_read_never_the_data,
+    lazy_compaction_survives_a_transient_fetch_failure,
+    a_blocked_lazy_compaction_does_not_stall_another_store,
     same_host_restart_proves_by_the_hash_cache,
     cancelled_mid_download_keeps_old_state_and_the_rerun_reuses_it,
     older_snapshot_junk_and_corrupt_local_file,

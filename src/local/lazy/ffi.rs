@@ -7,7 +7,8 @@
 //! through its object registry), which rust-rocksdb does expose
 //! (`Options::get_options_from_string`); registering our Env under a name takes one call
 //! into C++, and the Env's answers come back through five `extern "C"` callbacks. Both
-//! directions cross the FFI boundary, which Rust cannot check.
+//! directions cross the FFI boundary, which Rust cannot check. One more call widens the
+//! default Env's thread pools (`IncBackgroundThreadsIfNeeded`, which the C API lacks).
 //!
 //! Safety argument:
 //! - `blobsnap_lazyfs_install` is called with a pointer to a `static` callbacks struct
@@ -45,6 +46,14 @@ struct Callbacks {
 // returns nonzero, so nothing unwinds across this import.
 extern "C" {
     fn blobsnap_lazyfs_install(callbacks: *const Callbacks, size: usize) -> i32;
+    fn blobsnap_lazyfs_widen_pools(low: i32, high: i32);
+}
+
+/// At least `low` LOW and `high` HIGH threads in the default Env's pools (never fewer than
+/// before).
+pub(super) fn widen_pools(low: i32, high: i32) {
+    // SAFETY: plain integers by value; the C++ side catches every exception.
+    unsafe { blobsnap_lazyfs_widen_pools(low, high) }
 }
 
 // The struct is declared twice (here and in cpp/lazy_fs.cc): both sides pin its layout, five

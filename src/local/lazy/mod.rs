@@ -61,6 +61,39 @@ pub const ENV_OPTION: &str = "env=blobsnap-lazy;open_files_async=false";
 /// and so fetch, every SST).
 pub const LAZY_MAX_OPEN_FILES: i32 = 20;
 
+/// Lazily opened databases of the process (counted by `RocksStore`'s open and drop).
+static LAZY_DBS: AtomicUsize = AtomicUsize::new(0);
+
+/// A lazily opened database's share of the process's RocksDB thread pools. Every DB schedules
+/// its flushes and compactions on the default Env's pools (the lazy Env forwards to them), and
+/// a compaction of a lazy DB can block on a fetch: with one LOW thread (RocksDB's default) it
+/// would stall every other store's compactions behind the download. So while `n` lazy DBs are
+/// open the pools hold at least `n + 2` LOW and `n + 1` HIGH threads, and each lazy DB runs at
+/// most one compaction and one flush at a time (`LAZY_MAX_BACKGROUND_JOBS`): however many of
+/// them wait for fetches, another store always has a thread. Dropping the guard gives the
+/// share back (the pools are never shrunk).
+pub struct PoolShare(());
+
+/// `max_background_jobs` of a lazily opened DB (one flush, one compaction).
+pub const LAZY_MAX_BACKGROUND_JOBS: i32 = 2;
+
+impl PoolShare {
+    /// Take a share (before the DB opens).
+    pub fn take() -> PoolShare {
+        ffi::install();
+        let n = LAZY_DBS.fetch_add(1, Ordering::AcqRel) + 1;
+        let n = i32::try_from(n).unwrap_or(i32::MAX - 2);
+        ffi::widen_pools(n + 2, n + 1);
+        PoolShare(())
+    }
+}
+
+impl Drop for PoolShare {
+    fn drop(&mut self) {
+        LAZY_DBS.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Fetches one remote file into a temporary path, verified against its entry (size and
 /// SHA-256) and fsynced; called on the lazy restore's own runtime.
 pub type FetchFn = Arc<dyn Fn(FileIndex, PathBuf) -> BoxFuture<'static, Result<()>> + Send + Sync>;
