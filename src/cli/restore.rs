@@ -45,6 +45,21 @@ pub(crate) async fn run(
         force,
     } = args;
     let snap = snap.resolve()?;
+    // `--to` a symlink to a directory restores into that directory (the link stays a link):
+    // the swap exchanges directory entries, and would otherwise replace the link itself and
+    // leave its target as it was.
+    let to = match std::fs::symlink_metadata(&to) {
+        Ok(md) if md.file_type().is_symlink() => std::fs::canonicalize(&to).map_err(|e| {
+            blobsnap::Error::new(
+                blobsnap::ErrorKind::InvalidInput,
+                format!(
+                    "--to {} is a symlink whose target cannot be resolved: {e}",
+                    to.display()
+                ),
+            )
+        })?,
+        _ => to,
+    };
     refuse_foreign_dir(&to, force)?;
     let blob_store = open_store(store_args).await?;
     let (marker, _) = snap.resolve_marker(&blob_store, marker).await?;

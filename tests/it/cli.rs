@@ -1320,7 +1320,8 @@ async fn cost_of_a_demo_job_and_the_limit_flags() {
 /// `restore --to` takes any path shape a user types — a bare relative name (whose parent is
 /// the empty path: the swap's fsync of it used to fail *after* the dir was replaced, exit 3,
 /// staging left behind), `./r`, `a/r` (a new parent), `../x/r`, an absolute path, a trailing
-/// slash — and each restores the snapshot's keys with no staging dir left beside it.
+/// slash, a symlink to a directory (restored into its target, the link kept) — and each
+/// restores the snapshot's keys with no staging dir left beside it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restore_to_every_path_shape() {
     let tmp = tempfile::tempdir().unwrap();
@@ -1383,6 +1384,28 @@ async fn restore_to_every_path_shape() {
         assert!(!staging.exists(), "--to {to}: {} left", staging.display());
         assert_eq!(keys_in(&lands), want, "--to {to}");
     }
+    // A symlink to a directory: the restore lands in its target, and the link stays a link.
+    let target = tmp.path().join("link-target");
+    std::fs::create_dir(&target).unwrap();
+    std::os::unix::fs::symlink(&target, cwd.join("link")).unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+        .args(&t.args)
+        .args(["restore", "--name", "shapes", "--to", "link"])
+        .current_dir(&cwd)
+        .env("XDG_CACHE_HOME", cache_dir())
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "restore --to link: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(std::fs::symlink_metadata(cwd.join("link"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(keys_in(&target), want, "--to a symlinked dir");
 }
 
 /// Every object of the store, with its bytes.

@@ -1260,6 +1260,82 @@ mod tests {
         assert!(msg.contains("closed"), "{msg}");
     }
 
+    /// A stress of the lock order: 200 cycles of register → readers fetching on 3 threads →
+    /// close racing them (and a new registration of the same dir replacing the last one),
+    /// each fetch finishing at a different moment; the whole must end within its bound (a
+    /// deadlock fails it instead of hanging the suite), every reader gets its file or an
+    /// error, and nothing is ever left Fetching.
+    #[test]
+    fn two_hundred_register_read_close_cycles_never_hang() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (done_tx, done_rx) = mpsc::channel();
+        let root = tmp.path().to_path_buf();
+        std::thread::spawn(move || {
+            for cycle in 0..200u32 {
+                let dir = root.join(format!("s{}", cycle % 4));
+                std::fs::create_dir_all(&dir).unwrap();
+                for f in std::fs::read_dir(&dir).unwrap().flatten() {
+                    let _ = std::fs::remove_file(f.path());
+                }
+                let fetch: FetchFn = Arc::new(move |e: FileIndex, tmp: PathBuf| {
+                    Box::pin(async move {
+                        // Finish at a different moment each time.
+                        for _ in 0..(e.file_metadata.size + u64::from(cycle)) % 5 {
+                            tokio::task::yield_now().await;
+                        }
+                        std::fs::write(&tmp, vec![1u8; e.file_metadata.size as usize])
+                            .map_err(Error::io_with("write"))
+                    })
+                });
+                let names = ["000001.sst", "000002.sst", "000003.sst"];
+                register(
+                    &dir,
+                    names
+                        .iter()
+                        .enumerate()
+                        .map(|(i, n)| entry(n, i as u64 + 1))
+                        .collect(),
+                    fetch,
+                    Background {
+                        downloads: 2,
+                        max_rate: 0,
+                    },
+                )
+                .unwrap();
+                let abs = absolute(&dir).unwrap();
+                let readers: Vec<_> = names
+                    .iter()
+                    .map(|n| {
+                        let p = abs.join(n);
+                        std::thread::spawn(move || fetch_now(&p))
+                    })
+                    .collect();
+                if cycle % 2 == 0 {
+                    close(&dir);
+                }
+                for r in readers {
+                    match r.join().unwrap() {
+                        Ok(()) => {}
+                        Err((kind, msg)) => assert_eq!(kind, ErrorKind::Cancelled, "{msg}"),
+                    }
+                }
+                close(&dir);
+            }
+            let _ = done_tx.send(());
+        });
+        done_rx
+            .recv_timeout(Duration::from_secs(120))
+            .expect("200 cycles ended (no deadlock)");
+        assert_eq!(
+            registry()
+                .stores
+                .keys()
+                .filter(|d| d.starts_with(tmp.path()))
+                .count(),
+            0
+        );
+    }
+
     /// A read from a current-thread runtime is refused with a clear error (it would park the
     /// runtime's only thread until the download completes).
     #[test]
