@@ -1679,3 +1679,77 @@ async fn ctrl_c_stops_the_demo_gracefully_and_a_second_one_at_once() {
         );
     }
 }
+
+/// A restore cancelled while its swap is under way never claims the dir is unchanged (F15 of
+/// the protocol review): held just before its swap (`restore.after-marker`), the restore gets
+/// SIGINT; its cancel waits for the swap begun on its own thread, which completes once
+/// released, and the command exits 10 saying the store was swapped in — and the dir holds the
+/// snapshot, complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_cancelled_during_its_swap_says_what_it_did() {
+    use tokio::io::AsyncBufReadExt as _;
+    let tmp = tempfile::tempdir().unwrap();
+    let t = local_target(tmp.path());
+    let dbdir = tmp.path().join("srcdb");
+    {
+        let db = RocksStore::open("x", &dbdir).unwrap();
+        write_keys(&db, 0, 800);
+        db.db().flush().unwrap();
+    }
+    let (code, _, err) = run(
+        &t,
+        &["backup", "--db", dbdir.to_str().unwrap(), "--name", "swap"],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let to = tmp.path().join("restored");
+    let go = tmp.path().join("go");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+        .args(&t.args)
+        .args(["restore", "--name", "swap", "--to"])
+        .arg(&to)
+        .env("XDG_CACHE_HOME", cache_dir())
+        .env("BLOBSNAP_HOLD_AT", "restore.after-marker")
+        .env("BLOBSNAP_HOLD_UNTIL", &go)
+        .kill_on_drop(true)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = rustix::process::Pid::from_raw(child.id().unwrap() as i32).unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = String::new();
+    for needle in [
+        "hold point restore.after-marker reached",
+        "stopping gracefully",
+    ] {
+        loop {
+            let Some(line) = lines.next_line().await.unwrap() else {
+                let status = child.wait().await.unwrap();
+                panic!("the restore ended ({status}) before {needle:?}: {seen}");
+            };
+            seen.push_str(&line);
+            seen.push('\n');
+            if line.contains(needle) {
+                break;
+            }
+        }
+        if needle.starts_with("hold") {
+            rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
+        }
+    }
+    std::fs::write(&go, b"").unwrap();
+    while let Ok(Some(line)) = lines.next_line().await {
+        seen.push_str(&line);
+        seen.push('\n');
+    }
+    let status = child.wait().await.unwrap();
+    assert_eq!(status.code(), Some(10), "{seen}");
+    assert!(
+        seen.contains("were swapped in") && !seen.contains("unchanged;"),
+        "says the store was swapped in: {seen}"
+    );
+    assert!(to.join(blobsnap::index::RESTORED_MARKER).is_file());
+    let db = RocksStore::open("check", &to).unwrap();
+    assert_eq!(db.db().iterator(rocksdb::IteratorMode::Start).count(), 800);
+}

@@ -182,6 +182,73 @@ pub struct BlobRestoreManager {
     /// The standby dirs this manager plans to link from, locked from the plan to the end of
     /// that store's execution (a standby does not change them meanwhile).
     standby_locks: Mutex<HashMap<String, StoreDirLock>>,
+    /// The swaps of this restore: begun and not yet ended, and the stores swapped in. A swap
+    /// runs on a blocking thread to its end even when the restore is cancelled meanwhile
+    /// (dropping the future cannot stop it), so a cancel waits for the ones begun and says
+    /// which stores were replaced ([`SwapLedger`]).
+    swaps: Arc<SwapLedger>,
+}
+
+/// What the swaps of a restore have done (see `BlobRestoreManager::swaps`).
+#[derive(Debug, Default)]
+struct SwapLedger {
+    /// (swaps begun and not ended, stores swapped in).
+    state: Mutex<(usize, Vec<String>)>,
+    ended: tokio::sync::Notify,
+}
+
+/// Counts a swap from before its blocking work is spawned to its end (wherever the future
+/// awaiting it went): records the store when `done` was set.
+struct SwapGuard {
+    ledger: Arc<SwapLedger>,
+    store: String,
+    done: bool,
+}
+
+impl SwapLedger {
+    fn begin(self: &Arc<Self>, store: &str) -> SwapGuard {
+        if let Ok(mut st) = self.state.lock() {
+            st.0 += 1;
+        }
+        SwapGuard {
+            ledger: Arc::clone(self),
+            store: store.to_string(),
+            done: false,
+        }
+    }
+
+    /// Wait until no swap is under way; the stores swapped in so far.
+    async fn settled(&self) -> Vec<String> {
+        loop {
+            let ended = self.ended.notified();
+            {
+                let st = self
+                    .state
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if st.0 == 0 {
+                    return st.1.clone();
+                }
+            }
+            ended.await;
+        }
+    }
+}
+
+impl Drop for SwapGuard {
+    fn drop(&mut self) {
+        let mut st = self
+            .ledger
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        st.0 = st.0.saturating_sub(1);
+        if self.done {
+            st.1.push(std::mem::take(&mut self.store));
+        }
+        drop(st);
+        self.ledger.ended.notify_waiters();
+    }
 }
 
 impl fmt::Debug for BlobRestoreManager {
@@ -227,6 +294,7 @@ impl BlobRestoreManager {
             plans: Mutex::new(BTreeMap::new()),
             caches,
             standby_locks: Mutex::new(HashMap::new()),
+            swaps: Arc::default(),
         })
     }
 
@@ -325,7 +393,38 @@ impl BlobRestoreManager {
     /// Carry out `plans`, as [`plan`](Self::plan) made them (after [`recover`](Self::recover)):
     /// what was shown is what is done — the reuse decisions are the plan's, nothing is hashed
     /// again. Every store needs its plan, made for the snapshot this manager was `init`-ed with.
+    ///
+    /// Stops cleanly when [`RestoreSettings::cancel`] is cancelled: the store dirs unchanged,
+    /// or — a swap already begun ends on its own thread — the error names the stores that
+    /// were swapped in.
     pub async fn execute(&self, plans: Vec<RestorePlan>) -> Result<()> {
+        self.cancellable(self.execute_uncancelled(plans)).await
+    }
+
+    /// `work`, or on [`RestoreSettings::cancel`] a `Cancelled` error that says what changed:
+    /// the swaps begun are waited for (they run to their end on blocking threads), and the
+    /// stores they swapped in are named — never "unchanged" for a dir that was replaced.
+    async fn cancellable(&self, work: impl std::future::Future<Output = Result<()>>) -> Result<()> {
+        tokio::select! {
+            r = work => r,
+            () = self.settings.cancel.cancelled() => {
+                let swapped = self.swaps.settled().await;
+                Err(Error::new(
+                    ErrorKind::Cancelled,
+                    if swapped.is_empty() {
+                        "restore cancelled; the store dirs are unchanged".to_string()
+                    } else {
+                        format!(
+                            "restore cancelled after store(s) {} were swapped in (complete and verified); every other store dir is unchanged",
+                            swapped.join(", ")
+                        )
+                    },
+                ))
+            }
+        }
+    }
+
+    async fn execute_uncancelled(&self, plans: Vec<RestorePlan>) -> Result<()> {
         let loaded = self.loaded()?;
         let mut by_store: HashMap<String, RestorePlan> =
             plans.into_iter().map(|p| (p.store.clone(), p)).collect();
@@ -509,6 +608,7 @@ impl BlobRestoreManager {
             Some(bg) if !remote.is_empty() => Some((bg, remote, self.fetcher(scope))),
             _ => None,
         };
+        let mut swap = self.swaps.begin(&spec.name);
         tokio::task::spawn_blocking(move || {
             crate::crash::point("restore.before-marker");
             let bytes =
@@ -525,6 +625,8 @@ impl BlobRestoreManager {
             fsync_tree(&staging)?;
             crate::crash::point("restore.after-marker");
             swap_in(&dir, &staging)?;
+            swap.done = true;
+            drop(swap);
             if let Some(cache) = cache {
                 remember(&cache, &dir, &restored);
             }
@@ -772,10 +874,7 @@ impl TaskRestoreManager for BlobRestoreManager {
             self.execute(plans).await
         };
         let start = tokio::time::Instant::now();
-        let r = tokio::select! {
-            r = work => r,
-            () = self.settings.cancel.cancelled() => Err(Error::new(ErrorKind::Cancelled, "restore cancelled; the store dirs are unchanged")),
-        };
+        let r = self.cancellable(work).await;
         if r.is_ok() {
             metrics::histogram!("blobsnap_restore_seconds", "task" => self.task.task_name.clone())
                 .record(start.elapsed().as_secs_f64());
