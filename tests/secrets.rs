@@ -1,8 +1,9 @@
 //! Credentials never leak: the access key id, the secret key and the session token appear in
 //! no log line (every target, at trace level, the AWS SDK's included, written through
 //! `blobsnap::redact::RedactingWriter` as the CLI does), no error message, no `Debug` output of
-//! a store or its settings, and nothing the CLI prints (`--json` or not, `RUST_LOG=trace`),
-//! whether the requests succeed or are refused.
+//! a store or its settings, and nothing the CLI prints (`--json` or not, `RUST_LOG=trace`) in
+//! any command that talks to the store (demo, backup, restore, verify, inspect, ls, gc,
+//! cost), whether the requests succeed or are refused.
 
 mod support;
 
@@ -149,51 +150,116 @@ async fn credentials_appear_in_no_log_error_debug_or_cli_output() {
         &secrets,
     );
 
-    // The CLI, with credentials in the environment, RUST_LOG=trace, --json and not.
+    // The CLI, with credentials in the environment, RUST_LOG=trace, --json and not: every
+    // command that talks to the store (the demo job, backup, restore, verify, inspect, ls, gc,
+    // cost), with good keys (each succeeds) and with wrong keys and a session token (each is
+    // refused).
+    let work = tempfile::tempdir().unwrap();
+    let db = work.path().join("db");
+    {
+        let db = blobsnap::local::rocks::RocksStore::open("x", &db).unwrap();
+        for i in 0..200u32 {
+            db.db().put(format!("k{i}"), b"v").unwrap();
+        }
+        db.db().flush().unwrap();
+    }
+    let mut run = 0;
     for json in [true, false] {
         for (ak, sk, token) in [
             (support::S3S_ACCESS_KEY, SECRET_KEY, None),
             (WRONG_ACCESS, WRONG_SECRET, Some(TOKEN)),
         ] {
-            let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"));
-            if json {
-                cmd.arg("--json");
+            run += 1;
+            let demo = work.path().join(format!("demo-{run}"));
+            let to = work.path().join(format!("restored-{run}"));
+            let commands: Vec<Vec<String>> = vec![
+                vec![
+                    "demo".into(),
+                    "--dir".into(),
+                    demo.display().to_string(),
+                    "--partitions".into(),
+                    "1".into(),
+                    "--lines".into(),
+                    "600".into(),
+                    "--commit-every".into(),
+                    "200".into(),
+                    "--unsafe-no-fencing".into(),
+                ],
+                vec![
+                    "backup".into(),
+                    "--db".into(),
+                    db.display().to_string(),
+                    "--name".into(),
+                    "n".into(),
+                ],
+                vec![
+                    "restore".into(),
+                    "--name".into(),
+                    "n".into(),
+                    "--to".into(),
+                    to.display().to_string(),
+                ],
+                vec!["verify".into(), "--name".into(), "n".into()],
+                vec!["inspect".into(), "--name".into(), "n".into()],
+                vec!["ls".into()],
+                vec![
+                    "gc".into(),
+                    "--job".into(),
+                    "wordcount".into(),
+                    "--dry-run".into(),
+                ],
+                vec!["cost".into(), "--job".into(), "wordcount".into()],
+            ];
+            for command in commands {
+                let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"));
+                if json {
+                    cmd.arg("--json");
+                }
+                cmd.args([
+                    "--bucket",
+                    "secrets",
+                    "--s3-endpoint",
+                    &format!("http://{addr}"),
+                    "--s3-region",
+                    "us-east-1",
+                    "--s3-path-style",
+                ])
+                .args(&command)
+                .env("AWS_ACCESS_KEY_ID", ak)
+                .env("AWS_SECRET_ACCESS_KEY", sk)
+                .env("RUST_LOG", "trace")
+                .env("XDG_CACHE_HOME", work.path().join("cache"))
+                .env("BLOBSNAP_S3_CREATE_ONLY", "racy")
+                // s3s-fs answers 501 to ListMultipartUploads.
+                .env("BLOBSNAP_S3_MULTIPART_LISTING", "false");
+                if let Some(t) = token {
+                    cmd.env("AWS_SESSION_TOKEN", t);
+                }
+                let out = cmd.output().unwrap();
+                let text = format!(
+                    "{}\n{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                assert!(
+                    text.contains("TRACE"),
+                    "{command:?}: the CLI logged at trace level"
+                );
+                assert_eq!(
+                    out.status.success(),
+                    token.is_none(),
+                    "{command:?}: good keys succeed, wrong keys are refused: {}",
+                    &text[text.len().saturating_sub(2000)..]
+                );
+                assert_clean(
+                    &format!(
+                        "the output of {command:?} (json {json}, token {})",
+                        token.is_some()
+                    ),
+                    &text,
+                    &secrets,
+                );
             }
-            cmd.args([
-                "--bucket",
-                "secrets",
-                "--s3-endpoint",
-                &format!("http://{addr}"),
-                "--s3-region",
-                "us-east-1",
-                "--s3-path-style",
-                "ls",
-            ])
-            .env("AWS_ACCESS_KEY_ID", ak)
-            .env("AWS_SECRET_ACCESS_KEY", sk)
-            .env("RUST_LOG", "trace")
-            .env("BLOBSNAP_S3_CREATE_ONLY", "racy");
-            if let Some(t) = token {
-                cmd.env("AWS_SESSION_TOKEN", t);
-            }
-            let out = cmd.output().unwrap();
-            let text = format!(
-                "{}\n{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            assert!(text.contains("TRACE"), "the CLI logged at trace level");
-            assert_eq!(
-                out.status.success(),
-                token.is_none(),
-                "good keys list, wrong keys are refused: {}",
-                &text[text.len().saturating_sub(2000)..]
-            );
-            assert_clean(
-                &format!("the CLI's output (json {json}, token {})", token.is_some()),
-                &text,
-                &secrets,
-            );
         }
     }
     let _ = std::io::stderr().flush();
