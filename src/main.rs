@@ -22,7 +22,27 @@ fn exit_code(kind: ErrorKind) -> u8 {
     }
 }
 
+/// Output to a closed pipe (`blobsnap ls | head -1`) ends the command quietly, as it ends a
+/// Unix tool: `println!` panics on EPIPE (Rust ignores SIGPIPE), so that one panic exits with
+/// 141 (128 + SIGPIPE) and no message; every other panic is reported as before.
+fn quiet_on_closed_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let msg = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info);
+    }));
+}
+
 fn main() -> ExitCode {
+    quiet_on_closed_pipe();
     // Credentials in the environment are scrubbed from every log line and message.
     blobsnap::redact::register_env();
     tracing_subscriber::fmt()

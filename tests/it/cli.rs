@@ -1753,3 +1753,44 @@ async fn a_restore_cancelled_during_its_swap_says_what_it_did() {
     let db = RocksStore::open("check", &to).unwrap();
     assert_eq!(db.db().iterator(rocksdb::IteratorMode::Start).count(), 800);
 }
+
+/// Output to a closed pipe (`blobsnap ls | head -1`) ends quietly: exit 141, as a Unix tool
+/// killed by SIGPIPE, and no panic message (it panicked, exit 101).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_to_a_closed_pipe_ends_quietly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = local_target(tmp.path());
+    let dbdir = tmp.path().join("db");
+    {
+        let db = RocksStore::open("x", &dbdir).unwrap();
+        write_keys(&db, 0, 100);
+    }
+    for i in 0..3 {
+        let (code, _, err) = run(
+            &t,
+            &[
+                "backup",
+                "--db",
+                dbdir.to_str().unwrap(),
+                "--name",
+                &format!("b{i}"),
+            ],
+        )
+        .await;
+        assert_eq!(code, Some(0), "{err}");
+    }
+    // A reader that closes the pipe before the command writes.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+        .args(&t.args)
+        .arg("ls")
+        .env("XDG_CACHE_HOME", cache_dir())
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(141), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
