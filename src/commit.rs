@@ -355,6 +355,12 @@ impl TaskCommitManager {
                     continue;
                 }
             }
+            // Checkpoint dirs of attempts that never committed (a failed upload, an outage)
+            // and `.tmp` dirs of checkpoints a crash cut short: nothing reads them now (one
+            // commit at a time), and they would pin deleted SSTs on disk, commit after commit.
+            let committed = st.last.as_ref().and_then(|c| c.as_v2()).map(|c| c.id);
+            let keep = st.made.get(&spec.name).map(|(_, d)| d.clone());
+            remove_failed_checkpoint_dirs(&spec, committed, keep.as_deref());
             let dir = spec.checkpoint_dir(id);
             engine
                 .flush()
@@ -601,6 +607,37 @@ fn remove_older_checkpoint_dirs(spec: &StoreSpec, committed: CheckpointId, keep:
         if id < committed && keep != Some(e.path().as_path()) {
             if let Err(err) = std::fs::remove_dir_all(e.path()) {
                 tracing::warn!(dir = %e.path().display(), error = %err, "could not delete an old checkpoint dir");
+            }
+            crate::local::lazy::forget_links(&e.path());
+        }
+    }
+}
+
+/// Delete `<store dir>.checkpoints/<id>` dirs newer than `committed` (every one, with no
+/// commit yet) — attempts that never committed — and every `.tmp` dir there (a RocksDB
+/// checkpoint cut short), but `keep`. Called before a new checkpoint is made, when no upload
+/// reads any of them.
+fn remove_failed_checkpoint_dirs(
+    spec: &StoreSpec,
+    committed: Option<CheckpointId>,
+    keep: Option<&Path>,
+) {
+    let Ok(entries) = std::fs::read_dir(spec.checkpoints_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let failed = match name.strip_suffix(".tmp") {
+            Some(base) => base.parse::<CheckpointId>().is_ok(),
+            None => name
+                .parse::<CheckpointId>()
+                .is_ok_and(|id| committed.is_none_or(|c| id > c)),
+        };
+        if failed && keep != Some(e.path().as_path()) {
+            tracing::debug!(dir = %e.path().display(), "removing the checkpoint dir of an attempt that never committed");
+            if let Err(err) = std::fs::remove_dir_all(e.path()) {
+                tracing::warn!(dir = %e.path().display(), error = %err, "could not delete an uncommitted checkpoint dir");
             }
             crate::local::lazy::forget_links(&e.path());
         }

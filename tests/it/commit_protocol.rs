@@ -288,6 +288,8 @@ async fn an_existing_blob_key_abandons_the_commit() {
 struct LoseCheckpointResponse {
     inner: LocalStore,
     armed: AtomicBool,
+    /// While set, every blob PUT fails (`Transient`): an outage.
+    blobs_fail: AtomicBool,
 }
 
 impl fmt::Display for LoseCheckpointResponse {
@@ -310,6 +312,12 @@ impl BlobStore for LoseCheckpointResponse {
         body: PutBody,
         opts: PutOptions,
     ) -> Result<PutResult> {
+        if key.as_str().contains("/blobs/") && self.blobs_fail.load(Relaxed) {
+            return Err(Error::new(
+                ErrorKind::Transient,
+                format!("put {key}: 503 (outage)"),
+            ));
+        }
         let r = self.inner.put(key, body, opts).await?;
         if key.as_str().contains("/checkpoints/") && self.armed.swap(false, Relaxed) {
             return Err(Error::new(
@@ -353,6 +361,7 @@ async fn a_checkpoint_write_that_landed_unacknowledged_is_adopted_not_fenced() {
     let lossy = Arc::new(LoseCheckpointResponse {
         inner: LocalStore::new(tmp.path().join("store")).unwrap(),
         armed: AtomicBool::new(false),
+        blobs_fail: AtomicBool::new(false),
     });
     let store: Arc<dyn BlobStore> = lossy.clone();
     let dir = tmp.path().join("state/counts");
@@ -578,4 +587,48 @@ async fn a_full_disk_during_a_commit_loses_nothing_committed() {
     restore(&store, &Checkpoint::V2(c2), &back).await.unwrap();
     let r = RocksStore::open("counts", &back).unwrap();
     assert_eq!(r.db().get(b"k2").unwrap().map(|v| v.len()), Some(256 << 10));
+}
+
+/// Checkpoint dirs do not pile up through an outage (N12 of the second protocol review): 5
+/// commits whose uploads fail leave at most the committed checkpoint's dir and the last
+/// attempt's (each failed attempt's dir, hard links pinning SSTs the store may have deleted,
+/// went at the next attempt), and a leftover `.tmp` of a cut-short checkpoint goes too; once
+/// the store answers, the commit lands and only its dir remains.
+#[tokio::test]
+async fn failed_commits_leave_no_pile_of_checkpoint_dirs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let flaky = Arc::new(LoseCheckpointResponse {
+        inner: LocalStore::new(tmp.path().join("store")).unwrap(),
+        armed: AtomicBool::new(false),
+        blobs_fail: AtomicBool::new(false),
+    });
+    let store: Arc<dyn BlobStore> = flaky.clone();
+    let dir = tmp.path().join("state/counts");
+    std::fs::create_dir_all(&dir).unwrap();
+    let clock = Arc::new(At(AtomicU64::new(1_800_000_000_000)));
+    let engine: Arc<dyn StoreEngine> = Arc::new(Files { dir: dir.clone() });
+    let (mgr, _) = process(&store, &clock, Arc::clone(&engine), 2, None).await;
+    std::fs::write(dir.join("000001.sst"), b"first").unwrap();
+    mgr.commit(offsets(1)).await.unwrap();
+    let cps_dir = StoreSpec {
+        name: "counts".into(),
+        dir: dir.clone(),
+    }
+    .checkpoints_dir();
+    let count = || std::fs::read_dir(&cps_dir).unwrap().count();
+    assert_eq!(count(), 1);
+    std::fs::create_dir(cps_dir.join("1800000000000-0.tmp")).unwrap();
+    flaky.blobs_fail.store(true, Relaxed);
+    for i in 2..7u64 {
+        clock.0.fetch_add(1_000, Relaxed);
+        std::fs::write(dir.join(format!("{i:06}.sst")), format!("sst {i}")).unwrap();
+        let e = mgr.commit(offsets(i)).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Transient, "{e}");
+        assert!(count() <= 2, "after failed commit {i}: {} dirs", count());
+    }
+    assert!(!cps_dir.join("1800000000000-0.tmp").exists());
+    flaky.blobs_fail.store(false, Relaxed);
+    clock.0.fetch_add(1_000, Relaxed);
+    mgr.commit(offsets(7)).await.unwrap();
+    assert_eq!(count(), 1, "only the committed checkpoint's dir");
 }
