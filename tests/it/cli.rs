@@ -1406,6 +1406,20 @@ async fn restore_to_every_path_shape() {
         .file_type()
         .is_symlink());
     assert_eq!(keys_in(&target), want, "--to a symlinked dir");
+    // A path through a regular file cannot be made: a local I/O error, exit 9, naming it.
+    std::fs::write(cwd.join("afile"), b"x").unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+        .args(&t.args)
+        .args(["restore", "--name", "shapes", "--to", "afile/r"])
+        .current_dir(&cwd)
+        .env("XDG_CACHE_HOME", cache_dir())
+        .output()
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(9), "{err}");
+    assert!(err.contains("afile") && err.contains("[io]"), "{err}");
+    assert_eq!(std::fs::read(cwd.join("afile")).unwrap(), b"x");
 }
 
 /// Every object of the store, with its bytes.
