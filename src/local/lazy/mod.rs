@@ -25,6 +25,15 @@
 //! the index and fetches exactly those (lazily again or in full). The registry is the
 //! in-process manifest of the remote files.
 //!
+//! # What not to ask a lazily opened store
+//!
+//! Two RocksDB features open every table file, which on a lazy store means downloading every
+//! remote file first: `open_files_async` (forced off in [`ENV_OPTION`]: it would fetch on the
+//! flush pool) and the string property `rocksdb.aggregated-table-properties` (and its
+//! per-level variant), which RocksDB computes **under the DB mutex** — writes would wait for
+//! the whole download. blobsnap never asks for it; an embedder should not while
+//! [`status`] is `Some` (or should [`wait_complete`] first).
+//!
 //! # Lock order
 //!
 //! One order for the whole module, outermost first: `links_io` (the checkpoint dirs'
