@@ -1575,6 +1575,23 @@ async fn gc_fails_closed_on_an_unreadable_root_and_names_the_repair() {
     );
 }
 
+/// Read `lines` (a child's stderr) into `seen` up to a line containing `needle`: false if the
+/// stream ended first.
+async fn read_until(
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStderr>>,
+    needle: &str,
+    seen: &mut String,
+) -> bool {
+    while let Some(line) = lines.next_line().await.unwrap() {
+        seen.push_str(&line);
+        seen.push('\n');
+        if line.contains(needle) {
+            return true;
+        }
+    }
+    false
+}
+
 /// Ctrl-C is a graceful stop: the demo, held in its second commit, gets SIGINT, says it is
 /// stopping, finishes that commit, commits what it processed since, deletes its writer lease
 /// and exits 10 naming the offset it committed — which is the latest checkpoint's; a rerun
@@ -1614,21 +1631,11 @@ async fn ctrl_c_stops_the_demo_gracefully_and_a_second_one_at_once() {
         let pid = rustix::process::Pid::from_raw(child.id().unwrap() as i32).unwrap();
         let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
         let mut seen = String::new();
-        let mut wait_for = async |needle: &str, seen: &mut String| loop {
-            let Some(line) = lines.next_line().await.unwrap() else {
-                return false;
-            };
-            seen.push_str(&line);
-            seen.push('\n');
-            if line.contains(needle) {
-                return true;
-            }
-        };
         for needle in [
             "hold point commit.after-checkpoint reached",
             "stopping gracefully",
         ] {
-            if !wait_for(needle, &mut seen).await {
+            if !read_until(&mut lines, needle, &mut seen).await {
                 let status = child.wait().await.unwrap();
                 panic!("the demo ended ({status}) before {needle:?}: {seen}");
             }
@@ -1737,16 +1744,9 @@ async fn a_restore_cancelled_during_its_swap_says_what_it_did() {
         "hold point restore.after-marker reached",
         "stopping gracefully",
     ] {
-        loop {
-            let Some(line) = lines.next_line().await.unwrap() else {
-                let status = child.wait().await.unwrap();
-                panic!("the restore ended ({status}) before {needle:?}: {seen}");
-            };
-            seen.push_str(&line);
-            seen.push('\n');
-            if line.contains(needle) {
-                break;
-            }
+        if !read_until(&mut lines, needle, &mut seen).await {
+            let status = child.wait().await.unwrap();
+            panic!("the restore ended ({status}) before {needle:?}: {seen}");
         }
         if needle.starts_with("hold") {
             rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();

@@ -620,6 +620,66 @@ fn without_the_abandon_rule_the_model_finds_a_lost_blob() {
     }
 }
 
+/// Task "Partition 0" of job "model" on `store`: two plain-file stores ("counts", "lengths",
+/// 3 SSTs each) under `root`, retention 2, the sweep grace `GRACE_MS`, on the virtual clock.
+async fn two_store_task(
+    store: &Arc<dyn BlobStore>,
+    clock: &Arc<VClock>,
+    root: &Path,
+) -> (TaskCommitManager, TaskContext) {
+    let ctx = TaskContext {
+        job_name: "model".into(),
+        job_id: "1".into(),
+        task_name: "Partition 0".into(),
+    };
+    let mut specs = Vec::new();
+    let mut engines: Vec<Arc<dyn StoreEngine>> = Vec::new();
+    for name in ["counts", "lengths"] {
+        let dir = root.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        for i in 0..3 {
+            std::fs::write(dir.join(format!("{i:06}.sst")), format!("{name} {i}")).unwrap();
+        }
+        specs.push(StoreSpec {
+            name: name.into(),
+            dir: dir.clone(),
+        });
+        engines.push(Arc::new(Files { name, dir }));
+    }
+    let checkpoints: Arc<dyn CheckpointStore> = Arc::new(BlobCheckpointStore::new(
+        Arc::clone(store),
+        JobScope::new("model", "1").unwrap(),
+    ));
+    let vclock: Arc<dyn Clock> = clock.clone();
+    let (mgr, last) =
+        TaskCommitManager::start(ctx.clone(), checkpoints, Arc::clone(&vclock), 2, false)
+            .await
+            .unwrap();
+    let backup = Arc::new(
+        BlobBackupManager::new(
+            Arc::clone(store),
+            ctx.clone(),
+            &specs,
+            vclock,
+            BackupSettings {
+                gc_grace: Duration::from_millis(GRACE_MS),
+                hash_cache: false,
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    );
+    backup.init(last.as_ref()).await.unwrap();
+    let mgr = mgr.with_stores(engines).with_backends(
+        vec![Backend {
+            name: FACTORY_NAME.into(),
+            manager: backup,
+        }],
+        last,
+    );
+    (mgr, ctx)
+}
+
 /// DESIGN §7: the age of a commit's *first* PUT bounds the whole commit, not each store's
 /// upload. Two stores; the second one's index PUT hangs while 1.2 × the grace passes and a
 /// sweep runs inside it. That sweep takes the first store's blobs and index (orphans older
@@ -636,56 +696,7 @@ fn a_slow_index_put_past_the_grace_abandons_the_whole_commit() {
         let model = Model::new(&clock, 7, 0, Some("/lengths/index/"));
         let store: Arc<dyn BlobStore> = model.clone();
         let tmp = tempfile::tempdir().unwrap();
-        let ctx = TaskContext {
-            job_name: "model".into(),
-            job_id: "1".into(),
-            task_name: "Partition 0".into(),
-        };
-        let mut specs = Vec::new();
-        let mut engines: Vec<Arc<dyn StoreEngine>> = Vec::new();
-        for name in ["counts", "lengths"] {
-            let dir = tmp.path().join(name);
-            std::fs::create_dir_all(&dir).unwrap();
-            for i in 0..3 {
-                std::fs::write(dir.join(format!("{i:06}.sst")), format!("{name} {i}")).unwrap();
-            }
-            specs.push(StoreSpec {
-                name: name.into(),
-                dir: dir.clone(),
-            });
-            engines.push(Arc::new(Files { name, dir }));
-        }
-        let checkpoints: Arc<dyn CheckpointStore> = Arc::new(BlobCheckpointStore::new(
-            Arc::clone(&store),
-            JobScope::new("model", "1").unwrap(),
-        ));
-        let vclock: Arc<dyn Clock> = clock.clone();
-        let (mgr, last) =
-            TaskCommitManager::start(ctx.clone(), checkpoints, Arc::clone(&vclock), 2, false)
-                .await
-                .unwrap();
-        let backup = Arc::new(
-            BlobBackupManager::new(
-                Arc::clone(&store),
-                ctx.clone(),
-                &specs,
-                Arc::clone(&vclock),
-                BackupSettings {
-                    gc_grace: Duration::from_millis(GRACE_MS),
-                    hash_cache: false,
-                    ..Default::default()
-                },
-            )
-            .unwrap(),
-        );
-        backup.init(last.as_ref()).await.unwrap();
-        let mgr = mgr.with_stores(engines).with_backends(
-            vec![Backend {
-                name: FACTORY_NAME.into(),
-                manager: backup,
-            }],
-            last,
-        );
+        let (mgr, ctx) = two_store_task(&store, &clock, tmp.path()).await;
         let sweep = || async {
             let s = SweepSettings {
                 job_name: "model".into(),
@@ -752,56 +763,7 @@ fn uploads_that_outlive_half_the_grace_stop_the_task_instead_of_retrying_forever
         let model = Model::new(&clock, 11, GRACE_MS / 2, None);
         let store: Arc<dyn BlobStore> = model.clone();
         let tmp = tempfile::tempdir().unwrap();
-        let ctx = TaskContext {
-            job_name: "model".into(),
-            job_id: "1".into(),
-            task_name: "Partition 0".into(),
-        };
-        let mut specs = Vec::new();
-        let mut engines: Vec<Arc<dyn StoreEngine>> = Vec::new();
-        for name in ["counts", "lengths"] {
-            let dir = tmp.path().join(name);
-            std::fs::create_dir_all(&dir).unwrap();
-            for i in 0..3 {
-                std::fs::write(dir.join(format!("{i:06}.sst")), format!("{name} {i}")).unwrap();
-            }
-            specs.push(StoreSpec {
-                name: name.into(),
-                dir: dir.clone(),
-            });
-            engines.push(Arc::new(Files { name, dir }));
-        }
-        let checkpoints: Arc<dyn CheckpointStore> = Arc::new(BlobCheckpointStore::new(
-            Arc::clone(&store),
-            JobScope::new("model", "1").unwrap(),
-        ));
-        let vclock: Arc<dyn Clock> = clock.clone();
-        let (mgr, last) =
-            TaskCommitManager::start(ctx.clone(), checkpoints, Arc::clone(&vclock), 2, false)
-                .await
-                .unwrap();
-        let backup = Arc::new(
-            BlobBackupManager::new(
-                Arc::clone(&store),
-                ctx.clone(),
-                &specs,
-                Arc::clone(&vclock),
-                BackupSettings {
-                    gc_grace: Duration::from_millis(GRACE_MS),
-                    hash_cache: false,
-                    ..Default::default()
-                },
-            )
-            .unwrap(),
-        );
-        backup.init(last.as_ref()).await.unwrap();
-        let mgr = mgr.with_stores(engines).with_backends(
-            vec![Backend {
-                name: FACTORY_NAME.into(),
-                manager: backup,
-            }],
-            last,
-        );
+        let (mgr, ctx) = two_store_task(&store, &clock, tmp.path()).await;
         let offsets = |i: u64| BTreeMap::from([(Ssp::new("s", "in", 0), i.to_string())]);
         let mut abandoned = 0u32;
         let mut stopped = None;

@@ -90,8 +90,19 @@ impl Fx {
         spec: &StoreSpec,
         lazy: Option<lazy::Background>,
     ) -> BlobRestoreManager {
+        self.restorer_on(Arc::clone(&self.store), spec, lazy)
+    }
+
+    /// [`restorer_with`](Self::restorer_with) reading from `store` (a wrapper of the
+    /// fixture's store).
+    fn restorer_on(
+        &self,
+        store: Arc<dyn BlobStore>,
+        spec: &StoreSpec,
+        lazy: Option<lazy::Background>,
+    ) -> BlobRestoreManager {
         BlobRestoreManager::new(
-            Arc::clone(&self.store),
+            store,
             self.task.clone(),
             std::slice::from_ref(spec),
             RestoreSettings {
@@ -438,19 +449,15 @@ mod cases {
             })
         }));
         let dst = fx.spec("dst");
-        let r = BlobRestoreManager::new(
+        // The background download holds after its first file.
+        let r = fx.restorer_on(
             hooked,
-            fx.task.clone(),
-            std::slice::from_ref(&dst),
-            RestoreSettings {
-                lazy: Some(lazy::Background {
-                    downloads: 1,
-                    max_rate: 1,
-                }),
-                ..Default::default()
-            },
-        )
-        .unwrap();
+            &dst,
+            Some(lazy::Background {
+                downloads: 1,
+                max_rate: 1,
+            }),
+        );
         r.init(Some(&cp)).await.unwrap();
         r.restore().await.unwrap();
         let mut opts = no_compactions();
@@ -545,19 +552,15 @@ mod cases {
             })
         }));
         let dst = fx.spec("dst");
-        let r = BlobRestoreManager::new(
+        // The background download holds after its first file.
+        let r = fx.restorer_on(
             hooked,
-            fx.task.clone(),
-            std::slice::from_ref(&dst),
-            RestoreSettings {
-                lazy: Some(lazy::Background {
-                    downloads: 1,
-                    max_rate: 1,
-                }),
-                ..Default::default()
-            },
-        )
-        .unwrap();
+            &dst,
+            Some(lazy::Background {
+                downloads: 1,
+                max_rate: 1,
+            }),
+        );
         r.init(Some(&cp)).await.unwrap();
         r.restore().await.unwrap();
         // B first (a normal open sizes nothing beyond RocksDB's default), with 6 L0 tables.
