@@ -140,8 +140,13 @@ pub trait TaskBackupManager: Send + Sync {
     /// commit (nothing is written; what was uploaded is an orphan for the sweep). The blob
     /// backend refuses once the commit's first PUT, over all its stores, is older than half
     /// the sweep's grace (DESIGN §7): past that, a sweep may have taken its first blobs.
-    fn before_commit(&self, _id: CheckpointId) -> Result<()> {
-        Ok(())
+    ///
+    /// `Ok(Some(left))` is how long the commit point may still take: the commit manager
+    /// cancels a checkpoint write (retries and all) that has not finished by then, calls this
+    /// again after the write (a document that landed past the bound is withdrawn) and before
+    /// an adoption's second write. `Ok(None)`: this backend does not bound the commit.
+    fn before_commit(&self, _id: CheckpointId) -> Result<Option<std::time::Duration>> {
+        Ok(None)
     }
 
     /// Called after the checkpoint with `markers` was written: what they name is now

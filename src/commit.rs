@@ -97,6 +97,13 @@ struct State {
     /// Deferred deletes handed over before the trim that removes the checkpoints naming their
     /// snapshots has landed: they join `deferred` once a trim succeeds.
     awaiting_trim: Vec<DeferredDeletes>,
+    /// Checkpoint documents of this writer withdrawn because their write ran past the
+    /// commit's bound (sequence number, checkpoint id). A withdrawal that failed is retried
+    /// before the next write; a withdrawn document found at the next write's number (a
+    /// cancelled write that landed late) is withdrawn again, never adopted.
+    withdrawn: Vec<(u64, CheckpointId)>,
+    /// A withdrawal still to do: its delete failed.
+    withdraw_pending: Option<u64>,
 }
 
 impl State {
@@ -247,6 +254,8 @@ impl TaskCommitManager {
                 history_trimmed: false,
                 deferred: Vec::new(),
                 awaiting_trim: Vec::new(),
+                withdrawn: Vec::new(),
+                withdraw_pending: None,
                 made: std::collections::HashMap::new(),
             }),
         };
@@ -440,12 +449,8 @@ impl TaskCommitManager {
         crate::crash::point("commit.before-checkpoint");
         // The last word of every backend, right before the commit point: the age of the
         // commit's first PUT bounds the whole commit (uploads of every store, index PUTs,
-        // other backends), not only each store's upload.
-        for b in &self.backends {
-            b.manager
-                .before_commit(id)
-                .map_err(|e| e.context(format!("commit of backend {} at {id}", b.name)))?;
-        }
+        // other backends, and the checkpoint write itself), not only each store's upload.
+        let left = self.commit_bound(id)?;
 
         // 3. the commit point
         let t = Instant::now();
@@ -455,12 +460,12 @@ impl TaskCommitManager {
             state_checkpoint_markers: markers.clone(),
         };
         let mut seq = next_seq(&self.task.task_name, st.seq)?;
+        if let Some(w) = st.withdraw_pending {
+            self.withdraw(w).await?;
+            st.withdraw_pending = None;
+        }
         let doc = Checkpoint::V2(checkpoint.clone());
-        if let Err(e) = self
-            .checkpoints
-            .write(&self.task.task_name, seq, &self.writer, &doc)
-            .await
-        {
+        if let Err(e) = self.write_bounded(&mut st, id, seq, &doc, left).await {
             if e.kind() != ErrorKind::Conflict {
                 return Err(e);
             }
@@ -471,6 +476,22 @@ impl TaskCommitManager {
             let Some(landed) = self.own_landed(seq).await? else {
                 return Err(e);
             };
+            let landed_id = landed.as_v2().map(|c| c.id);
+            if st
+                .withdrawn
+                .iter()
+                .any(|(s, i)| *s == seq && Some(*i) == landed_id)
+            {
+                // A write this writer cancelled past its bound landed after all: it was never
+                // committed (a sweep may have taken what it names). Withdraw it again and
+                // write this commit at its number.
+                self.withdraw(seq).await?;
+                let left = self.commit_bound(id)?;
+                self.write_bounded(&mut st, id, seq, &doc, left).await?;
+                return self
+                    .committed(st, id, seq, checkpoint, markers, upload_ms, t, sync_ms)
+                    .await;
+            }
             tracing::info!(task = %self.task.task_name, seq, "an earlier checkpoint write of this writer had landed; adopted it as committed");
             st.seq = seq;
             st.written.push_back((seq, id_key(&landed, seq)));
@@ -485,10 +506,107 @@ impl TaskCommitManager {
             }
             st.last = Some(landed);
             seq = next_seq(&self.task.task_name, seq)?;
-            self.checkpoints
-                .write(&self.task.task_name, seq, &self.writer, &doc)
-                .await?;
+            // The adoption took time: this commit's bound is checked again.
+            let left = self.commit_bound(id)?;
+            self.write_bounded(&mut st, id, seq, &doc, left).await?;
         }
+        self.committed(st, id, seq, checkpoint, markers, upload_ms, t, sync_ms)
+            .await
+    }
+
+    /// The least time any backend leaves this commit's checkpoint write (`None`: unbounded);
+    /// an error abandons the commit.
+    fn commit_bound(&self, id: CheckpointId) -> Result<Option<std::time::Duration>> {
+        let mut left: Option<std::time::Duration> = None;
+        for b in &self.backends {
+            let l = b
+                .manager
+                .before_commit(id)
+                .map_err(|e| e.context(format!("commit of backend {} at {id}", b.name)))?;
+            left = match (left, l) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        Ok(left)
+    }
+
+    /// Write checkpoint `seq` inside the commit's bound (DESIGN §7): a write (retries and
+    /// all) still running when `left` runs out is cancelled, and a document that landed but
+    /// whose write finished past the bound (checked again on every backend's clock) is
+    /// withdrawn. Either way the commit is abandoned; what it uploaded is an orphan.
+    async fn write_bounded(
+        &self,
+        st: &mut State,
+        id: CheckpointId,
+        seq: u64,
+        doc: &Checkpoint,
+        left: Option<std::time::Duration>,
+    ) -> Result<()> {
+        let write = self
+            .checkpoints
+            .write(&self.task.task_name, seq, &self.writer, doc);
+        let outcome = match left {
+            None => write.await,
+            Some(left) => match tokio::time::timeout(left, write).await {
+                Ok(r) => r,
+                Err(_) => {
+                    // The cancelled request may still land: withdraw its number.
+                    st.withdrawn.push((seq, id));
+                    if let Err(e) = self.withdraw(seq).await {
+                        tracing::warn!(error = %e, seq, "could not withdraw a checkpoint write cancelled past its bound; retried before the next write");
+                        st.withdraw_pending = Some(seq);
+                    }
+                    metrics::counter!("blobsnap_commit_abandoned_total", "task" => self.task.task_name.clone())
+                        .increment(1);
+                    return Err(Error::transient(format!(
+                        "commit at {id}: the checkpoint write did not finish within the commit's bound ({left:?} were left of half the sweep's grace): abandoned; the next commit starts afresh"
+                    )));
+                }
+            },
+        };
+        outcome?;
+        if left.is_some() {
+            if let Err(e) = self.commit_bound(id) {
+                // Landed, but past the bound: a sweep that started inside it may have taken
+                // blobs it names. It never counts as committed.
+                st.withdrawn.push((seq, id));
+                if let Err(we) = self.withdraw(seq).await {
+                    st.withdraw_pending = Some(seq);
+                    return Err(Error::new(
+                        ErrorKind::Corrupt,
+                        format!("checkpoint {seq} at {id} landed past the commit's bound and could not be withdrawn ({we}); a restore of it falls back to the checkpoint before it if a sweep took its blobs"),
+                    ));
+                }
+                return Err(e.context(format!(
+                    "checkpoint {seq} landed past the bound and was withdrawn"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Delete this writer's checkpoint `seq` (a withdrawal; deleting a missing one is fine).
+    async fn withdraw(&self, seq: u64) -> Result<()> {
+        self.checkpoints
+            .delete_seqs(&self.task.task_name, &[seq])
+            .await
+            .map_err(|e| e.context(format!("withdraw checkpoint {seq}")))
+    }
+
+    /// The checkpoint is written: record it, trim the history, clean up.
+    #[allow(clippy::too_many_arguments)]
+    async fn committed(
+        &self,
+        mut st: tokio::sync::MutexGuard<'_, State>,
+        id: CheckpointId,
+        seq: u64,
+        checkpoint: CheckpointV2,
+        markers: Markers,
+        upload_ms: u64,
+        t: Instant,
+        sync_ms: u64,
+    ) -> Result<CommitReport> {
         st.seq = seq;
         st.written.push_back((seq, checkpoint.id.to_string()));
         st.last = Some(Checkpoint::V2(checkpoint.clone()));

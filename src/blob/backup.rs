@@ -994,7 +994,7 @@ impl TaskBackupManager for BlobBackupManager {
         }])
     }
 
-    fn before_commit(&self, id: CheckpointId) -> Result<()> {
+    fn before_commit(&self, id: CheckpointId) -> Result<Option<std::time::Duration>> {
         self.check_age(id, "commit")
     }
 
@@ -1073,9 +1073,11 @@ impl BlobBackupManager {
     /// Abandon upload `id` if its first PUT is older than half the sweep's grace. Measured on
     /// the monotonic clock and on the task's clock (the one the tests inject), whichever says
     /// longer. An upload that never PUT anything is not bounded.
-    fn check_age(&self, id: CheckpointId, what: &str) -> Result<()> {
+    ///
+    /// `Ok(Some(left))`: the time left before the bound (on whichever clock says less).
+    fn check_age(&self, id: CheckpointId, what: &str) -> Result<Option<std::time::Duration>> {
         let Some((t0, t0_ms)) = lock(&self.first_put)?.get(&id).copied() else {
-            return Ok(());
+            return Ok(None);
         };
         let ran = t0.elapsed().max(std::time::Duration::from_millis(
             self.clock.now_millis().saturating_sub(t0_ms),
@@ -1101,7 +1103,10 @@ impl BlobBackupManager {
                 self.settings.gc_grace
             )));
         }
-        Ok(())
+        if !self.settings.abandon_rule {
+            return Ok(None);
+        }
+        Ok(Some((self.settings.gc_grace / 2).saturating_sub(ran)))
     }
 
     /// What leaves retention now: exactly

@@ -746,6 +746,102 @@ fn a_slow_index_put_past_the_grace_abandons_the_whole_commit() {
     });
 }
 
+/// The checkpoint write is inside the commit's bound (F1 of the second protocol review):
+/// the write of the first commit's checkpoint hangs while 1.2 × the grace passes and a sweep
+/// runs inside it (taking every blob the commit uploaded: orphans older than the grace), then
+/// lands. A commit that counted it as committed would leave a checkpoint naming swept blobs;
+/// the document is withdrawn and the commit abandoned, and the next commit commits intact.
+/// Fails before the fix: the commit returned `Ok` and `retained_intact` named a missing blob.
+#[test]
+fn a_checkpoint_write_that_lands_past_the_bound_is_withdrawn() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let clock = Arc::new(VClock(AtomicU64::new(1_800_000_000_000)));
+        let model = Model::new(&clock, 7, 0, None);
+        let store: Arc<dyn BlobStore> = model.clone();
+        let tmp = tempfile::tempdir().unwrap();
+        let (mgr, ctx) = two_store_task(&store, &clock, tmp.path()).await;
+        // Armed after the claim: the next checkpoint PUT is the commit's.
+        *model.slow_put.lock().unwrap() = Some("/checkpoints/".into());
+        let offsets = |i: u64| BTreeMap::from([(Ssp::new("s", "in", 0), i.to_string())]);
+        let chaos = async {
+            model.slow_entered.notified().await;
+            clock.0.fetch_add(GRACE_MS * 6 / 5, Relaxed);
+            let s = SweepSettings {
+                job_name: "model".into(),
+                job_id: "1".into(),
+                task: None,
+                store: None,
+                grace: Duration::from_millis(GRACE_MS),
+            };
+            let plan = plan_sweep(&store, &s).await.unwrap();
+            let swept = execute_sweep(store.as_ref(), &plan).await.unwrap();
+            model.slow_release.notify_one();
+            swept
+        };
+        let (first, swept) = tokio::join!(mgr.commit(offsets(1)), chaos);
+        assert!(
+            swept > 0,
+            "the sweep inside the checkpoint write took the commit's blobs"
+        );
+        let e =
+            first.expect_err("a checkpoint landing 1.2 x grace after the first PUT is withdrawn");
+        assert!(e.to_string().contains("withdrawn"), "{e}");
+        assert_eq!(
+            retained_intact(&store, &ctx).await,
+            Ok(0),
+            "nothing stays committed"
+        );
+        mgr.commit(offsets(2)).await.unwrap();
+        assert_eq!(retained_intact(&store, &ctx).await, Ok(6));
+        let cps = BlobCheckpointStore::new(
+            Arc::clone(&store),
+            JobScope::new(&ctx.job_name, &ctx.job_id).unwrap(),
+        );
+        let latest = cps.latest(&ctx.task_name).await.unwrap().unwrap();
+        assert_eq!(
+            latest
+                .checkpoint
+                .offsets()
+                .get(&Ssp::new("s", "in", 0))
+                .map(String::as_str),
+            Some("2"),
+            "the head is the second commit's"
+        );
+    });
+}
+
+/// A checkpoint write still running when the commit's bound runs out is cancelled (its
+/// retries with it) and the commit abandoned; the number it would have taken is withdrawn and
+/// the next commit writes there. On a paused clock, the hung write meets the bound at once.
+#[test]
+fn a_checkpoint_write_still_running_at_the_bound_is_cancelled() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let clock = Arc::new(VClock(AtomicU64::new(1_800_000_000_000)));
+        let model = Model::new(&clock, 7, 0, None);
+        let store: Arc<dyn BlobStore> = model.clone();
+        let tmp = tempfile::tempdir().unwrap();
+        let (mgr, ctx) = two_store_task(&store, &clock, tmp.path()).await;
+        *model.slow_put.lock().unwrap() = Some("/checkpoints/".into());
+        let offsets = |i: u64| BTreeMap::from([(Ssp::new("s", "in", 0), i.to_string())]);
+        let e = mgr
+            .commit(offsets(1))
+            .await
+            .expect_err("a write that never finishes is cut at the bound");
+        assert!(e.to_string().contains("did not finish within"), "{e}");
+        mgr.commit(offsets(2)).await.unwrap();
+        assert_eq!(retained_intact(&store, &ctx).await, Ok(6));
+    });
+}
+
 /// A short grace never livelocks a task (N7 of the second protocol review): on a store where
 /// every upload outlives half the sweep's grace (each request lets up to half a grace pass on
 /// the virtual clock), every commit is abandoned — and after `ABANDON_LIMIT` in a row the
