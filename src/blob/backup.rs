@@ -85,6 +85,12 @@ pub struct BackupSettings {
     /// retained snapshots share them for free. 0: never — every index keeps Samza's v1 shape
     /// (for a Samza reader).
     pub inline_below: u64,
+    /// Hold a writer lease (`writers/<task>/`, DESIGN §7) in the job's scope while uploads may
+    /// be in flight: written (or refreshed, once older than a quarter of the grace) at the
+    /// start of each upload, deleted by [`close`](crate::backend::TaskBackupManager::close).
+    /// `blobsnap gc` refuses a sweep under the grace while a lease is live, even forced. The
+    /// job runtime holds its own lease for the task's whole run and turns this off.
+    pub writer_lease: bool,
 }
 
 /// The default [`BackupSettings::inline_below`]: 64 KiB.
@@ -106,6 +112,7 @@ impl Default for BackupSettings {
             only: None,
             abandon_rule: true,
             inline_below: INLINE_BELOW,
+            writer_lease: true,
         }
     }
 }
@@ -250,6 +257,8 @@ pub struct BlobBackupManager {
     first_put: Mutex<BTreeMap<CheckpointId, (Instant, u64)>>,
     /// Commits abandoned by the abandon rule since the last one that committed.
     abandoned_in_a_row: std::sync::atomic::AtomicU32,
+    /// The writer lease ([`BackupSettings::writer_lease`]) and when it was last written.
+    lease: Option<(super::admin::WriterLease, Mutex<Option<Instant>>)>,
 }
 
 /// After this many consecutive commits abandoned by the abandon rule, the next abandonment is
@@ -303,17 +312,23 @@ impl BlobBackupManager {
         }
         Ok(BlobBackupManager {
             blob_store,
-            task,
             stores: specs,
             progress,
             clock,
-            settings,
             owners: Arc::new(Owners::load()),
             state: Mutex::new(HashMap::new()),
             stats: Mutex::new(BTreeMap::new()),
             cleanup_stats: Mutex::new(CleanupStats::default()),
             first_put: Mutex::default(),
             abandoned_in_a_row: Default::default(),
+            lease: settings.writer_lease.then(|| {
+                (
+                    super::admin::WriterLease::new(&task.task_name, settings.gc_grace),
+                    Mutex::new(None),
+                )
+            }),
+            task,
+            settings,
         })
     }
 
@@ -939,6 +954,7 @@ impl TaskBackupManager for BlobBackupManager {
         _snapshot_markers: &StoreMarkers,
         dirs: &BTreeMap<String, PathBuf>,
     ) -> Result<StoreMarkers> {
+        self.renew_lease().await?;
         let mut jobs = Vec::new();
         for (spec, scope, cache) in &self.stores {
             let dir = dirs.get(&spec.name).ok_or_else(|| {
@@ -1016,6 +1032,42 @@ impl TaskBackupManager for BlobBackupManager {
     }
 
     async fn close(&self) -> Result<()> {
+        let Some((lease, renewed)) = &self.lease else {
+            return Ok(());
+        };
+        if lock(renewed)?.take().is_none() {
+            return Ok(());
+        }
+        lease
+            .retire(self.blob_store.as_ref(), &self.job_scope()?)
+            .await
+            .map_err(|e| e.context("delete the writer lease"))
+    }
+}
+
+impl BlobBackupManager {
+    fn job_scope(&self) -> Result<JobScope> {
+        if self.task.job_name == crate::layout::MANUAL_JOB {
+            JobScope::manual(&self.task.job_id)
+        } else {
+            JobScope::new(&self.task.job_name, &self.task.job_id)
+        }
+    }
+
+    /// Write the writer lease, or refresh it once it is older than a quarter of the grace:
+    /// an upload starting now has its lease for at least three quarters of the grace, longer
+    /// than the half the abandon rule lets it run.
+    async fn renew_lease(&self) -> Result<()> {
+        let Some((lease, renewed)) = &self.lease else {
+            return Ok(());
+        };
+        let due = lock(renewed)?.is_none_or(|t| t.elapsed() >= self.settings.gc_grace / 4);
+        if due {
+            lease
+                .announce(self.blob_store.as_ref(), &self.job_scope()?)
+                .await?;
+            *lock(renewed)? = Some(Instant::now());
+        }
         Ok(())
     }
 }

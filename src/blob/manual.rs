@@ -11,7 +11,9 @@ use std::sync::Arc;
 
 use super::backup::{BackupProgress, BackupSettings, BlobBackupManager, UploadStats};
 use super::FACTORY_NAME;
-use crate::backend::{Clock as _, StoreSpec, SystemClock, TaskBackupManager as _, TaskContext};
+use crate::backend::{
+    Clock as _, StoreMarkers, StoreSpec, SystemClock, TaskBackupManager as _, TaskContext,
+};
 use crate::blobstore::BlobStore;
 use crate::checkpoint::{
     BlobCheckpointStore, Checkpoint, CheckpointId, CheckpointIdGen, CheckpointStore as _,
@@ -116,32 +118,18 @@ pub async fn backup<W>(
         .await;
     drop(watching);
     drop(closed);
-    let markers = result?;
-    let marker = markers
-        .get(STORE)
-        .ok_or_else(|| Error::invalid(format!("backup {name}: the upload returned no marker")))?
-        .parse::<IndexMarker>()?;
-    let checkpoint = Checkpoint::V2(CheckpointV2 {
-        id,
-        input_offsets: Default::default(),
-        state_checkpoint_markers: [(FACTORY_NAME.to_string(), markers)].into(),
-    });
-    let seq = last
-        .as_ref()
-        .map_or(0, |c| c.seq)
-        .checked_add(1)
-        .ok_or_else(|| {
-            Error::corrupt(format!(
-                "backup {name}: the latest checkpoint number has no successor: the history is corrupt"
-            ))
-        })?;
-    pins.write(
-        TASK,
-        seq,
-        &format!("cli-{:016x}", rand::random::<u64>()),
-        &checkpoint,
-    )
-    .await?;
+    let written = async {
+        let markers = result?;
+        // The pin is the commit point: inside the same bound as a job's checkpoint.
+        mgr.before_commit(id)?;
+        pin(&pins, name, id, last.as_ref().map(|c| c.seq), markers).await
+    }
+    .await;
+    // The lease goes whatever happened: a failed backup leaves orphans for the sweep.
+    if let Err(e) = mgr.close().await {
+        tracing::warn!(error = %e, "could not delete the backup's writer lease; it expires after the grace");
+    }
+    let marker = written?;
     let stats = mgr
         .last_upload_stats()
         .get(STORE)
@@ -152,4 +140,36 @@ pub async fn backup<W>(
         checkpoint_id: id,
         stats,
     })
+}
+
+/// Write the manual backup's pin: checkpoint `last + 1` of the scope naming `markers`.
+async fn pin(
+    pins: &BlobCheckpointStore,
+    name: &str,
+    id: CheckpointId,
+    last: Option<u64>,
+    markers: StoreMarkers,
+) -> Result<IndexMarker> {
+    let marker = markers
+        .get(STORE)
+        .ok_or_else(|| Error::invalid(format!("backup {name}: the upload returned no marker")))?
+        .parse::<IndexMarker>()?;
+    let checkpoint = Checkpoint::V2(CheckpointV2 {
+        id,
+        input_offsets: Default::default(),
+        state_checkpoint_markers: [(FACTORY_NAME.to_string(), markers)].into(),
+    });
+    let seq = last.unwrap_or(0).checked_add(1).ok_or_else(|| {
+        Error::corrupt(format!(
+            "backup {name}: the latest checkpoint number has no successor: the history is corrupt"
+        ))
+    })?;
+    pins.write(
+        TASK,
+        seq,
+        &format!("cli-{:016x}", rand::random::<u64>()),
+        &checkpoint,
+    )
+    .await?;
+    Ok(marker)
 }

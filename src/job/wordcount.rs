@@ -227,6 +227,8 @@ pub async fn run(
             retention: settings.retention,
             gc_grace: settings.gc_grace,
             inline_below: settings.index_inline_below,
+            // `run_task` holds the task's lease from its claim to its stop.
+            writer_lease: false,
             ..Default::default()
         },
         RestoreSettings {

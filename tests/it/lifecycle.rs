@@ -73,6 +73,7 @@ async fn retention_case(h: &support::Harness, retention: usize) {
                 Arc::clone(&clock),
                 BackupSettings {
                     retention,
+                    writer_lease: false,
                     ..Default::default()
                 },
             )
@@ -1303,6 +1304,85 @@ async fn sweep_after_kills_leaves_exactly_the_referenced_objects() {
     demo_counts_ok(&demo(&[]).output().await.unwrap());
 }
 
+/// An embedder that drives the blob backend itself (no `run_task`) and a manual backup hold a
+/// writer lease while an upload may be in flight (N1 of the second protocol review): a forced
+/// sweep under the grace is refused while it lives, and `close` (the backup's end) deletes it.
+/// Fails before the fix: no lease was written, and the forced short sweep was accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_embedders_and_a_manual_backups_uploads_hold_a_writer_lease() {
+    use blobsnap::blob::admin::{active_writers, sweep_guard};
+    use std::time::{Duration, SystemTime};
+    let h = support::local().await;
+    let ctx = task(&h);
+    let job = JobScope::new(&ctx.job_name, &ctx.job_id).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = StoreSpec {
+        name: "counts".into(),
+        dir: tmp.path().join("counts"),
+    };
+    let backup = BlobBackupManager::new(
+        Arc::clone(&h.store),
+        ctx.clone(),
+        std::slice::from_ref(&spec),
+        Arc::new(SystemClock),
+        BackupSettings::default(),
+    )
+    .unwrap();
+    backup.init(None).await.unwrap();
+    let db = RocksStore::open("counts", &spec.dir).unwrap();
+    write_keys(&db, 0, 100, 1);
+    let id = "1000-0".parse().unwrap();
+    db.checkpoint_to(&spec.checkpoint_dir(id)).unwrap();
+    backup
+        .upload(
+            id,
+            &Default::default(),
+            &BTreeMap::from([("counts".into(), spec.checkpoint_dir(id))]),
+        )
+        .await
+        .unwrap();
+    let active = active_writers(h.store.as_ref(), &job, SystemTime::now())
+        .await
+        .unwrap();
+    assert_eq!(active.len(), 1, "{active:?}");
+    assert_eq!(active[0].0.task, "Partition 0");
+    assert_eq!(active[0].0.gc_grace_secs, 86_400);
+    let e = sweep_guard(Duration::from_secs(60), None, &active, true)
+        .expect_err("a forced short sweep beside a live upload is refused");
+    assert_eq!(e.kind(), ErrorKind::Conflict, "{e}");
+    backup.close().await.unwrap();
+    assert!(active_writers(h.store.as_ref(), &job, SystemTime::now())
+        .await
+        .unwrap()
+        .is_empty());
+
+    // A manual backup: its lease lives only while it runs.
+    drop(db);
+    let manual = blobsnap::blob::manual::backup(
+        Arc::clone(&h.store),
+        &spec.dir,
+        "lease-check",
+        None,
+        |_| (),
+    )
+    .await
+    .unwrap();
+    assert!(!manual.marker.to_string().is_empty());
+    let writers = list_all(
+        h.store.as_ref(),
+        &JobScope::manual("lease-check")
+            .unwrap()
+            .all_writers()
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    assert!(
+        writers.is_empty(),
+        "the lease went with the backup: {writers:?}"
+    );
+}
+
 /// An orphan younger than the grace is kept; one older is deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sweep_respects_the_grace_period() {
@@ -1323,7 +1403,11 @@ async fn sweep_respects_the_grace_period() {
         ctx.clone(),
         std::slice::from_ref(&spec),
         Arc::new(SystemClock),
-        BackupSettings::default(),
+        BackupSettings {
+            // The exact set of aged keys is the subject (a lease is never swept).
+            writer_lease: false,
+            ..Default::default()
+        },
     )
     .unwrap();
     backup.init(None).await.unwrap();
