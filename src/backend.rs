@@ -26,7 +26,7 @@ use async_trait::async_trait;
 
 use crate::blobstore::DeferredDeletes;
 use crate::checkpoint::{Checkpoint, CheckpointId};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Store name → marker.
 pub type StoreMarkers = BTreeMap<String, String>;
@@ -109,9 +109,50 @@ impl StoreSpec {
     /// `<store dir>.checkpoints`: the commit manager's checkpoint directories, never written
     /// after they are made.
     pub fn checkpoints_dir(&self) -> PathBuf {
-        let mut base = self.dir.clone().into_os_string();
-        base.push(".checkpoints");
-        PathBuf::from(base)
+        sibling_of(&self.dir, ".checkpoints")
+    }
+
+    /// The spec as the backends use it: the dir without a trailing `/` or `.` components
+    /// (so that `<store dir>.checkpoints` and the other siblings are beside it, never inside
+    /// it), and a dir that is a symlink replaced by what it points to (a restore exchanges the
+    /// target tree, on the target's filesystem, and the link stays a link). A dangling link is
+    /// an `InvalidInput` error naming it.
+    pub fn normalized(&self) -> Result<StoreSpec> {
+        let mut dir: PathBuf = self.dir.components().collect();
+        if dir.as_os_str().is_empty() {
+            dir = PathBuf::from(".");
+        }
+        if std::fs::symlink_metadata(&dir).is_ok_and(|m| m.file_type().is_symlink()) {
+            dir = std::fs::canonicalize(&dir).map_err(|e| {
+                Error::invalid(format!(
+                    "store {:?}: its dir {} is a symlink whose target cannot be resolved: {e}",
+                    self.name,
+                    self.dir.display()
+                ))
+            })?;
+        }
+        Ok(StoreSpec {
+            name: self.name.clone(),
+            dir,
+        })
+    }
+}
+
+/// `dir` with `suffix` appended to its last component: a sibling in the same parent, also for
+/// a dir written with a trailing `/` (`a/db/` → `a/db.checkpoints`). A path without a last
+/// name (`/`, `..`) gets the suffix appended as it is.
+pub fn sibling_of(dir: &Path, suffix: &str) -> PathBuf {
+    match dir.file_name() {
+        Some(name) if !dir.ends_with("..") => {
+            let mut n = name.to_os_string();
+            n.push(suffix);
+            dir.with_file_name(n)
+        }
+        _ => {
+            let mut base = dir.as_os_str().to_owned();
+            base.push(suffix);
+            PathBuf::from(base)
+        }
     }
 }
 

@@ -16,7 +16,7 @@
 //!   shape. The decoded bytes must match the entry's size (checked at parse) and SHA-256
 //!   (checked by the restore, as a downloaded blob's).
 //! - Every name is validated before it can reach a filesystem ([`SnapshotIndex::from_slice`]):
-//!   not empty, not `.` or `..`, no `/`, no NUL, unique within its directory (files and
+//!   not empty, not `.` or `..`, no `/`, no NUL or other control character, unique within its directory (files and
 //!   sub-directories share one namespace). An index over [`MAX_INDEX_BYTES`] is refused before
 //!   parsing.
 //! - `files-removed` / `sub-dirs-removed` are informational; unlike Samza, the same blob may be
@@ -250,6 +250,10 @@ pub fn validate_name(name: &str) -> Result<()> {
         "contains '/'"
     } else if name.contains('\0') {
         "contains NUL"
+    } else if name.chars().any(char::is_control) {
+        // An ANSI escape or a newline, printed raw by `ls`, `inspect` and a restore plan,
+        // and created as a name on disk.
+        "contains a control character"
     } else {
         return Ok(());
     };

@@ -294,6 +294,7 @@ impl BlobBackupManager {
         let mut seen = std::collections::HashSet::new();
         let mut progress = HashMap::new();
         for spec in stores {
+            let spec = &spec.normalized()?;
             if !seen.insert(spec.name.clone()) {
                 return Err(Error::invalid(format!(
                     "store {:?} is listed twice for task {:?}",

@@ -112,9 +112,7 @@ impl HashCache {
 
     /// The cache file of the store at `store_dir`.
     pub fn path_for(store_dir: &Path) -> PathBuf {
-        let mut p = store_dir.as_os_str().to_owned();
-        p.push(".blobsnap-hashcache");
-        PathBuf::from(p)
+        crate::backend::sibling_of(store_dir, ".blobsnap-hashcache")
     }
 
     /// Load the cache at `path`; a missing, torn or corrupt file gives an empty cache, and so

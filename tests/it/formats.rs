@@ -308,6 +308,17 @@ fn hostile_names_are_rejected_naming_the_entry() {
             "NUL",
             Box::new(|i| i.dir_index.files_present[0].file_name = "a\0b".into()),
         ),
+        // N16: an ANSI escape would be printed raw by `ls`, `inspect` and the restore plan.
+        (
+            "control character",
+            "control character",
+            Box::new(|i| i.dir_index.files_present[0].file_name = "a\u{1b}[2Jb".into()),
+        ),
+        (
+            "control character",
+            "control character",
+            Box::new(|i| i.dir_index.sub_dirs_present[0].dir_name = "x\ny".into()),
+        ),
         (
             "empty",
             "empty",

@@ -6,7 +6,7 @@ use crate::support;
 use support::rocks::write_keys;
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use blobsnap::backend::{
@@ -1482,6 +1482,92 @@ async fn hostile_index_corpus_writes_nothing_outside_the_target() {
 /// fails naming the full disk, the staging dir is removed, the store dir holds exactly its
 /// old state; with the space back, the same restore goes through. A snapshot that cannot fit
 /// at all is refused before anything is written.
+/// Store dirs given as an embedder may write them (N14, N15 of the second protocol review): a
+/// dir with a trailing `/` keeps its siblings (`.checkpoints`, the hash cache, staging) beside
+/// it, never inside it where a swap would delete them; a dir that is a symlink is restored
+/// into its target, on the target's filesystem, and the link stays a link. Before the fix the
+/// trailing-slash store got `<dir>/.blobsnap-hashcache` inside the tree, and the symlink itself
+/// was exchanged for a real dir (the target orphaned).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trailing_slash_and_symlinked_store_dirs_restore_in_place() {
+    let h = support::local().await;
+    let mut fx = Fx::new(&h);
+    let src = fx.spec("src");
+    let db = RocksStore::open("counts", &src.dir).unwrap();
+    write_keys(&db, 0, 500, 1);
+    let mgr = fx.backup(&src);
+    mgr.init(None).await.unwrap();
+    let cp = fx.commit(&mgr, &db).await;
+    drop(db);
+    let expected = all_keys(&src.dir);
+
+    // A symlinked store dir.
+    let real = fx.tmp.path().join("real");
+    std::fs::create_dir(&real).unwrap();
+    let link = fx.tmp.path().join("link");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let linked = StoreSpec {
+        name: "counts".into(),
+        dir: link.clone(),
+    };
+    restore(&fx, &linked, Some(&cp)).await.unwrap();
+    assert!(
+        std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink(),
+        "the link stays a link"
+    );
+    assert_eq!(
+        std::fs::canonicalize(&link).unwrap(),
+        real.canonicalize().unwrap()
+    );
+    assert_eq!(
+        all_keys(&real),
+        expected,
+        "the target holds the restored state"
+    );
+
+    // A dir written with a trailing slash.
+    let slashed = StoreSpec {
+        name: "counts".into(),
+        dir: PathBuf::from(format!("{}/", fx.tmp.path().join("t").display())),
+    };
+    assert_eq!(
+        slashed.checkpoints_dir(),
+        fx.tmp.path().join("t.checkpoints"),
+        "beside the store dir"
+    );
+    restore(&fx, &slashed, Some(&cp)).await.unwrap();
+    let t = fx.tmp.path().join("t");
+    assert_eq!(all_keys(&t), expected);
+    let inside: Vec<String> = std::fs::read_dir(&t)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(
+        inside.is_empty(),
+        "no sibling inside the store dir: {inside:?}"
+    );
+    assert!(fx.tmp.path().join("t.blobsnap-hashcache").exists());
+    // A dangling link is refused by name.
+    let dangling = fx.tmp.path().join("dangling");
+    std::os::unix::fs::symlink(fx.tmp.path().join("nowhere"), &dangling).unwrap();
+    let e = blobsnap::blob::restore::BlobRestoreManager::new(
+        Arc::clone(&fx.store),
+        fx.task.clone(),
+        &[StoreSpec {
+            name: "counts".into(),
+            dir: dangling,
+        }],
+        Default::default(),
+    )
+    .err()
+    .expect("a dangling store-dir link is refused");
+    assert!(e.to_string().contains("dangling"), "{e}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_during_a_restore_keeps_the_old_state() {
     let h = support::local().await;

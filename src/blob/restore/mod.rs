@@ -277,6 +277,7 @@ impl BlobRestoreManager {
         let mut progress = HashMap::new();
         let mut caches = HashMap::new();
         for s in stores {
+            let s = &s.normalized()?;
             specs.push((s.clone(), job.store(&task.task_name, &s.name)?));
             progress.insert(s.name.clone(), Arc::default());
             if settings.hash_cache {
