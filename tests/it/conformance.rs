@@ -481,6 +481,79 @@ mod cases {
         assert_eq!(e.kind(), ErrorKind::Corrupt);
     }
 
+    /// A put dropped mid-upload (a sibling's error in a `try_join_all`, a cancelled commit)
+    /// aborts its multipart upload (F18 of the second protocol review): once the server lists
+    /// the upload, the put's future is dropped, and the listing empties without a sweep.
+    /// Before the fix the upload stayed until the sweep or the bucket rule took it.
+    pub async fn a_dropped_multipart_put_aborts_its_upload(h: &Harness) {
+        if !h
+            .store
+            .capabilities(Probe::Never)
+            .await
+            .unwrap()
+            .multipart_listing
+            || matches!(h.kind, support::Kind::Local(_))
+        {
+            return h.lacks("multipart listing (a dropped put's upload cannot be observed)");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        // The put must still be running when its upload is seen: a larger file each try.
+        for (attempt, mib) in [48usize, 160, 480].into_iter().enumerate() {
+            let len = mib << 20;
+            let path = dir.path().join(format!("big{attempt}"));
+            std::fs::write(&path, pseudo_random(len, 9)).unwrap();
+            let key = h.scope.key(&format!("dropped{attempt}")).unwrap();
+            let scope = h.scope.clone();
+            let mut put = Box::pin(h.store.put(
+                &key,
+                PutBody::File {
+                    path,
+                    len: len as u64,
+                },
+                PutOptions::default(),
+            ));
+            let seen = async {
+                loop {
+                    let ups = h.store.incomplete_uploads(&scope, None).await.unwrap();
+                    if ups.iter().any(|u| u.key == key) {
+                        return;
+                    }
+                    tokio::task::yield_now().await;
+                }
+            };
+            let finished = tokio::select! {
+                r = &mut put => Some(r),
+                () = seen => None,
+            };
+            if finished.is_some() {
+                continue; // done before it was seen: try a larger file
+            }
+            drop(put); // the future itself, mid-upload
+                       // The abort is spawned by the drop: wait for the listing to empty (bounded).
+            let gone = async {
+                loop {
+                    let ups = h.store.incomplete_uploads(&scope, None).await.unwrap();
+                    if !ups.iter().any(|u| u.key == key) {
+                        return;
+                    }
+                    tokio::task::yield_now().await;
+                }
+            };
+            tokio::time::timeout(std::time::Duration::from_secs(60), gone)
+                .await
+                .unwrap_or_else(|_| panic!("{}: the dropped put's upload is still listed", h.name));
+            assert_eq!(
+                h.store.head(&key).await.unwrap_err().kind(),
+                ErrorKind::NotFound
+            );
+            return;
+        }
+        panic!(
+            "{}: every put finished before its upload was listed",
+            h.name
+        );
+    }
+
     pub async fn multipart_aborted_when_file_changed(h: &Harness) {
         let len = (11 << 20) + 7;
         let data = pseudo_random(len, 4);
@@ -790,6 +863,7 @@ store_suites!([
     empty_object,
     large_object_multipart_and_ranged_download,
     multipart_aborted_when_file_changed,
+    a_dropped_multipart_put_aborts_its_upload,
     stale_uploads_listed_and_aborted,
     escaped_keys_round_trip,
     truncated_body_is_detected,

@@ -3,6 +3,43 @@
 
 use super::*;
 
+/// Aborts a multipart upload whose future was dropped before it completed or failed (its
+/// error path aborts inline). The abort is spawned on the runtime the drop happens in; with
+/// none (a runtime shutting down), the sweep's abort of stale uploads and the bucket's
+/// abort-incomplete-multipart rule are the backstop.
+struct AbortOnDrop {
+    client: Client,
+    bucket: String,
+    key: String,
+    upload_id: String,
+    armed: bool,
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(key = %self.key, upload_id = %self.upload_id, "a dropped multipart upload could not be aborted (no runtime); the sweep will");
+            return;
+        };
+        let req = self
+            .client
+            .abort_multipart_upload()
+            .bucket(&self.bucket)
+            .key(&self.key)
+            .upload_id(&self.upload_id);
+        let (key, upload_id) = (self.key.clone(), self.upload_id.clone());
+        rt.spawn(async move {
+            match req.send().await {
+                Ok(_) => tracing::debug!(key, upload_id, "aborted the multipart upload of a dropped put"),
+                Err(e) => tracing::warn!(key, upload_id, error = %e, "could not abort the multipart upload of a dropped put; the sweep will"),
+            }
+        });
+    }
+}
+
 impl S3Store {
     pub(super) async fn put_multipart(
         &self,
@@ -37,9 +74,19 @@ impl S3Store {
                 self.what("create multipart upload", key)
             ))
         })?;
+        // A future dropped mid-upload (a sibling's error in a `try_join_all`, a cancelled
+        // commit) aborts its upload too: the guard spawns the abort on this runtime.
+        let mut guard = AbortOnDrop {
+            client: self.client.clone(),
+            bucket: self.config.bucket.clone(),
+            key: key.to_string(),
+            upload_id: upload_id.clone(),
+            armed: true,
+        };
         let result = self
             .upload_parts_and_complete(key, &upload_id, path, len, opts)
             .await;
+        guard.armed = false;
         if result.is_err() {
             let abort = self
                 .client
