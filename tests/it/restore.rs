@@ -1482,6 +1482,71 @@ async fn hostile_index_corpus_writes_nothing_outside_the_target() {
 /// fails naming the full disk, the staging dir is removed, the store dir holds exactly its
 /// old state; with the space back, the same restore goes through. A snapshot that cannot fit
 /// at all is refused before anything is written.
+/// A reused local file is hard-linked only if nothing wrote it since its proof began (F12 of
+/// the second protocol review): an SST proved at planning and then overwritten (same size,
+/// other bytes) before the staging step is not linked into the restored tree — the restore
+/// fails naming it and changes nothing, and the next one downloads it; the files left alone
+/// are still linked (same inode). Before the fix the overwritten bytes were linked in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_file_written_after_its_proof_is_never_linked() {
+    use std::os::unix::fs::MetadataExt as _;
+    let h = support::local().await;
+    let mut fx = Fx::new(&h);
+    let src = fx.spec("src");
+    let db = RocksStore::open("counts", &src.dir).unwrap();
+    write_keys(&db, 0, 2000, 1);
+    db.db().flush().unwrap();
+    write_keys(&db, 2000, 2000, 1);
+    let mgr = fx.backup(&src);
+    mgr.init(None).await.unwrap();
+    let cp = fx.commit(&mgr, &db).await;
+    drop(db);
+    let expected = all_keys(&src.dir);
+    let dst = fx.spec("dst");
+    restore(&fx, &dst, Some(&cp)).await.unwrap();
+    // Every file of dst was written long before the next proof.
+    let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    let mut ssts = Vec::new();
+    for e in std::fs::read_dir(&dst.dir).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::File::options()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_modified(hour_ago)
+            .unwrap();
+        if p.extension().is_some_and(|x| x == "sst") {
+            ssts.push(p);
+        }
+    }
+    ssts.sort();
+    assert!(ssts.len() >= 2, "{ssts:?}");
+    let (r, plans) = planned(&fx, &dst, &cp).await;
+    assert_eq!(plans[0].totals.files_to_download, 0, "{}", plans[0]);
+    // Overwritten after its proof: same size, other bytes.
+    let victim = &ssts[0];
+    let kept = &ssts[1];
+    let kept_ino = std::fs::metadata(kept).unwrap().ino();
+    let len = std::fs::metadata(victim).unwrap().len() as usize;
+    std::fs::write(victim, vec![0x5a; len]).unwrap();
+    let e = r
+        .execute(plans)
+        .await
+        .expect_err("the overwritten file is caught");
+    assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+    let name = victim.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(e.to_string().contains(&name), "{e}");
+    assert_eq!(
+        std::fs::read(victim).unwrap(),
+        vec![0x5a; len],
+        "dst unchanged"
+    );
+    // The next restore downloads it; the untouched SST is linked, not copied.
+    restore(&fx, &dst, Some(&cp)).await.unwrap();
+    assert_eq!(all_keys(&dst.dir), expected);
+    assert_eq!(std::fs::metadata(kept).unwrap().ino(), kept_ino, "linked");
+}
+
 /// Store dirs given as an embedder may write them (N14, N15 of the second protocol review): a
 /// dir with a trailing `/` keeps its siblings (`.checkpoints`, the hash cache, staging) beside
 /// it, never inside it where a swap would delete them; a dir that is a symlink is restored

@@ -92,6 +92,10 @@ pub struct RestorePlan {
     pub leftover: Vec<String>,
     /// Totals.
     pub totals: PlanTotals,
+    /// When the proofs of local files began: a reused file modified since (or within the
+    /// filesystem's timestamp granularity of it) is copied and hashed again, never
+    /// hard-linked on the strength of an older proof.
+    pub planned_at: std::time::SystemTime,
 }
 
 impl fmt::Display for RestorePlan {
@@ -268,6 +272,7 @@ pub fn plan_store(
     index: Option<&SnapshotIndex>,
     sources: Sources<'_>,
 ) -> Result<RestorePlan> {
+    let planned_at = std::time::SystemTime::now();
     let inventory = Inventory::of(spec, sources.standby)?;
     let caches = sources.caches;
     let proved = |p: &Path| caches.iter().find_map(|c| proved_by_cache(c, p));
@@ -303,6 +308,7 @@ pub fn plan_store(
         })
     };
     let mut plan = decide(&spec.name, marker, index, &inventory, hash_of)?;
+    plan.planned_at = planned_at;
     for f in &mut plan.files {
         let from = match &f.source {
             Source::Local(p) => Some(p),
@@ -419,6 +425,7 @@ pub fn decide(
         dirs,
         leftover,
         totals,
+        planned_at: std::time::SystemTime::now(),
     })
 }
 

@@ -83,7 +83,19 @@ pub(super) fn prepare_staging(staging: &Path, plan: &RestorePlan) -> Result<()> 
         let linkable = is_immutable(&f.path) && mode.is_none_or(|m| m == src_mode);
         if linkable {
             match std::fs::hard_link(from, &dest) {
-                Ok(()) => continue,
+                // The link shares the proved file's inode: it holds the proved bytes unless
+                // the file was written since its proof began (F12 of the second protocol
+                // review). A modification time at or after that (less a margin for coarse
+                // timestamps), or a size other than the index's, sends it down the copy path,
+                // which hashes what it copied.
+                Ok(()) if unchanged_since(&dest, f.entry.file_metadata.size, plan.planned_at) => {
+                    continue
+                }
+                Ok(()) => {
+                    tracing::info!(from = %from.display(), "a reused file was modified after its proof began: copying and hashing it again");
+                    std::fs::remove_file(&dest)
+                        .map_err(Error::io_with(format!("remove {}", dest.display())))?;
+                }
                 // Another filesystem (EXDEV) or no link support: copy instead.
                 Err(e) => {
                     tracing::debug!(from = %from.display(), error = %e, "cannot hard-link; copying")
@@ -113,4 +125,19 @@ pub(super) fn prepare_staging(staging: &Path, plan: &RestorePlan) -> Result<()> 
             .map_err(Error::io_with(format!("fsync {}", dest.display())))?;
     }
     Ok(())
+}
+
+/// Margin for filesystems whose timestamps are coarse (a second, or a kernel tick): a file
+/// written this close before a proof began may have been written during it.
+const MTIME_MARGIN: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Whether `path` has `size` bytes and was last modified before `since` − [`MTIME_MARGIN`].
+fn unchanged_since(path: &Path, size: u64, since: std::time::SystemTime) -> bool {
+    let Ok(md) = std::fs::symlink_metadata(path) else {
+        return false;
+    };
+    let Ok(mtime) = md.modified() else {
+        return false;
+    };
+    md.len() == size && mtime + MTIME_MARGIN <= since
 }
