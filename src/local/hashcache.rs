@@ -8,6 +8,13 @@
 //! place (RocksDB gives each new one a new, increasing number), so a file with the same name,
 //! inode, size and nanosecond mtime is the same file.
 //!
+//! The key is only as good as the filesystem's timestamps: on one that keeps whole seconds
+//! (FAT/exFAT, HFS+, some FUSE and SMB mounts, ext4 with 128-byte inodes) it degrades to
+//! name + inode + size + second. A key whose mtime has no sub-second part is therefore never
+//! cached or looked up ([`CacheKey::fine_grained`]): such a file is hashed every time. (On a
+//! fine-grained filesystem one file in 10⁹ lands on a whole second by chance and is merely
+//! hashed again.)
+//!
 //! Stored next to the store directory (`<store dir>.blobsnap-hashcache`), outside the store and
 //! its checkpoint dirs, as JSON followed by a line with the SHA-256 of that JSON: a torn or
 //! altered file fails the check and is ignored (everything is re-hashed). Saving writes a temp
@@ -74,6 +81,14 @@ impl CacheKey {
             size: md.len(),
             mtime_ns: md.mtime() as i128 * 1_000_000_000 + md.mtime_nsec() as i128,
         }
+    }
+}
+
+impl CacheKey {
+    /// Whether the mtime has a sub-second part: a key the cache may trust (see the module
+    /// docs; DESIGN §7 refuses filesystems with timestamps coarser than 1 µs).
+    pub fn fine_grained(&self) -> bool {
+        self.mtime_ns.rem_euclid(1_000_000_000) != 0
     }
 }
 
@@ -161,6 +176,9 @@ impl HashCache {
 
     /// The cached digest of `key`, if any (marks the entry as seen).
     pub fn get(&self, key: &CacheKey) -> Option<FileDigest> {
+        if !key.fine_grained() {
+            return None;
+        }
         let mut inner = self.inner.lock().ok()?;
         let hit = inner.map.get(key).copied();
         if hit.is_some() {
@@ -171,6 +189,9 @@ impl HashCache {
 
     /// Remember `digest` for `key`.
     pub fn insert(&self, key: CacheKey, digest: FileDigest) {
+        if !key.fine_grained() {
+            return;
+        }
         if let Ok(mut inner) = self.inner.lock() {
             inner.seen.insert(key.clone());
             inner.map.insert(key, digest);
@@ -314,5 +335,39 @@ mod trust_tests {
             HashCache::load(link).is_empty(),
             "a symlink is not followed"
         );
+    }
+
+    /// A file whose mtime has no sub-second part (what a coarse-timestamp filesystem gives
+    /// every file) is neither cached nor looked up: it is hashed every time (N11 of the second
+    /// protocol review).
+    #[test]
+    fn a_whole_second_mtime_is_never_trusted() {
+        let tmp = tempfile::tempdir().unwrap();
+        let c = HashCache::load(tmp.path().join("c.blobsnap-hashcache"));
+        let f = tmp.path().join("000001.sst");
+        std::fs::write(&f, b"x").unwrap();
+        let whole = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000);
+        std::fs::File::options()
+            .write(true)
+            .open(&f)
+            .unwrap()
+            .set_modified(whole)
+            .unwrap();
+        let key = CacheKey::of("000001.sst", &std::fs::symlink_metadata(&f).unwrap());
+        assert!(!key.fine_grained());
+        let d = FileDigest {
+            sha256: Sha256::of(b"x"),
+            crc32: 0,
+            size: 1,
+        };
+        c.insert(key.clone(), d);
+        assert_eq!(c.get(&key), None);
+        assert!(c.is_empty());
+        let fine = CacheKey {
+            mtime_ns: key.mtime_ns + 1_000,
+            ..key
+        };
+        c.insert(fine.clone(), d);
+        assert_eq!(c.get(&fine), Some(d));
     }
 }
