@@ -5,7 +5,8 @@
 //! destructors, no buffered writes flushed, exactly what a `kill -9` or a power cut does to the
 //! process. Unset (always, in production), a crash point costs one load of a cached value.
 //!
-//! Points: `task.after-claim`, `task.after-restore`; `commit.before-upload` (after the sync
+//! Points: `task.after-claim`, `task.after-restore`, `task.end-of-input` (a task at the end
+//! of its input, about to wait for its lazily restored stores to be complete); `commit.before-upload` (after the sync
 //! step), `backup.mid-upload` (after the first blob PUT), `commit.before-checkpoint` (after the
 //! index PUT), `commit.after-checkpoint`, `commit.during-cleanup` (after the history trim);
 //! `restore.after-plan`, `restore.mid-download` (after the first downloaded file is in
@@ -34,6 +35,7 @@ use crate::error::{Error, Result};
 pub const POINTS: &[&str] = &[
     "task.after-claim",
     "task.after-restore",
+    "task.end-of-input",
     "commit.before-upload",
     "backup.mid-upload",
     "commit.before-checkpoint",

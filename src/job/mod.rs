@@ -480,11 +480,26 @@ async fn run_task_leased(
             ),
         ));
     }
-    // A store restored lazily is complete before the task lets it go: only a crash leaves one
-    // incomplete (and the next start's restore completes it).
+    // A store restored lazily is complete before a task that ran to the end of its input
+    // lets it go — unless it is asked to stop meanwhile (a large store downloads for a long
+    // time at the background's rate): then it goes at once, as after a graceful stop, and
+    // the next start's restore fetches what is still remote.
+    crate::crash::point("task.end-of-input");
     for spec in &specs {
-        if let Err(e) = crate::local::lazy::wait_complete(&spec.dir).await {
-            tracing::warn!(task = %task, store = %spec.name, error = %e, "the lazy restore could not complete; the next start restores what is missing");
+        tokio::select! {
+            r = crate::local::lazy::wait_complete(&spec.dir) => if let Err(e) = r {
+                tracing::warn!(task = %task, store = %spec.name, error = %e, "the lazy restore could not complete; the next start restores what is missing");
+            },
+            () = settings.stop.cancelled() => {
+                tracing::info!(task = %task, store = %spec.name, offset, "stop requested while the lazy restore was still downloading: its last commit holds every message; the next start fetches the rest");
+                return Err(Error::new(
+                    crate::error::ErrorKind::Cancelled,
+                    format!(
+                        "task {task:?} stopped on request after committing offset {offset} ({} messages processed), while store {:?} was still downloading",
+                        summary.processed, spec.name
+                    ),
+                ));
+            }
         }
     }
     Ok(summary)

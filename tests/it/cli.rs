@@ -1592,6 +1592,97 @@ async fn read_until(
     false
 }
 
+/// A task at the end of its input waits for its lazily restored store to be complete — but a
+/// stop cuts that wait (N13 of the second protocol review): the demo, restored lazily with a
+/// background download of 1 byte/s, is held at `task.end-of-input`, gets SIGTERM, and exits
+/// 10 at once naming the offset it committed (the end of the input); a rerun completes the
+/// store and ends with the independent count. Before the fix it waited for the whole download
+/// (here, forever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_cuts_the_wait_for_a_lazy_download() {
+    use tokio::io::AsyncBufReadExt as _;
+    let tmp = tempfile::tempdir().unwrap();
+    let t = local_target(tmp.path());
+    let demo = tmp.path().join("demo");
+    let first = [
+        "--partitions",
+        "1",
+        "--lines",
+        "3000",
+        "--commit-every",
+        "300",
+    ];
+    let (code, _, err) = run(
+        &t,
+        &[&["demo", "--dir", demo.to_str().unwrap()][..], &first[..]].concat(),
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    std::fs::remove_dir_all(demo.join("state")).unwrap();
+    let cfg = tmp.path().join("lazy.toml");
+    std::fs::write(
+        &cfg,
+        "[job]\nrestore-mode = \"lazy\"\nlazy-download-rate = 1\n",
+    )
+    .unwrap();
+    let go = tmp.path().join("go");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+        .args(&t.args)
+        .arg("--config")
+        .arg(&cfg)
+        .env("XDG_CACHE_HOME", cache_dir())
+        .env("BLOBSNAP_HOLD_AT", "task.end-of-input")
+        .env("BLOBSNAP_HOLD_UNTIL", &go)
+        .kill_on_drop(true)
+        .args(["demo", "--dir"])
+        .arg(&demo)
+        .args(first)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = rustix::process::Pid::from_raw(child.id().unwrap() as i32).unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = String::new();
+    if !read_until(
+        &mut lines,
+        "hold point task.end-of-input reached",
+        &mut seen,
+    )
+    .await
+    {
+        let status = child.wait().await.unwrap();
+        panic!("the demo ended ({status}) before its end of input: {seen}");
+    }
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    if !read_until(&mut lines, "stopping gracefully", &mut seen).await {
+        panic!("no graceful stop: {seen}");
+    }
+    std::fs::write(&go, b"").unwrap();
+    let drain = async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            seen.push_str(&line);
+            seen.push('\n');
+        }
+        child.wait().await.unwrap()
+    };
+    let status = tokio::time::timeout(std::time::Duration::from_secs(120), drain)
+        .await
+        .expect("the stop cut the wait for a download at 1 byte/s");
+    assert_eq!(status.code(), Some(10), "exit 10 (cancelled): {seen}");
+    assert!(
+        seen.contains("while store \"counts\" was still downloading"),
+        "{seen}"
+    );
+    // The rerun fetches what was still remote and ends with the input's counts.
+    let (code, _, err) = run(
+        &t,
+        &[&["demo", "--dir", demo.to_str().unwrap()][..], &first[..]].concat(),
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+}
+
 /// Ctrl-C is a graceful stop: the demo, held in its second commit, gets SIGINT, says it is
 /// stopping, finishes that commit, commits what it processed since, deletes its writer lease
 /// and exits 10 naming the offset it committed — which is the latest checkpoint's; a rerun
