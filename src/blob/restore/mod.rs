@@ -625,6 +625,10 @@ impl BlobRestoreManager {
             }
             fsync_tree(&staging)?;
             crate::crash::point("restore.after-marker");
+            // An earlier lazy registration of this dir (an in-process restart) stops before
+            // the swap, not after it: its fetches write temp files by path under the store
+            // dir, which after the swap is the new tree (F13 of the lazy-restore review).
+            crate::local::lazy::close(&dir);
             swap_in(&dir, &staging)?;
             swap.done = true;
             drop(swap);
