@@ -4,6 +4,7 @@
 //! <job>/<job-id>/scope.json                                        owner record
 //! <job>/<job-id>/checkpoints/<task>/<seq:020>.json                 checkpoint store (on S3)
 //! <job>/<job-id>/writers/<task>/<writer>.json                      a running task's lease
+//! <job>/<job-id>/savepoints/<name>.json                            a savepoint (user-owned)
 //! <job>/<job-id>/tasks/<task>/stores/<store>/blobs/<checkpoint-id>/<sha256>
 //! <job>/<job-id>/tasks/<task>/stores/<store>/index/<checkpoint-id>.<sha256>.json
 //! manual/<name>/...                                                CLI backups
@@ -62,6 +63,17 @@ impl JobScope {
     /// Checkpoint number `seq` of `task`: `checkpoints/<task>/<seq:020>.json`.
     pub fn checkpoint_key(&self, task: &str, seq: u64) -> Result<BlobKey> {
         self.checkpoints(task)?.key(&format!("{seq:020}.json"))
+    }
+
+    /// The job's savepoints: `savepoints/`.
+    pub fn savepoints(&self) -> Result<Scope> {
+        self.0.child("savepoints")
+    }
+
+    /// Savepoint `name`: `savepoints/<name>.json`.
+    pub fn savepoint_key(&self, name: &str) -> Result<BlobKey> {
+        self.savepoints()?
+            .key(&format!("{}.json", crate::blobstore::escape_segment(name)))
     }
 
     /// Every task's writer leases: `writers/`.
@@ -146,6 +158,11 @@ pub enum KeyKind {
         /// The checkpoint's number.
         seq: u64,
     },
+    /// `savepoints/<name>.json`.
+    Savepoint {
+        /// The savepoint's name.
+        name: String,
+    },
     /// `writers/<task>/<writer>.json`.
     Writer {
         /// The task.
@@ -186,7 +203,7 @@ impl KeyKind {
     /// The task whose area the key is in.
     pub fn task(&self) -> Option<&str> {
         match self {
-            KeyKind::OwnerRecord => None,
+            KeyKind::OwnerRecord | KeyKind::Savepoint { .. } => None,
             KeyKind::Checkpoint { task, .. }
             | KeyKind::Writer { task }
             | KeyKind::Index { task, .. }
@@ -228,6 +245,10 @@ pub fn parse(key: &BlobKey) -> Option<ParsedKey> {
         ["checkpoints", t, file] => checkpoint_seq(file)
             .zip(name(t))
             .map(|(seq, task)| KeyKind::Checkpoint { task, seq }),
+        ["savepoints", file] => file
+            .strip_suffix(".json")
+            .and_then(name)
+            .map(|name| KeyKind::Savepoint { name }),
         ["writers", t, file] if file.ends_with(".json") => {
             name(t).map(|task| KeyKind::Writer { task })
         }

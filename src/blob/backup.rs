@@ -984,10 +984,14 @@ impl TaskBackupManager for BlobBackupManager {
         self.note_committed(id, markers).await?;
         let expiry = self.expiry()?;
         if !expiry.keys.is_empty() {
-            let failures = self.blob_store.delete_many(&expiry.keys).await?;
-            if let Some((k, e)) = failures.into_iter().next() {
-                return Err(e.context(format!("cleanup: delete {k}")));
+            DeferredDeletes {
+                store: Arc::clone(&self.blob_store),
+                keys: expiry.keys.clone(),
+                pins: Some(self.pins()?),
             }
+            .delete_with(&[])
+            .await
+            .map_err(|e| e.context("cleanup"))?;
         }
         self.retire(expiry)?;
         Ok(())
@@ -1008,6 +1012,7 @@ impl TaskBackupManager for BlobBackupManager {
         Ok(vec![DeferredDeletes {
             store: Arc::clone(&self.blob_store),
             keys,
+            pins: Some(self.pins()?),
         }])
     }
 
@@ -1047,6 +1052,14 @@ impl TaskBackupManager for BlobBackupManager {
 }
 
 impl BlobBackupManager {
+    /// What keeps this job's doomed keys alive when their delete is sent: its savepoints.
+    fn pins(&self) -> Result<Arc<dyn crate::blobstore::DeleteFilter>> {
+        Ok(Arc::new(super::savepoint::Pins::new(
+            Arc::clone(&self.blob_store),
+            self.job_scope()?,
+        )))
+    }
+
     fn job_scope(&self) -> Result<JobScope> {
         if self.task.job_name == crate::layout::MANUAL_JOB {
             JobScope::manual(&self.task.job_id)

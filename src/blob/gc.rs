@@ -9,7 +9,7 @@
 //! small scopes and tests: the plan can be inspected before anything is deleted).
 //!
 //! - Roots: every checkpoint in the history of every task of the job (the history is trimmed
-//!   to the retention). The sweep **fails closed**: if any task's checkpoints or any root index
+//!   to the retention), and every savepoint of the job ([`super::savepoint`]). The sweep **fails closed**: if any task's checkpoints or any root index
 //!   cannot be read, it plans nothing.
 //! - Live: every index named by a root, and every blob those indexes list.
 //! - Candidates: objects under `tasks/` whose key has a known shape (`…/blobs/<id>/<sha256>`,
@@ -324,6 +324,33 @@ async fn decide(
                     for b in &f.blobs {
                         live.insert(snap.scope.key(&b.blob_id)?);
                     }
+                }
+            }
+        }
+    }
+    // Savepoints are roots too (fail closed: one that cannot be read stops the sweep).
+    let savepoints = super::savepoint::list(store, &job)
+        .await
+        .map_err(|e| e.context("sweep reads the job's savepoints (nothing deleted)"))?;
+    for sp in &savepoints {
+        plan.roots += 1;
+        for (task, store_name, marker) in sp.markers()? {
+            let who = Expected {
+                job_name: &settings.job_name,
+                job_id: &settings.job_id,
+                task_name: &task,
+                store_name: &store_name,
+            };
+            let snap = load_snapshot(store, &who, &marker).await.map_err(|e| {
+                e.context(format!(
+                    "sweep: savepoint {:?} names the snapshot {marker} of task {task:?} store {store_name:?}, which cannot be read, so the sweep deletes nothing; remove the savepoint (blobsnap savepoint rm) if it is broken",
+                    sp.name
+                ))
+            })?;
+            live.insert(snap.scope.index_key(&snap.marker)?);
+            for (_, f) in snap.index.present_files() {
+                for b in &f.blobs {
+                    live.insert(snap.scope.key(&b.blob_id)?);
                 }
             }
         }

@@ -9,6 +9,8 @@
 //! - [`diff`]: local tree vs index, shared by backup and restore.
 //! - [`manual`]: backups of a closed RocksDB dir outside any job (`blobsnap backup`).
 //! - [`cost`]: what a job costs per commit and per month, from its retained checkpoints.
+//! - [`history`]: every retained checkpoint, and references to one (`latest`, `#N`, an id,
+//!   `@TIME`, a savepoint); [`savepoint`]: named, user-owned roots.
 //!
 //! Markers are stored in CheckpointV2 under [`FACTORY_NAME`].
 
@@ -18,8 +20,10 @@ pub mod cost;
 pub mod diff;
 pub mod factory;
 pub mod gc;
+pub mod history;
 pub mod manual;
 pub mod restore;
+pub mod savepoint;
 pub mod verify;
 
 use std::sync::Arc;

@@ -309,6 +309,17 @@ pub struct DeferredDeletes {
     pub store: std::sync::Arc<dyn BlobStore>,
     /// The keys (deleting a missing one is not an error).
     pub keys: Vec<BlobKey>,
+    /// Asked right before the keys are sent: which of them something pinned since they were
+    /// decided (a savepoint) and must stay. An error sends nothing.
+    pub pins: Option<std::sync::Arc<dyn DeleteFilter>>,
+}
+
+/// What may still keep a doomed key alive at the moment its delete is sent (the savepoints of
+/// a job: [`crate::blob::savepoint`]).
+#[async_trait]
+pub trait DeleteFilter: Send + Sync {
+    /// The keys of `keys` that must not be deleted now.
+    async fn pinned(&self, keys: &[BlobKey]) -> Result<std::collections::HashSet<BlobKey>>;
 }
 
 impl fmt::Debug for DeferredDeletes {
@@ -333,7 +344,12 @@ impl DeferredDeletes {
     pub fn merge(list: &mut Vec<DeferredDeletes>, more: Vec<DeferredDeletes>) {
         for d in more.into_iter().filter(|d| !d.keys.is_empty()) {
             match list.iter_mut().find(|e| e.same_store(&d.store)) {
-                Some(e) => e.keys.extend(d.keys),
+                Some(e) => {
+                    e.keys.extend(d.keys);
+                    if e.pins.is_none() {
+                        e.pins = d.pins;
+                    }
+                }
                 None => list.push(d),
             }
         }
@@ -345,7 +361,21 @@ impl DeferredDeletes {
         if self.keys.is_empty() && with.is_empty() {
             return Ok(());
         }
-        let all: Vec<BlobKey> = with.iter().chain(&self.keys).cloned().collect();
+        let mut keys = self.keys.clone();
+        if let (Some(pins), false) = (&self.pins, keys.is_empty()) {
+            let pinned = pins.pinned(&keys).await?;
+            if !pinned.is_empty() {
+                tracing::info!(
+                    kept = pinned.len(),
+                    "deletes withheld: pinned by a savepoint"
+                );
+                keys.retain(|k| !pinned.contains(k));
+            }
+        }
+        if keys.is_empty() && with.is_empty() {
+            return Ok(());
+        }
+        let all: Vec<BlobKey> = with.iter().chain(&keys).cloned().collect();
         match self.store.delete_many(&all).await?.into_iter().next() {
             Some((k, e)) => Err(e.context(format!("delete {k}"))),
             None => Ok(()),

@@ -193,12 +193,14 @@ impl CheckpointStore for BlobCheckpointStore {
             .map(|s| self.job.checkpoint_key(task, *s))
             .collect::<Result<Vec<_>>>()?;
         let (ours, others): (Vec<_>, Vec<_>) = also.iter().partition(|d| d.same_store(&self.store));
+        let pins = ours.iter().find_map(|d| d.pins.clone());
         let ours = DeferredDeletes {
             store: Arc::clone(&self.store),
             keys: ours
                 .into_iter()
                 .flat_map(|d| d.keys.iter().cloned())
                 .collect(),
+            pins,
         };
         ours.delete_with(&keys)
             .await

@@ -139,6 +139,46 @@ impl SnapshotFlags {
     }
 }
 
+/// A job deployment, as given on the command line: `--job J [--job-id I]`, or a manual
+/// backup's `--name N` (the same as `--job manual --job-id N`).
+#[derive(Args)]
+pub(crate) struct JobFlags {
+    /// The job's name.
+    #[arg(long, required_unless_present = "name")]
+    job: Option<String>,
+    /// The job's id.
+    #[arg(long, default_value = "1")]
+    job_id: String,
+    /// A manual backup (`blobsnap backup --name NAME`).
+    #[arg(long, conflicts_with = "job")]
+    name: Option<String>,
+}
+
+impl JobFlags {
+    /// (job name, job id).
+    pub(crate) fn names(&self) -> blobsnap::Result<(String, String)> {
+        match (&self.job, &self.name) {
+            (Some(j), None) => Ok((j.clone(), self.job_id.clone())),
+            (None, Some(n)) => Ok((blobsnap::blob::manual::JOB.to_string(), n.clone())),
+            _ => Err(Error::new(
+                ErrorKind::InvalidInput,
+                "name a job: --job J [--job-id I], or a manual backup: --name N",
+            )),
+        }
+    }
+}
+
+/// A job deployment: `--job J [--job-id I]` (a manual backup: `--job manual --job-id NAME`).
+#[derive(Args)]
+pub(crate) struct JobIdFlags {
+    /// The job's name.
+    #[arg(long)]
+    pub(crate) job: String,
+    /// The job's id.
+    #[arg(long, default_value = "1")]
+    pub(crate) job_id: String,
+}
+
 /// Which store's snapshots: job, job id, task, store.
 pub(crate) struct SnapshotArgs {
     pub(crate) job: String,
@@ -190,13 +230,36 @@ impl SnapshotArgs {
     ) -> blobsnap::Result<(String, Option<blobsnap::checkpoint::CommittedCheckpoint>)> {
         use blobsnap::checkpoint::CheckpointStore as _;
         let (job, job_id, task, store) = (&self.job, &self.job_id, &self.task, &self.store);
-        if let Some(m) = marker {
-            return Ok((m, None));
+        let r = match marker {
+            // A marker as it is (its checks come when it is loaded).
+            Some(m) if m.starts_with("index/") => return Ok((m, None)),
+            Some(m) => m.parse::<blobsnap::blob::history::CheckpointRef>()?,
+            None => blobsnap::blob::history::CheckpointRef::Latest,
+        };
+        let scope = blobsnap::layout::JobScope::new(job, job_id)?;
+        if r != blobsnap::blob::history::CheckpointRef::Latest {
+            let resolved = blobsnap::blob::history::resolve(blob_store, &scope, task, &r).await?;
+            let m = resolved.marker(store).map(str::to_string).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::NotFound,
+                    format!(
+                        "checkpoint #{} of task {task:?} ({r}) has no snapshot of store {store:?}",
+                        resolved.committed.seq
+                    ),
+                )
+            })?;
+            eprintln!(
+                "{r} of task {task:?} is checkpoint #{}{}: {m}",
+                resolved.committed.seq,
+                resolved
+                    .savepoint
+                    .as_deref()
+                    .map(|n| format!(" (savepoint {n})"))
+                    .unwrap_or_default()
+            );
+            return Ok((m, Some(resolved.committed)));
         }
-        let cps = blobsnap::checkpoint::BlobCheckpointStore::new(
-            Arc::clone(blob_store),
-            blobsnap::layout::JobScope::new(job, job_id)?,
-        );
+        let cps = blobsnap::checkpoint::BlobCheckpointStore::new(Arc::clone(blob_store), scope);
         let latest = cps.latest(task).await?.ok_or_else(|| {
             Error::new(
                 ErrorKind::NotFound,

@@ -7,9 +7,10 @@ use clap::Args;
 pub(crate) struct DiffArgs {
     #[command(flatten)]
     pub(crate) snap: SnapshotFlags,
-    /// The older marker.
+    /// The older snapshot: a marker, or a checkpoint reference (`#N`, an id or prefix,
+    /// `@TIME`, `savepoint:NAME`, `latest`).
     pub(crate) a: String,
-    /// The newer marker.
+    /// The newer snapshot (as the older one).
     pub(crate) b: String,
 }
 
@@ -21,6 +22,8 @@ pub(crate) async fn run(
     let DiffArgs { snap, a, b } = args;
     let snap = snap.resolve()?;
     let blob_store = open_store(store_args).await?;
+    let (a, _) = snap.resolve_marker(&blob_store, Some(a)).await?;
+    let (b, _) = snap.resolve_marker(&blob_store, Some(b)).await?;
     let ia = snap.load(blob_store.as_ref(), &a).await?.index;
     let ib = snap.load(blob_store.as_ref(), &b).await?.index;
     let c = ia.compare(&ib);

@@ -8,8 +8,9 @@ use clap::Args;
 pub(crate) struct InspectArgs {
     #[command(flatten)]
     pub(crate) snap: SnapshotFlags,
-    /// The marker (`index/<checkpoint-id>.<sha256>.json`); omitted: the task's latest
-    /// checkpoint (its offsets and markers are shown too).
+    /// The snapshot: a marker (`index/<checkpoint-id>.<sha256>.json`) or a reference to a
+    /// checkpoint of the task — `latest`, `#N`, a checkpoint id or a unique prefix of one,
+    /// `@2026-12-02T10:00Z` (the newest at or before), `savepoint:NAME`; omitted: latest.
     pub(crate) marker: Option<String>,
 }
 

@@ -3,6 +3,7 @@
 mod admin;
 mod args;
 mod backup;
+mod checkpoints;
 mod cost;
 mod demo;
 mod diff;
@@ -12,6 +13,7 @@ mod ls;
 mod probe;
 mod progress;
 mod restore;
+mod savepoint;
 mod show;
 mod signal;
 mod standby;
@@ -61,6 +63,17 @@ pub(crate) enum Command {
     /// List what the store holds: jobs, tasks with their latest checkpoints, stores with their
     /// snapshots and sizes.
     Ls,
+    /// Every retained checkpoint of every task of a job, newest first: number, id, time (UTC
+    /// and local), input offsets, each store's size and new bytes, and the savepoints that
+    /// pin it. Any of them can be named where a marker is taken (`#N`, an id or prefix,
+    /// `@TIME`, `savepoint:NAME`).
+    Checkpoints(checkpoints::CheckpointsArgs),
+    /// Savepoints: named records of one committed checkpoint per task of a job, kept by the
+    /// job's cleanup and by `gc` until removed.
+    Savepoint {
+        #[command(subcommand)]
+        action: savepoint::SavepointAction,
+    },
     /// Show a snapshot: its files, sizes and blobs, totals, and what it cost to upload and
     /// would cost to restore.
     Inspect(inspect::InspectArgs),
@@ -114,6 +127,8 @@ pub(crate) async fn run(cli: Cli) -> blobsnap::Result<()> {
         Command::Backup(args) => backup::run(&cli.store, cli.json, args).await,
         Command::Standby(args) => standby::run(&cli.store, cli.json, args).await,
         Command::Ls => ls::run(&cli.store, cli.json).await,
+        Command::Checkpoints(args) => checkpoints::run(&cli.store, cli.json, args).await,
+        Command::Savepoint { action } => savepoint::run(&cli.store, cli.json, action).await,
         Command::Inspect(args) => inspect::run(&cli.store, cli.json, args).await,
         Command::Diff(args) => diff::run(&cli.store, cli.json, args).await,
         Command::Verify(args) => verify::run(&cli.store, cli.json, args).await,

@@ -14,8 +14,9 @@ use clap::Args;
 
 #[derive(Args)]
 pub(crate) struct RestoreArgs {
-    /// The marker (`index/<checkpoint-id>.<sha256>.json`); omitted: the store's marker in
-    /// the task's latest committed checkpoint.
+    /// The snapshot: a marker (`index/<checkpoint-id>.<sha256>.json`) or a reference to a
+    /// checkpoint of the task — `latest`, `#N`, a checkpoint id or a unique prefix of one,
+    /// `@2026-12-02T10:00Z` (the newest at or before), `savepoint:NAME`; omitted: latest.
     pub(crate) marker: Option<String>,
     #[command(flatten)]
     pub(crate) snap: SnapshotFlags,

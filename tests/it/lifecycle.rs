@@ -1311,7 +1311,7 @@ async fn sweep_after_kills_leaves_exactly_the_referenced_objects() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_embedders_and_a_manual_backups_uploads_hold_a_writer_lease() {
     use blobsnap::blob::admin::{active_writers, sweep_guard};
-    use std::time::{Duration, SystemTime};
+    use std::time::Duration;
     let h = support::local().await;
     let ctx = task(&h);
     let job = JobScope::new(&ctx.job_name, &ctx.job_id).unwrap();
@@ -1341,7 +1341,7 @@ async fn an_embedders_and_a_manual_backups_uploads_hold_a_writer_lease() {
         )
         .await
         .unwrap();
-    let active = active_writers(h.store.as_ref(), &job, SystemTime::now())
+    let active = active_writers(h.store.as_ref(), &job, SystemClock.now())
         .await
         .unwrap();
     assert_eq!(active.len(), 1, "{active:?}");
@@ -1351,7 +1351,7 @@ async fn an_embedders_and_a_manual_backups_uploads_hold_a_writer_lease() {
         .expect_err("a forced short sweep beside a live upload is refused");
     assert_eq!(e.kind(), ErrorKind::Conflict, "{e}");
     backup.close().await.unwrap();
-    assert!(active_writers(h.store.as_ref(), &job, SystemTime::now())
+    assert!(active_writers(h.store.as_ref(), &job, SystemClock.now())
         .await
         .unwrap()
         .is_empty());

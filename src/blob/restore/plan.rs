@@ -272,7 +272,7 @@ pub fn plan_store(
     index: Option<&SnapshotIndex>,
     sources: Sources<'_>,
 ) -> Result<RestorePlan> {
-    let planned_at = std::time::SystemTime::now();
+    let planned_at = crate::backend::Clock::now(&crate::backend::SystemClock);
     let inventory = Inventory::of(spec, sources.standby)?;
     let caches = sources.caches;
     let proved = |p: &Path| caches.iter().find_map(|c| proved_by_cache(c, p));
@@ -425,7 +425,7 @@ pub fn decide(
         dirs,
         leftover,
         totals,
-        planned_at: std::time::SystemTime::now(),
+        planned_at: crate::backend::Clock::now(&crate::backend::SystemClock),
     })
 }
 

@@ -1,0 +1,342 @@
+//! State through time, read side: every retained checkpoint of a job's tasks, and references
+//! to one of them that an operator can type.
+//!
+//! A [`CheckpointRef`] names a committed checkpoint of one task:
+//!
+//! | text | resolves to |
+//! |---|---|
+//! | `latest` | the task's newest checkpoint |
+//! | `#N` | the checkpoint with sequence number `N` |
+//! | `1733133600000-7`, `17331336` | the checkpoint with that id, or the one id starting so (unique among the retained) |
+//! | `@2026-12-02T10:00Z`, `@2026-12-02T10:00:00Z`, `@2026-12-02` | the newest checkpoint made at or before that UTC time (by its id's clock) |
+//! | `savepoint:NAME`, `NAME` | the task's checkpoint in savepoint `NAME` ([`super::savepoint`]) |
+//!
+//! A bare word is an id (prefix) when it is made of digits and `-`, a savepoint name
+//! otherwise; `savepoint:` forces the name. The history is the task's checkpoint documents
+//! (`checkpoints/<task>/`), newest first; a claim repeats the checkpoint before it under the
+//! next number, so two numbers can carry one id: the newest number wins.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use futures::TryStreamExt as _;
+
+use crate::blobstore::BlobStore;
+use crate::checkpoint::{BlobCheckpointStore, Checkpoint, CheckpointStore, CommittedCheckpoint};
+use crate::error::{Error, ErrorKind, Result};
+use crate::layout::{parse, JobScope};
+
+/// A reference to one committed checkpoint of a task (see the module docs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CheckpointRef {
+    /// The newest.
+    Latest,
+    /// By sequence number.
+    Seq(u64),
+    /// By checkpoint id, or a unique prefix of one.
+    Id(String),
+    /// The newest made at or before this time, ms since the epoch (UTC).
+    At(u64),
+    /// The task's checkpoint in a savepoint.
+    Savepoint(String),
+}
+
+impl FromStr for CheckpointRef {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = |why: &str| {
+            Error::invalid(format!(
+                "checkpoint reference {s:?}: {why} (expected latest, #N, a checkpoint id or a unique prefix of one, @2026-12-02T10:00Z, or savepoint:NAME)"
+            ))
+        };
+        if s == "latest" {
+            return Ok(CheckpointRef::Latest);
+        }
+        if let Some(n) = s.strip_prefix('#') {
+            return n
+                .parse()
+                .map(CheckpointRef::Seq)
+                .map_err(|_| bad("#N takes a sequence number"));
+        }
+        if let Some(t) = s.strip_prefix('@') {
+            return parse_time(t).map(CheckpointRef::At).map_err(|e| bad(&e));
+        }
+        if let Some(name) = s.strip_prefix("savepoint:") {
+            super::savepoint::validate_name(name)?;
+            return Ok(CheckpointRef::Savepoint(name.to_string()));
+        }
+        if s.is_empty() {
+            return Err(bad("empty"));
+        }
+        if s.bytes().all(|b| b.is_ascii_digit() || b == b'-') {
+            return Ok(CheckpointRef::Id(s.to_string()));
+        }
+        super::savepoint::validate_name(s)
+            .map_err(|_| bad("not an id, a time or a savepoint name"))?;
+        Ok(CheckpointRef::Savepoint(s.to_string()))
+    }
+}
+
+impl fmt::Display for CheckpointRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CheckpointRef::Latest => write!(f, "latest"),
+            CheckpointRef::Seq(n) => write!(f, "#{n}"),
+            CheckpointRef::Id(id) => write!(f, "{id}"),
+            CheckpointRef::At(ms) => write!(f, "@{}", utc(*ms)),
+            CheckpointRef::Savepoint(n) => write!(f, "savepoint:{n}"),
+        }
+    }
+}
+
+/// `2026-12-02T10:00Z`, `2026-12-02T10:00:00Z`, `2026-12-02T10:00:00.250Z`, `2026-12-02` (UTC
+/// midnight), or milliseconds since the epoch → ms since the epoch.
+pub fn parse_time(t: &str) -> std::result::Result<u64, String> {
+    if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
+        return t.parse().map_err(|e| format!("{e}"));
+    }
+    let mut full = t.trim_end_matches('Z').to_string();
+    match full.len() {
+        10 => full.push_str("T00:00:00"),
+        16 => full.push_str(":00"),
+        _ => {}
+    }
+    full.push('Z');
+    let when = humantime::parse_rfc3339(&full)
+        .map_err(|e| format!("{t:?} is not a UTC time like 2026-12-02T10:00Z ({e})"))?;
+    when.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .map_err(|_| format!("{t:?} is before 1970"))
+}
+
+/// `ms` since the epoch as UTC, to the second: `2026-12-02T10:00:00Z`.
+pub fn utc(ms: u64) -> String {
+    humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
+        .to_string()
+}
+
+/// The tasks of `job` that have a checkpoint history (found under `checkpoints/`).
+pub async fn task_names(store: &dyn BlobStore, job: &JobScope) -> Result<BTreeSet<String>> {
+    let mut tasks = BTreeSet::new();
+    let mut listing = store.list(&job.scope().child("checkpoints")?);
+    while let Some(m) = listing.try_next().await? {
+        if let Some(task) = parse(&m.key).as_ref().and_then(|p| p.kind.task()) {
+            tasks.insert(task.to_string());
+        }
+    }
+    Ok(tasks)
+}
+
+/// What a reference resolved to.
+#[derive(Clone, Debug)]
+pub struct Resolved {
+    /// The checkpoint, with its number in the task's history (a savepoint records the number
+    /// it had).
+    pub committed: CommittedCheckpoint,
+    /// The savepoint it came from.
+    pub savepoint: Option<String>,
+}
+
+impl Resolved {
+    /// The marker of `store` in it (blob backend), if it has one.
+    pub fn marker(&self, store: &str) -> Option<&str> {
+        self.committed
+            .checkpoint
+            .as_v2()
+            .and_then(|c| c.marker(super::FACTORY_NAME, store))
+    }
+}
+
+/// Resolve `r` against the history of `task` in `job` (and its savepoints). `NotFound` names
+/// the task and the reference; an id prefix that matches two retained checkpoints is
+/// `InvalidInput` listing them.
+pub async fn resolve(
+    store: &Arc<dyn BlobStore>,
+    job: &JobScope,
+    task: &str,
+    r: &CheckpointRef,
+) -> Result<Resolved> {
+    if let CheckpointRef::Savepoint(name) = r {
+        let sp = super::savepoint::read(store.as_ref(), job, name).await?;
+        let committed = sp.checkpoint_of(task)?.ok_or_else(|| {
+            Error::new(
+                ErrorKind::NotFound,
+                format!("savepoint {name:?} has no checkpoint of task {task:?}"),
+            )
+        })?;
+        return Ok(Resolved {
+            committed,
+            savepoint: Some(name.clone()),
+        });
+    }
+    let cps = BlobCheckpointStore::new(Arc::clone(store), job.clone());
+    let history = cps.history(task, usize::MAX).await?;
+    let committed = pick(&history, r).map_err(|e| e.context(format!("task {task:?}")))?;
+    Ok(Resolved {
+        committed: committed.clone(),
+        savepoint: None,
+    })
+}
+
+/// The checkpoint of `history` (newest first) that `r` names (not a savepoint reference).
+pub fn pick<'a>(
+    history: &'a [CommittedCheckpoint],
+    r: &CheckpointRef,
+) -> Result<&'a CommittedCheckpoint> {
+    let not_found = |what: String| Error::new(ErrorKind::NotFound, what);
+    let id_of = |c: &CommittedCheckpoint| c.checkpoint.as_v2().map(|v| v.id);
+    match r {
+        CheckpointRef::Latest => history
+            .first()
+            .ok_or_else(|| not_found("no checkpoint".into())),
+        CheckpointRef::Seq(n) => history.iter().find(|c| c.seq == *n).ok_or_else(|| {
+            not_found(format!(
+                "no retained checkpoint #{n} (retained: {})",
+                seqs(history)
+            ))
+        }),
+        CheckpointRef::Id(prefix) => {
+            let mut hits: Vec<&CommittedCheckpoint> = history
+                .iter()
+                .filter(|c| id_of(c).is_some_and(|id| id.to_string().starts_with(prefix.as_str())))
+                .collect();
+            // A claim repeats the id of the checkpoint before it: one id, the newest number.
+            hits.dedup_by_key(|c| id_of(c));
+            match hits.as_slice() {
+                [one] => Ok(one),
+                [] => Err(not_found(format!(
+                    "no retained checkpoint id starts with {prefix:?} (retained: {})",
+                    seqs(history)
+                ))),
+                many => Err(Error::invalid(format!(
+                    "checkpoint id prefix {prefix:?} is ambiguous: {}",
+                    many.iter()
+                        .filter_map(|c| id_of(c).map(|id| format!("#{} {id}", c.seq)))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))),
+            }
+        }
+        CheckpointRef::At(ms) => history
+            .iter()
+            .find(|c| id_of(c).is_some_and(|id| id.millis() <= *ms))
+            .ok_or_else(|| {
+                not_found(format!(
+                    "no retained checkpoint made at or before {} (the oldest retained: {})",
+                    utc(*ms),
+                    history
+                        .last()
+                        .and_then(id_of)
+                        .map_or("none".to_string(), |id| utc(id.millis()))
+                ))
+            }),
+        CheckpointRef::Savepoint(name) => Err(Error::invalid(format!(
+            "savepoint:{name} is resolved against the job's savepoints, not a history"
+        ))),
+    }
+}
+
+fn seqs(history: &[CommittedCheckpoint]) -> String {
+    if history.is_empty() {
+        return "none".into();
+    }
+    let newest = history.first().map_or(0, |c| c.seq);
+    let oldest = history.last().map_or(0, |c| c.seq);
+    format!("#{oldest}..#{newest}")
+}
+
+/// One checkpoint's document as JSON text (for a savepoint's record).
+pub(crate) fn checkpoint_json(c: &Checkpoint) -> Result<serde_json::Value> {
+    serde_json::from_slice(&c.to_json()?)
+        .map_err(|e| Error::new(ErrorKind::Corrupt, format!("checkpoint JSON: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::CheckpointV2;
+
+    fn cp(seq: u64, id: &str) -> CommittedCheckpoint {
+        CommittedCheckpoint {
+            seq,
+            writer: "w".into(),
+            checkpoint: Checkpoint::V2(CheckpointV2 {
+                id: id.parse().unwrap(),
+                input_offsets: Default::default(),
+                state_checkpoint_markers: Default::default(),
+            }),
+        }
+    }
+
+    #[test]
+    fn references_parse_and_print() {
+        for (text, want) in [
+            ("latest", CheckpointRef::Latest),
+            ("#12", CheckpointRef::Seq(12)),
+            (
+                "1733133600000-7",
+                CheckpointRef::Id("1733133600000-7".into()),
+            ),
+            ("17331", CheckpointRef::Id("17331".into())),
+            ("@2026-12-02T10:00Z", CheckpointRef::At(1_796_205_600_000)),
+            (
+                "@2026-12-02T10:00:00Z",
+                CheckpointRef::At(1_796_205_600_000),
+            ),
+            ("@2026-12-02", CheckpointRef::At(1_796_169_600_000)),
+            (
+                "savepoint:before-upgrade",
+                CheckpointRef::Savepoint("before-upgrade".into()),
+            ),
+            (
+                "before-upgrade",
+                CheckpointRef::Savepoint("before-upgrade".into()),
+            ),
+        ] {
+            assert_eq!(text.parse::<CheckpointRef>().unwrap(), want, "{text}");
+        }
+        for bad in [
+            "",
+            "#x",
+            "@yesterday",
+            "@2026-13-02",
+            "savepoint:",
+            "a/b",
+            "x\u{1b}",
+        ] {
+            let e = bad.parse::<CheckpointRef>().unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidInput, "{bad}: {e}");
+        }
+        assert_eq!(
+            CheckpointRef::At(1_796_205_600_000).to_string(),
+            "@2026-12-02T10:00:00Z"
+        );
+    }
+
+    #[test]
+    fn picks_by_every_kind_of_reference() {
+        // Newest first; #5 is a claim repeating #4's id.
+        let h = vec![
+            cp(6, "3000-0"),
+            cp(5, "2000-1"),
+            cp(4, "2000-1"),
+            cp(3, "1500-0"),
+        ];
+        assert_eq!(pick(&h, &CheckpointRef::Latest).unwrap().seq, 6);
+        assert_eq!(pick(&h, &CheckpointRef::Seq(3)).unwrap().seq, 3);
+        assert_eq!(pick(&h, &CheckpointRef::Id("2000".into())).unwrap().seq, 5);
+        assert_eq!(pick(&h, &CheckpointRef::At(2999)).unwrap().seq, 5);
+        assert_eq!(pick(&h, &CheckpointRef::At(3000)).unwrap().seq, 6);
+        let e = pick(&h, &CheckpointRef::At(1000)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+        let e = pick(&h, &CheckpointRef::Seq(9)).unwrap_err();
+        assert!(e.to_string().contains("#3..#6"), "{e}");
+        let e = pick(&h, &CheckpointRef::Id("".into())).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+        let e = pick(&h, &CheckpointRef::Id("9".into())).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    }
+}

@@ -1,0 +1,393 @@
+//! Savepoints: named, user-owned records of one committed checkpoint per task of a job,
+//! never collected while they exist (Flink's savepoints, restic's snapshots with a tag).
+//!
+//! `<job>/<job-id>/savepoints/<name>.json` holds, for every task, the checkpoint's number and
+//! its CheckpointV2 document as the task committed it (input offsets and markers: a Samza
+//! reader reads it as it is). Nothing is copied: the snapshots stay where the tasks wrote
+//! them, and the savepoint is a **root** for both collectors:
+//!
+//! - the commit manager's cleanup asks [`Pins`] right before it sends each batch delete (one
+//!   LIST of `savepoints/`, only when there is something to delete; each pinned index read once
+//!   per process) and withholds every index and blob a savepoint names;
+//! - the sweep reads every savepoint with the checkpoint histories, and fails closed when one
+//!   cannot be read.
+//!
+//! [`create`] writes the record create-only (a name is taken once), then checks that every
+//! index and blob it names exists — a checkpoint that left retention while it was being pinned
+//! is refused and the record withdrawn. [`remove`] deletes the record; what only it kept alive
+//! is then an orphan the sweep takes after its grace.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::{StreamExt as _, TryStreamExt as _};
+use serde::{Deserialize, Serialize};
+
+use super::history::{self, CheckpointRef};
+use super::{load_snapshot, Expected, FACTORY_NAME};
+use crate::blobstore::{get_bytes, BlobKey, BlobStore, DeleteFilter, PutBody, PutOptions};
+use crate::checkpoint::{Checkpoint, CommittedCheckpoint};
+use crate::digest::Sha256;
+use crate::error::{Error, ErrorKind, Result};
+use crate::layout::{parse, JobScope, KeyKind};
+
+/// The savepoint record's format.
+pub const FORMAT: u32 = 1;
+
+/// At most this many bytes are read of one savepoint record.
+const MAX_RECORD_BYTES: u64 = 64 << 20;
+
+/// A savepoint record.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct Savepoint {
+    /// [`FORMAT`].
+    pub format: u32,
+    /// Its name.
+    pub name: String,
+    /// The job.
+    pub job_name: String,
+    /// The job's id.
+    pub job_id: String,
+    /// When it was made, ms since the epoch (this machine's clock).
+    pub created_millis: u64,
+    /// The reference it was made at (`latest`, `@2026-12-02T10:00Z`, …).
+    pub at: String,
+    /// Per task, the checkpoint it records.
+    pub tasks: BTreeMap<String, SavedCheckpoint>,
+}
+
+/// One task's checkpoint in a savepoint.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct SavedCheckpoint {
+    /// Its number in the task's history when the savepoint was made.
+    pub seq: u64,
+    /// The checkpoint document, as committed.
+    pub checkpoint: serde_json::Value,
+}
+
+impl Savepoint {
+    /// The checkpoint of `task`, parsed (`Corrupt` if the record's document does not parse).
+    pub fn checkpoint_of(&self, task: &str) -> Result<Option<CommittedCheckpoint>> {
+        let Some(s) = self.tasks.get(task) else {
+            return Ok(None);
+        };
+        let bytes = serde_json::to_vec(&s.checkpoint)
+            .map_err(|e| Error::corrupt(format!("savepoint {:?}: {e}", self.name)))?;
+        let checkpoint = Checkpoint::from_json(&bytes).map_err(|e| {
+            Error::corrupt(format!(
+                "savepoint {:?}: the checkpoint of task {task:?}: {e}",
+                self.name
+            ))
+        })?;
+        Ok(Some(CommittedCheckpoint {
+            seq: s.seq,
+            writer: format!("savepoint:{}", self.name),
+            checkpoint,
+        }))
+    }
+
+    /// Every (task, store, marker) it names (blob backend).
+    pub fn markers(&self) -> Result<Vec<(String, String, String)>> {
+        let mut out = Vec::new();
+        for task in self.tasks.keys() {
+            let Some(c) = self.checkpoint_of(task)? else {
+                continue;
+            };
+            if let Some(m) = c
+                .checkpoint
+                .as_v2()
+                .and_then(|v| v.state_checkpoint_markers.get(FACTORY_NAME))
+            {
+                for (store, marker) in m {
+                    out.push((task.clone(), store.clone(), marker.clone()));
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A savepoint name: 1 to 128 of `A-Z a-z 0-9 . _ -`, not starting with `.` or `-`.
+pub fn validate_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && !name.starts_with(['.', '-'])
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "savepoint name {name:?}: use 1 to 128 of A-Z a-z 0-9 . _ -, not starting with . or -"
+        )))
+    }
+}
+
+/// Make savepoint `name` of `job` at `at`: every task's checkpoint that `at` names (a task
+/// that has none is refused, naming it, before anything is written). Refused if the name is
+/// taken (`Conflict`) or the job has no checkpoint (`NotFound`).
+pub async fn create(
+    store: &Arc<dyn BlobStore>,
+    job_name: &str,
+    job_id: &str,
+    name: &str,
+    at: &CheckpointRef,
+) -> Result<Savepoint> {
+    validate_name(name)?;
+    let job = JobScope::new(job_name, job_id)?;
+    let tasks = history::task_names(store.as_ref(), &job).await?;
+    if tasks.is_empty() {
+        return Err(Error::new(
+            ErrorKind::NotFound,
+            format!("job {job_name}/{job_id} has no checkpoint to save"),
+        ));
+    }
+    let mut saved = BTreeMap::new();
+    for task in &tasks {
+        let r = history::resolve(store, &job, task, at)
+            .await
+            .map_err(|e| e.context(format!("savepoint {name:?} at {at}")))?;
+        saved.insert(
+            task.clone(),
+            SavedCheckpoint {
+                seq: r.committed.seq,
+                checkpoint: history::checkpoint_json(&r.committed.checkpoint)?,
+            },
+        );
+    }
+    let sp = Savepoint {
+        format: FORMAT,
+        name: name.to_string(),
+        job_name: job_name.to_string(),
+        job_id: job_id.to_string(),
+        created_millis: crate::backend::Clock::now_millis(&crate::backend::SystemClock),
+        at: at.to_string(),
+        tasks: saved,
+    };
+    let bytes = Bytes::from(
+        serde_json::to_vec_pretty(&sp).map_err(|e| Error::invalid(format!("savepoint: {e}")))?,
+    );
+    let key = job.savepoint_key(name)?;
+    store
+        .put(
+            &key,
+            PutBody::Bytes(bytes.clone()),
+            PutOptions::create_only(Sha256::of(&bytes)),
+        )
+        .await
+        .map_err(|e| {
+            if e.kind() == ErrorKind::Conflict {
+                Error::conflict(format!(
+                    "savepoint {name:?} of {job_name}/{job_id} exists: remove it first (blobsnap savepoint rm) or pick another name"
+                ))
+            } else {
+                e.context(format!("write savepoint {key}"))
+            }
+        })?;
+    // The record is a root from here on; what it names must still exist (a checkpoint that
+    // left retention while being pinned may have lost its blobs to a cleanup).
+    if let Err(e) = check_present(store.as_ref(), &sp).await {
+        let _ = store.delete_many(std::slice::from_ref(&key)).await;
+        return Err(e.context(format!(
+            "savepoint {name:?} withdrawn: a checkpoint it names is no longer whole (it left retention while being saved?); save a newer one"
+        )));
+    }
+    Ok(sp)
+}
+
+/// Every index `sp` names parses and every blob it lists exists (HEAD, 16 at a time).
+pub async fn check_present(store: &dyn BlobStore, sp: &Savepoint) -> Result<()> {
+    for (task, store_name, marker) in sp.markers()? {
+        let who = Expected {
+            job_name: &sp.job_name,
+            job_id: &sp.job_id,
+            task_name: &task,
+            store_name: &store_name,
+        };
+        let snap = load_snapshot(store, &who, &marker).await?;
+        let keys: Vec<BlobKey> = snap
+            .index
+            .present_files()
+            .into_iter()
+            .flat_map(|(_, f)| {
+                f.blobs
+                    .iter()
+                    .map(|b| b.blob_id.clone())
+                    .collect::<Vec<_>>()
+            })
+            .map(|id| snap.scope.key(&id))
+            .collect::<Result<_>>()?;
+        futures::stream::iter(keys)
+            .map(|k| async move { store.head(&k).await.map_err(|e| e.context(format!("{k}"))) })
+            .buffer_unordered(16)
+            .try_collect::<Vec<_>>()
+            .await?;
+    }
+    Ok(())
+}
+
+/// Savepoint `name` of `job` (`NotFound` if there is none).
+pub async fn read(store: &dyn BlobStore, job: &JobScope, name: &str) -> Result<Savepoint> {
+    validate_name(name)?;
+    let key = job.savepoint_key(name)?;
+    let bytes = get_bytes(store, &key, MAX_RECORD_BYTES)
+        .await
+        .map_err(|e| {
+            if e.kind() == ErrorKind::NotFound {
+                Error::new(
+                    ErrorKind::NotFound,
+                    format!("no savepoint {name:?} ({key})"),
+                )
+            } else {
+                e.context(format!("read savepoint {key}"))
+            }
+        })?;
+    parse_record(&bytes, &key)
+}
+
+fn parse_record(bytes: &[u8], key: &BlobKey) -> Result<Savepoint> {
+    let sp: Savepoint = serde_json::from_slice(bytes)
+        .map_err(|e| Error::corrupt(format!("savepoint {key}: {e}")))?;
+    if sp.format != FORMAT {
+        return Err(Error::corrupt(format!(
+            "savepoint {key}: format {} (this blobsnap reads {FORMAT})",
+            sp.format
+        )));
+    }
+    Ok(sp)
+}
+
+/// Every savepoint of `job`, by name. Fails on one that cannot be read (a collector must not
+/// go on without it).
+pub async fn list(store: &dyn BlobStore, job: &JobScope) -> Result<Vec<Savepoint>> {
+    let mut out = Vec::new();
+    let metas: Vec<_> = store.list(&job.savepoints()?).try_collect().await?;
+    for m in metas {
+        let Some(KeyKind::Savepoint { .. }) = parse(&m.key).map(|p| p.kind) else {
+            continue;
+        };
+        match get_bytes(store, &m.key, MAX_RECORD_BYTES).await {
+            Ok(b) => out.push(parse_record(&b, &m.key)?),
+            Err(e) if e.kind() == ErrorKind::NotFound => continue, // removed meanwhile
+            Err(e) => return Err(e.context(format!("read savepoint {}", m.key))),
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// Delete savepoint `name` (`NotFound` if there is none).
+pub async fn remove(store: &dyn BlobStore, job: &JobScope, name: &str) -> Result<Savepoint> {
+    let sp = read(store, job, name).await?;
+    let key = job.savepoint_key(name)?;
+    if let Some((_, e)) = store
+        .delete_many(std::slice::from_ref(&key))
+        .await?
+        .into_iter()
+        .next()
+    {
+        return Err(e.context(format!("delete savepoint {key}")));
+    }
+    Ok(sp)
+}
+
+/// The keys a savepoint keeps alive (index and blobs) of one store snapshot.
+async fn live_keys(
+    store: &dyn BlobStore,
+    sp: &Savepoint,
+    task: &str,
+    store_name: &str,
+    marker: &str,
+) -> Result<HashSet<BlobKey>> {
+    let who = Expected {
+        job_name: &sp.job_name,
+        job_id: &sp.job_id,
+        task_name: task,
+        store_name,
+    };
+    let snap = load_snapshot(store, &who, marker).await?;
+    let mut keys = HashSet::new();
+    keys.insert(snap.scope.index_key(&snap.marker)?);
+    for (_, f) in snap.index.present_files() {
+        for b in &f.blobs {
+            keys.insert(snap.scope.key(&b.blob_id)?);
+        }
+    }
+    Ok(keys)
+}
+
+/// (task, store, marker): one store snapshot.
+type SnapshotId = (String, String, String);
+
+/// The savepoints of one job as a [`DeleteFilter`]: consulted right before a cleanup's batch
+/// delete is sent. Each pinned snapshot's keys are read once per process (indexes never
+/// change); the savepoints themselves are listed at every call with something to delete.
+pub struct Pins {
+    store: Arc<dyn BlobStore>,
+    job: JobScope,
+    /// (task, store, marker) → the keys that snapshot keeps alive.
+    known: Mutex<HashMap<SnapshotId, Arc<HashSet<BlobKey>>>>,
+}
+
+impl Pins {
+    /// The pins of `job` in `store`.
+    pub fn new(store: Arc<dyn BlobStore>, job: JobScope) -> Self {
+        Pins {
+            store,
+            job,
+            known: Mutex::default(),
+        }
+    }
+}
+
+#[async_trait]
+impl DeleteFilter for Pins {
+    async fn pinned(&self, keys: &[BlobKey]) -> Result<HashSet<BlobKey>> {
+        // Which (task, store) areas the doomed keys are in: only their snapshots matter.
+        let areas: HashSet<(String, String)> = keys
+            .iter()
+            .filter_map(|k| match parse(k)?.kind {
+                KeyKind::Index { task, store, .. } | KeyKind::Blob { task, store, .. } => {
+                    Some((task, store))
+                }
+                _ => None,
+            })
+            .collect();
+        if areas.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let savepoints = list(self.store.as_ref(), &self.job).await.map_err(|e| {
+            e.context("read the job's savepoints before a cleanup delete (nothing deleted)")
+        })?;
+        let doomed: HashSet<&BlobKey> = keys.iter().collect();
+        let mut out = HashSet::new();
+        for sp in &savepoints {
+            for (task, store_name, marker) in sp.markers()? {
+                if !areas.contains(&(task.clone(), store_name.clone())) {
+                    continue;
+                }
+                let id = (task, store_name, marker);
+                let cached = self.known.lock().ok().and_then(|k| k.get(&id).cloned());
+                let live = match cached {
+                    Some(l) => l,
+                    None => {
+                        let l = Arc::new(
+                            live_keys(self.store.as_ref(), sp, &id.0, &id.1, &id.2).await?,
+                        );
+                        if let Ok(mut k) = self.known.lock() {
+                            k.insert(id, Arc::clone(&l));
+                        }
+                        l
+                    }
+                };
+                out.extend(live.iter().filter(|k| doomed.contains(k)).cloned());
+            }
+        }
+        Ok(out)
+    }
+}

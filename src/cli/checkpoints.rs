@@ -1,0 +1,195 @@
+//! `blobsnap checkpoints`: every retained checkpoint of every task of a job, newest first,
+//! with its stores' sizes and new bytes and the savepoints that pin it
+//! ([`blobsnap::blob::history`]).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::args::{open_store, JobFlags, StoreArgs};
+use blobsnap::blob::history::{task_names, utc};
+use blobsnap::blob::savepoint;
+use blobsnap::blob::{load_snapshot, Expected, FACTORY_NAME};
+use blobsnap::checkpoint::{BlobCheckpointStore, CheckpointStore as _};
+use blobsnap::Error;
+use clap::Args;
+
+#[derive(Args)]
+pub(crate) struct CheckpointsArgs {
+    #[command(flatten)]
+    pub(crate) job: JobFlags,
+    /// Only this task.
+    #[arg(long)]
+    pub(crate) task: Option<String>,
+}
+
+/// One store of one checkpoint.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+struct StoreLine {
+    marker: String,
+    files: usize,
+    bytes: u64,
+    /// Bytes this checkpoint uploaded (its own blobs).
+    new_bytes: u64,
+}
+
+/// One retained checkpoint.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+struct Line {
+    seq: u64,
+    checkpoint_id: String,
+    time_millis: u64,
+    time_utc: String,
+    time_local: String,
+    input_offsets: BTreeMap<String, String>,
+    stores: BTreeMap<String, StoreLine>,
+    savepoints: Vec<String>,
+    /// Set when this number repeats the checkpoint before it (a task's claim at startup).
+    repeats: Option<u64>,
+}
+
+pub(crate) async fn run(
+    store_args: &StoreArgs,
+    json: bool,
+    args: CheckpointsArgs,
+) -> blobsnap::Result<()> {
+    let store = open_store(store_args).await?;
+    let (job_name, job_id) = args.job.names()?;
+    let job = blobsnap::layout::JobScope::new(&job_name, &job_id)?;
+    let tasks = match &args.task {
+        Some(t) => [t.clone()].into(),
+        None => task_names(store.as_ref(), &job).await?,
+    };
+    if tasks.is_empty() {
+        return Err(Error::new(
+            blobsnap::ErrorKind::NotFound,
+            format!("job {job_name}/{job_id} has no checkpoint"),
+        ));
+    }
+    let savepoints = savepoint::list(store.as_ref(), &job).await?;
+    let cps = BlobCheckpointStore::new(Arc::clone(&store), job.clone());
+    let mut out: BTreeMap<String, Vec<Line>> = BTreeMap::new();
+    for task in &tasks {
+        let history = cps.history(task, usize::MAX).await?;
+        let mut lines: Vec<Line> = Vec::new();
+        for (i, c) in history.iter().enumerate() {
+            let Some(v2) = c.checkpoint.as_v2() else {
+                continue;
+            };
+            let repeats = history
+                .get(i + 1)
+                .filter(|older| older.checkpoint.as_v2().map(|o| o.id) == Some(v2.id))
+                .map(|older| older.seq);
+            let mut stores = BTreeMap::new();
+            for (store_name, marker) in v2
+                .state_checkpoint_markers
+                .get(FACTORY_NAME)
+                .into_iter()
+                .flatten()
+            {
+                let who = Expected {
+                    job_name: &job_name,
+                    job_id: &job_id,
+                    task_name: task,
+                    store_name,
+                };
+                let snap = load_snapshot(store.as_ref(), &who, marker)
+                    .await
+                    .map_err(|e| e.context(format!("checkpoint #{} of task {task:?}", c.seq)))?;
+                let own = format!("blobs/{}/", snap.marker.checkpoint_id);
+                let files = snap.index.present_files();
+                stores.insert(
+                    store_name.clone(),
+                    StoreLine {
+                        marker: marker.clone(),
+                        files: files.len(),
+                        bytes: files.iter().map(|(_, f)| f.file_metadata.size).sum(),
+                        new_bytes: files
+                            .iter()
+                            .filter(|(_, f)| f.blobs.iter().any(|b| b.blob_id.starts_with(&own)))
+                            .map(|(_, f)| f.file_metadata.size)
+                            .sum(),
+                    },
+                );
+            }
+            let pinned_by = savepoints
+                .iter()
+                .filter(|sp| {
+                    sp.checkpoint_of(task)
+                        .ok()
+                        .flatten()
+                        .is_some_and(|s| s.checkpoint.as_v2().map(|x| x.id) == Some(v2.id))
+                })
+                .map(|sp| sp.name.clone())
+                .collect();
+            lines.push(Line {
+                seq: c.seq,
+                checkpoint_id: v2.id.to_string(),
+                time_millis: v2.id.millis(),
+                time_utc: utc(v2.id.millis()),
+                time_local: local(v2.id.millis()),
+                input_offsets: v2
+                    .input_offsets
+                    .iter()
+                    .map(|(k, v)| (k.to_key().unwrap_or_else(|_| k.to_string()), v.clone()))
+                    .collect(),
+                stores,
+                savepoints: pinned_by,
+                repeats,
+            });
+        }
+        out.insert(task.clone(), lines);
+    }
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"schema": 1, "job": job_name, "job-id": job_id, "tasks": out})
+        );
+        return Ok(());
+    }
+    println!("job {job_name}/{job_id}: retained checkpoints, newest first");
+    for (task, lines) in &out {
+        println!("task {task}: {} retained", lines.len());
+        for l in lines {
+            let offsets = l
+                .input_offsets
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(" ");
+            let again = l
+                .repeats
+                .map(|s| format!("  (claim: repeats #{s})"))
+                .unwrap_or_default();
+            println!(
+                "  #{:<5} {}  {}  ({})  {offsets}{again}",
+                l.seq, l.checkpoint_id, l.time_utc, l.time_local
+            );
+            for (name, s) in &l.stores {
+                println!(
+                    "         store {name}: {} files, {}, new {}",
+                    s.files,
+                    bytesize::ByteSize(s.bytes),
+                    bytesize::ByteSize(s.new_bytes)
+                );
+            }
+            if !l.savepoints.is_empty() {
+                println!(
+                    "         pinned by savepoint(s): {}",
+                    l.savepoints.join(", ")
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `ms` since the epoch in this machine's time zone.
+pub(crate) fn local(ms: u64) -> String {
+    use chrono::TimeZone as _;
+    match chrono::Local.timestamp_millis_opt(ms as i64) {
+        chrono::LocalResult::Single(t) => t.format("%Y-%m-%d %H:%M:%S %:z").to_string(),
+        _ => "-".into(),
+    }
+}

@@ -1,0 +1,170 @@
+//! `blobsnap savepoint create | ls | show | rm`: named, user-owned records of one committed
+//! checkpoint per task, never collected while they exist ([`blobsnap::blob::savepoint`]).
+
+use super::args::{open_store, JobIdFlags, StoreArgs};
+use super::checkpoints::local;
+use blobsnap::blob::history::{utc, CheckpointRef};
+use blobsnap::blob::savepoint::{self, Savepoint};
+use blobsnap::layout::JobScope;
+use clap::Subcommand;
+
+#[derive(Subcommand)]
+pub(crate) enum SavepointAction {
+    /// Record, for every task of the job, one committed checkpoint (the latest, or the one
+    /// `--at` names) under NAME. Nothing is copied; what it names is kept by the job's
+    /// cleanup and by `gc` until `savepoint rm`.
+    Create {
+        #[command(flatten)]
+        job: JobIdFlags,
+        /// The savepoint's name (A-Z a-z 0-9 . _ -).
+        #[arg(long = "name")]
+        savepoint: String,
+        /// Which checkpoint of each task: `latest` (default), `#N`, a checkpoint id or
+        /// prefix, `@2026-12-02T10:00Z` (each task's newest at or before that time).
+        #[arg(long, default_value = "latest")]
+        at: String,
+    },
+    /// List the job's savepoints.
+    Ls {
+        #[command(flatten)]
+        job: JobIdFlags,
+    },
+    /// Show one savepoint: per task, the checkpoint, its offsets and markers.
+    Show {
+        #[command(flatten)]
+        job: JobIdFlags,
+        /// The savepoint's name.
+        #[arg(long = "name")]
+        savepoint: String,
+    },
+    /// Delete a savepoint: what only it kept alive is left to `gc` (after its grace).
+    Rm {
+        #[command(flatten)]
+        job: JobIdFlags,
+        /// The savepoint's name.
+        #[arg(long = "name")]
+        savepoint: String,
+    },
+}
+
+pub(crate) async fn run(
+    store_args: &StoreArgs,
+    json: bool,
+    action: SavepointAction,
+) -> blobsnap::Result<()> {
+    let store = open_store(store_args).await?;
+    match action {
+        SavepointAction::Create { job, savepoint, at } => {
+            let (job_name, job_id) = (job.job, job.job_id);
+            let at: CheckpointRef = at.parse()?;
+            let sp = savepoint::create(&store, &job_name, &job_id, &savepoint, &at).await?;
+            if json {
+                print_json(&sp)?;
+            } else {
+                println!(
+                    "savepoint {} of {job_name}/{job_id} at {}: {} task(s)",
+                    sp.name,
+                    sp.at,
+                    sp.tasks.len()
+                );
+                print_tasks(&sp)?;
+            }
+        }
+        SavepointAction::Ls { job } => {
+            let (job_name, job_id) = (job.job, job.job_id);
+            let all = savepoint::list(store.as_ref(), &JobScope::new(&job_name, &job_id)?).await?;
+            if json {
+                println!("{}", serde_json::json!({"schema": 1, "savepoints": all}));
+            } else if all.is_empty() {
+                println!("job {job_name}/{job_id} has no savepoint");
+            } else {
+                for sp in &all {
+                    println!(
+                        "{}  made {} ({})  at {}  {} task(s)",
+                        sp.name,
+                        utc(sp.created_millis),
+                        local(sp.created_millis),
+                        sp.at,
+                        sp.tasks.len()
+                    );
+                }
+            }
+        }
+        SavepointAction::Show { job, savepoint } => {
+            let (job_name, job_id) = (job.job, job.job_id);
+            let sp = savepoint::read(
+                store.as_ref(),
+                &JobScope::new(&job_name, &job_id)?,
+                &savepoint,
+            )
+            .await?;
+            if json {
+                print_json(&sp)?;
+            } else {
+                println!(
+                    "savepoint {} of {job_name}/{job_id}, made {} at {}",
+                    sp.name,
+                    utc(sp.created_millis),
+                    sp.at
+                );
+                print_tasks(&sp)?;
+            }
+        }
+        SavepointAction::Rm { job, savepoint } => {
+            let (job_name, job_id) = (job.job, job.job_id);
+            let sp = savepoint::remove(
+                store.as_ref(),
+                &JobScope::new(&job_name, &job_id)?,
+                &savepoint,
+            )
+            .await?;
+            if json {
+                println!("{}", serde_json::json!({"schema": 1, "removed": sp.name}));
+            } else {
+                println!(
+                    "removed savepoint {} of {job_name}/{job_id}; what only it kept is left to gc",
+                    sp.name
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_json(sp: &Savepoint) -> blobsnap::Result<()> {
+    println!("{}", serde_json::json!({"schema": 1, "savepoint": sp}));
+    Ok(())
+}
+
+fn print_tasks(sp: &Savepoint) -> blobsnap::Result<()> {
+    for task in sp.tasks.keys() {
+        let Some(c) = sp.checkpoint_of(task)? else {
+            continue;
+        };
+        let Some(v2) = c.checkpoint.as_v2() else {
+            println!("  task {task}: checkpoint #{} (V1)", c.seq);
+            continue;
+        };
+        let offsets = v2
+            .input_offsets
+            .iter()
+            .map(|(k, v)| format!("{}={v}", k.to_key().unwrap_or_else(|_| k.to_string())))
+            .collect::<Vec<_>>()
+            .join(" ");
+        println!(
+            "  task {task}: checkpoint #{} {} ({})  {offsets}",
+            c.seq,
+            v2.id,
+            utc(v2.id.millis())
+        );
+        for (store, marker) in v2
+            .state_checkpoint_markers
+            .get(blobsnap::blob::FACTORY_NAME)
+            .into_iter()
+            .flatten()
+        {
+            println!("    store {store}: {marker}");
+        }
+    }
+    Ok(())
+}
