@@ -325,6 +325,22 @@ impl TaskCommitManager {
         Ok(())
     }
 
+    /// Make `to` (an earlier or later checkpoint of this task, or a savepoint's) the task's
+    /// head: written under the next number, after the claim and before the restore, so the
+    /// history stays linear and records the move. Returns its number. `Conflict`: fenced off.
+    pub async fn rollback(&self, to: Checkpoint) -> Result<u64> {
+        let mut st = self.state.lock().await;
+        let seq = next_seq(&self.task.task_name, st.seq)?;
+        self.checkpoints
+            .write(&self.task.task_name, seq, &self.writer, &to)
+            .await
+            .map_err(|e| e.context(format!("commit the chosen start point as #{seq}")))?;
+        st.seq = seq;
+        st.written.push_back((seq, id_key(&to, seq)));
+        st.last = Some(to);
+        Ok(seq)
+    }
+
     /// The checkpoint at number `seq`, if it is the latest and this writer wrote it.
     async fn own_landed(&self, seq: u64) -> Result<Option<Checkpoint>> {
         let latest = self

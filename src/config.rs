@@ -30,6 +30,7 @@
 //! deployment-id = "prod-eu"  # recorded in scope.json: another deployment is refused
 //! create-resources = true  # bucket, abort-multipart rule, owner record; validated always
 //! index-inline-below = "64KiB"  # smaller files travel inline in the index; 0: Samza's v1 shape
+//! # start-from = "savepoint:before-upgrade"  # rollback / roll-forward, applied once per value
 //!
 //! [cost]                   # prices for `blobsnap cost`, dollars (S3 Standard's list prices)
 //! put-per-1000 = 0.005     # PUT, POST, LIST
@@ -158,6 +159,9 @@ pub struct JobConfig {
     /// A lazy restore's background download, bytes/s (`"200MiB/s"`); 0: no bound.
     #[serde(deserialize_with = "crate::units::rate")]
     pub lazy_download_rate: u64,
+    /// Start every task from this point (see `JobSettings::start_from`): `savepoint:NAME`,
+    /// `#N`, a checkpoint id, `@2026-12-02T10:00Z`. Applied once per value.
+    pub start_from: Option<String>,
     /// This deployment's id, recorded in the scope's owner record (`scope.json`): a job
     /// started with another id on the same scope is refused (two deployments sharing a scope
     /// would delete each other's blobs). Give each deployment of a job its own.
@@ -189,6 +193,7 @@ impl Default for JobConfig {
             restore_fallback: false,
             restore_mode: crate::job::RestoreMode::Full,
             lazy_download_rate: crate::local::lazy::DEFAULT_RATE,
+            start_from: None,
             deployment_id: "default".into(),
             create_resources: true,
             index_inline_below: crate::blob::backup::INLINE_BELOW,

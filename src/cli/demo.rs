@@ -54,6 +54,13 @@ pub(crate) struct DemoArgs {
     /// an upload running longer than half of it is abandoned) [job.gc-grace-secs].
     #[arg(long, value_parser = clap::value_parser!(u64).range(60..))]
     pub(crate) gc_grace_secs: Option<u64>,
+    /// Start every task from this point instead of its latest checkpoint — a rollback, or a
+    /// roll-forward to a newer retained one: `savepoint:NAME`, `#N`, a checkpoint id or prefix,
+    /// `@2026-12-02T10:00Z`. Each task commits the point as its new head (the history records
+    /// the move) and reprocesses from its offsets; applied once (a rerun with the same value
+    /// resumes from the latest) [job.start-from].
+    #[arg(long)]
+    pub(crate) start_from: Option<String>,
 }
 
 pub(crate) async fn run(
@@ -74,6 +81,7 @@ pub(crate) async fn run(
         restore_mode,
         metrics_addr,
         gc_grace_secs,
+        start_from,
     } = args;
     if let Some(addr) = metrics_addr {
         let bound = serve_metrics(addr).await?;
@@ -116,6 +124,10 @@ pub(crate) async fn run(
         index_inline_below: job.index_inline_below,
         restore_mode: restore_mode.unwrap_or(job.restore_mode),
         lazy_download_rate: job.lazy_download_rate,
+        start_from: match start_from.or(job.start_from.clone()) {
+            Some(p) => Some(p.parse()?),
+            None => None,
+        },
         stop: super::signal::stop_on_signal(
             "each task commits what it processed, deletes its lease and releases its stores",
         ),

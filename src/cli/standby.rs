@@ -58,6 +58,7 @@ pub(crate) async fn run(
         index_inline_below: blobsnap::blob::backup::INLINE_BELOW,
         restore_mode: blobsnap::job::RestoreMode::Full,
         lazy_download_rate: blobsnap::local::lazy::DEFAULT_RATE,
+        start_from: None,
         stop: Default::default(),
     };
     let backend: Arc<dyn blobsnap::backend::StateBackendFactory> =

@@ -22,7 +22,7 @@ use crate::backend::{
 };
 use crate::blob::admin::WriterLease;
 use crate::blobstore::BlobStore;
-use crate::checkpoint::{BlobCheckpointStore, CheckpointStore, Ssp};
+use crate::checkpoint::{BlobCheckpointStore, Checkpoint, CheckpointStore, Ssp};
 use crate::commit::{Backend, CommitReport, TaskCommitManager};
 use crate::error::{Error, Result};
 use crate::layout::JobScope;
@@ -77,6 +77,13 @@ pub struct JobSettings {
     /// A lazy restore's background download stays under this many bytes/s (0: no bound;
     /// default [`DEFAULT_RATE`](crate::local::lazy::DEFAULT_RATE)).
     pub lazy_download_rate: u64,
+    /// Start every task from this point instead of its latest checkpoint (a rollback, or a
+    /// roll-forward to a newer retained checkpoint): `savepoint:NAME`, `#N`, a checkpoint id,
+    /// `@TIME` ([`CheckpointRef`](crate::blob::history::CheckpointRef)). Each task claims its
+    /// epoch, then commits a new head whose offsets and markers are the point's, and restores
+    /// it the usual way. Applied once: the task records it (`start-from/<task>.json`), and a
+    /// restart with the same value resumes from the task's latest checkpoint.
+    pub start_from: Option<crate::blob::history::CheckpointRef>,
     /// Cancel to stop the job gracefully (the `blobsnap` command does on its first SIGINT or
     /// SIGTERM): a task restoring stops its restore (the store dirs unchanged); a task
     /// processing stops taking messages, waits for its commit in flight, commits what it
@@ -275,6 +282,113 @@ pub async fn run_task(
     r
 }
 
+/// What a task records once it has started from a chosen point.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+struct StartedFrom {
+    /// The point, as configured.
+    start_from: String,
+    /// The head checkpoint the task committed for it.
+    seq: u64,
+    /// The chosen checkpoint's id.
+    checkpoint_id: String,
+}
+
+/// Every task of the job has the point `point` names (checked before any task starts, so a
+/// rollback never leaves the job half rolled back): `NotFound` naming the first task that
+/// does not. Skips tasks that already applied this very point.
+pub async fn check_start_from(
+    settings: &JobSettings,
+    blob_store: &Arc<dyn BlobStore>,
+) -> Result<()> {
+    let Some(point) = &settings.start_from else {
+        return Ok(());
+    };
+    let job = JobScope::new(&settings.job_name, &settings.job_id)?;
+    for p in 0..settings.partitions {
+        let task = task_name(p);
+        if applied(blob_store.as_ref(), &job, &task, point)
+            .await?
+            .is_some()
+        {
+            continue;
+        }
+        crate::blob::history::resolve(blob_store, &job, &task, point)
+            .await
+            .map_err(|e| {
+                e.context(format!(
+                    "start-from {point}: task {task:?} cannot start there (nothing started)"
+                ))
+            })?;
+    }
+    Ok(())
+}
+
+/// The record of `task` having started from `point`, if it did.
+async fn applied(
+    store: &dyn BlobStore,
+    job: &JobScope,
+    task: &str,
+    point: &crate::blob::history::CheckpointRef,
+) -> Result<Option<StartedFrom>> {
+    let key = start_from_key(job, task)?;
+    match crate::blobstore::get_bytes(store, &key, 1 << 20).await {
+        Ok(b) => {
+            let r: StartedFrom =
+                serde_json::from_slice(&b).map_err(|e| Error::corrupt(format!("{key}: {e}")))?;
+            Ok((r.start_from == point.to_string()).then_some(r))
+        }
+        Err(e) if e.kind() == crate::error::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+fn start_from_key(job: &JobScope, task: &str) -> Result<crate::blobstore::BlobKey> {
+    job.scope()
+        .child("start-from")?
+        .key(&format!("{}.json", crate::blobstore::escape_segment(task)))
+}
+
+/// Start `task` (claimed: `commits`) from `point`: commit a new head with the point's offsets
+/// and markers, record that it did, and return the checkpoint to restore. Already applied:
+/// `last` as it is.
+async fn start_from(
+    commits: &TaskCommitManager,
+    blob_store: &Arc<dyn BlobStore>,
+    job: &JobScope,
+    task: &str,
+    point: &crate::blob::history::CheckpointRef,
+    last: Option<Checkpoint>,
+) -> Result<Option<Checkpoint>> {
+    if let Some(r) = applied(blob_store.as_ref(), job, task, point).await? {
+        tracing::info!(task, start_from = %point, seq = r.seq, "start-from was applied before (at #{}); resuming from the latest checkpoint", r.seq);
+        return Ok(last);
+    }
+    let chosen = crate::blob::history::resolve(blob_store, job, task, point)
+        .await
+        .map_err(|e| e.context(format!("start-from {point}")))?;
+    let checkpoint = chosen.committed.checkpoint;
+    let seq = commits.rollback(checkpoint.clone()).await?;
+    let record = StartedFrom {
+        start_from: point.to_string(),
+        seq,
+        checkpoint_id: checkpoint
+            .as_v2()
+            .map(|c| c.id.to_string())
+            .unwrap_or_default(),
+    };
+    let bytes = serde_json::to_vec(&record).map_err(|e| Error::invalid(e.to_string()))?;
+    blob_store
+        .put(
+            &start_from_key(job, task)?,
+            crate::blobstore::PutBody::Bytes(bytes.into()),
+            crate::blobstore::PutOptions::default(),
+        )
+        .await?;
+    tracing::warn!(task, start_from = %point, from_seq = chosen.committed.seq, head = seq, checkpoint_id = %record.checkpoint_id, "started from a chosen point: committed it as the new head");
+    Ok(Some(checkpoint))
+}
+
 /// The stores of `task`: each named store of the job in its own dir under the state dir.
 pub(crate) fn store_specs(settings: &JobSettings, task: &str) -> Result<Vec<StoreSpec>> {
     if settings.stores.is_empty() {
@@ -335,6 +449,10 @@ async fn run_task_leased(
     lease.announce(blob_store.as_ref(), job).await?;
     let mut lease_renewed = std::time::Instant::now();
     crate::crash::point("task.after-claim");
+    let last = match &settings.start_from {
+        Some(point) => start_from(&commits, &blob_store, job, &task, point, last).await?,
+        None => last,
+    };
 
     let (last, fell_back_to) =
         restore_task(settings, backend, &ctx, &specs, &clock, &checkpoints, last).await?;

@@ -217,6 +217,7 @@ pub async fn run(
         .validate_resources()
         .await
         .map_err(|e| e.context("validate the job's resources"))?;
+    crate::job::check_start_from(settings, &blob_store).await?;
     let processor: Arc<dyn Processor> = Arc::new(WordCount);
     // One backend for every task: its managers share the store handle, and with it the
     // store's one transfer budget.
