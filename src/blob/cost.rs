@@ -290,8 +290,10 @@ pub async fn estimate(store: &Arc<dyn BlobStore>, opts: &CostOptions) -> Result<
                 commit.put += 1.0; // the index
                 commit.upload_bytes += snap.index.to_bytes().map(|b| b.len() as f64).unwrap_or(0.0);
             }
-            // Steady state: one batch every commit, the trim's, carrying the last cleanup's.
+            // Steady state: one batch every commit, the trim's, carrying the last cleanup's,
+            // and the LIST of the job's savepoints right before it (they may pin a key).
             commit.delete += 1.0;
+            commit.list += 1.0;
             sampled.add(&commit);
             report.sampled_task_commits += 1;
         }

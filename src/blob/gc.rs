@@ -268,93 +268,9 @@ async fn decide(
         ..Default::default()
     };
 
-    // Roots: every task's history, whatever the sweep's area; tasks are found under
-    // checkpoints/ (a task without a checkpoint has no root).
-    let mut tasks: BTreeSet<String> = BTreeSet::new();
-    {
-        let mut listing = store.list(&job.scope().child("checkpoints")?);
-        while let Some(m) = listing.try_next().await? {
-            if let Some(task) = parse(&m.key).as_ref().and_then(|p| p.kind.task()) {
-                tasks.insert(task.to_string());
-            }
-        }
-    }
-    let cps = BlobCheckpointStore::new(std::sync::Arc::clone(shared), job.clone());
-    let mut live: HashSet<BlobKey> = HashSet::new();
-    for task in &tasks {
-        let history = cps.history(task, usize::MAX).await.map_err(|e| {
-            e.context(format!(
-                "sweep reads the roots of task {task:?} (nothing deleted)"
-            ))
-        })?;
-        let newest = history.first().map(|c| c.seq);
-        for c in history {
-            plan.roots += 1;
-            let Some(v2) = c.checkpoint.as_v2() else {
-                continue;
-            };
-            let Some(markers) = v2.state_checkpoint_markers.get(FACTORY_NAME) else {
-                continue;
-            };
-            for (store_name, marker) in markers {
-                let who = Expected {
-                    job_name: &settings.job_name,
-                    job_id: &settings.job_id,
-                    task_name: task,
-                    store_name,
-                };
-                let snap = load_snapshot(store, &who, marker).await.map_err(|e| {
-                    let repair = if Some(c.seq) == newest {
-                        "it is the task's latest checkpoint: restore the index from a copy, or run the job with restore-fallback so that it commits past it".to_string()
-                    } else {
-                        format!(
-                            "it is an older retained checkpoint (the latest is #{}): the job's next commits trim it from the history once it leaves retention, or delete that checkpoint's document under {} if no rollback to it is needed",
-                            newest.unwrap_or(c.seq),
-                            job.scope().as_str()
-                        )
-                    };
-                    e.context(format!(
-                        "sweep: checkpoint #{} ({}) of task {task:?} names the snapshot {marker} of store {store_name:?}, which cannot be read, so the sweep cannot know what it keeps alive and deletes nothing; {repair}",
-                        c.seq,
-                        v2.id
-                    ))
-                })?;
-                live.insert(snap.scope.index_key(&snap.marker)?);
-                for (_, f) in snap.index.present_files() {
-                    for b in &f.blobs {
-                        live.insert(snap.scope.key(&b.blob_id)?);
-                    }
-                }
-            }
-        }
-    }
-    // Savepoints are roots too (fail closed: one that cannot be read stops the sweep).
-    let savepoints = super::savepoint::list(store, &job)
-        .await
-        .map_err(|e| e.context("sweep reads the job's savepoints (nothing deleted)"))?;
-    for sp in &savepoints {
-        plan.roots += 1;
-        for (task, store_name, marker) in sp.markers()? {
-            let who = Expected {
-                job_name: &settings.job_name,
-                job_id: &settings.job_id,
-                task_name: &task,
-                store_name: &store_name,
-            };
-            let snap = load_snapshot(store, &who, &marker).await.map_err(|e| {
-                e.context(format!(
-                    "sweep: savepoint {:?} names the snapshot {marker} of task {task:?} store {store_name:?}, which cannot be read, so the sweep deletes nothing; remove the savepoint (blobsnap savepoint rm) if it is broken",
-                    sp.name
-                ))
-            })?;
-            live.insert(snap.scope.index_key(&snap.marker)?);
-            for (_, f) in snap.index.present_files() {
-                for b in &f.blobs {
-                    live.insert(snap.scope.key(&b.blob_id)?);
-                }
-            }
-        }
-    }
+    let roots = read_roots(shared, &job, &settings.job_name, &settings.job_id).await?;
+    plan.roots = roots.roots;
+    let live: HashSet<BlobKey> = roots.history.union(&roots.savepoints).cloned().collect();
     plan.live = live.len() as u64;
 
     let area = match (&settings.task, &settings.store) {
@@ -453,4 +369,114 @@ pub async fn execute_sweep_with_progress(
     metrics::counter!("blobsnap_gc_sweep_objects_deleted_total").increment(deleted);
     metrics::counter!("blobsnap_gc_sweep_bytes_deleted_total").increment(plan.bytes);
     Ok(deleted)
+}
+
+/// What a job's roots keep alive: the keys named by its tasks' retained checkpoints, and by
+/// its savepoints; fails closed (an unreadable root is an error naming it and how to repair).
+#[derive(Default)]
+pub(crate) struct Roots {
+    /// Checkpoints and savepoints read.
+    pub roots: u64,
+    /// Index and blob keys named by a retained checkpoint.
+    pub history: HashSet<BlobKey>,
+    /// Index and blob keys named by a savepoint.
+    pub savepoints: HashSet<BlobKey>,
+}
+
+/// Read every root of `job` ([`Roots`]).
+pub(crate) async fn read_roots(
+    shared: &std::sync::Arc<dyn BlobStore>,
+    job: &JobScope,
+    job_name: &str,
+    job_id: &str,
+) -> Result<Roots> {
+    let store = shared.as_ref();
+    // Roots: every task's history, whatever the sweep's area; tasks are found under
+    // checkpoints/ (a task without a checkpoint has no root).
+    let mut tasks: BTreeSet<String> = BTreeSet::new();
+    {
+        let mut listing = store.list(&job.scope().child("checkpoints")?);
+        while let Some(m) = listing.try_next().await? {
+            if let Some(task) = parse(&m.key).as_ref().and_then(|p| p.kind.task()) {
+                tasks.insert(task.to_string());
+            }
+        }
+    }
+    let cps = BlobCheckpointStore::new(std::sync::Arc::clone(shared), job.clone());
+    let mut out = Roots::default();
+    for task in &tasks {
+        let history = cps.history(task, usize::MAX).await.map_err(|e| {
+            e.context(format!(
+                "sweep reads the roots of task {task:?} (nothing deleted)"
+            ))
+        })?;
+        let newest = history.first().map(|c| c.seq);
+        for c in history {
+            out.roots += 1;
+            let Some(v2) = c.checkpoint.as_v2() else {
+                continue;
+            };
+            let Some(markers) = v2.state_checkpoint_markers.get(FACTORY_NAME) else {
+                continue;
+            };
+            for (store_name, marker) in markers {
+                let who = Expected {
+                    job_name,
+                    job_id,
+                    task_name: task,
+                    store_name,
+                };
+                let snap = load_snapshot(store, &who, marker).await.map_err(|e| {
+                    let repair = if Some(c.seq) == newest {
+                        "it is the task's latest checkpoint: restore the index from a copy, or run the job with restore-fallback so that it commits past it".to_string()
+                    } else {
+                        format!(
+                            "it is an older retained checkpoint (the latest is #{}): the job's next commits trim it from the history once it leaves retention, or delete that checkpoint's document under {} if no rollback to it is needed",
+                            newest.unwrap_or(c.seq),
+                            job.scope().as_str()
+                        )
+                    };
+                    e.context(format!(
+                        "sweep: checkpoint #{} ({}) of task {task:?} names the snapshot {marker} of store {store_name:?}, which cannot be read, so the sweep cannot know what it keeps alive and deletes nothing; {repair}",
+                        c.seq,
+                        v2.id
+                    ))
+                })?;
+                out.history.insert(snap.scope.index_key(&snap.marker)?);
+                for (_, f) in snap.index.present_files() {
+                    for b in &f.blobs {
+                        out.history.insert(snap.scope.key(&b.blob_id)?);
+                    }
+                }
+            }
+        }
+    }
+    // Savepoints are roots too (fail closed: one that cannot be read stops the sweep).
+    let savepoints = super::savepoint::list(store, job)
+        .await
+        .map_err(|e| e.context("sweep reads the job's savepoints (nothing deleted)"))?;
+    for sp in &savepoints {
+        out.roots += 1;
+        for (task, store_name, marker) in sp.markers()? {
+            let who = Expected {
+                job_name,
+                job_id,
+                task_name: &task,
+                store_name: &store_name,
+            };
+            let snap = load_snapshot(store, &who, &marker).await.map_err(|e| {
+                e.context(format!(
+                    "sweep: savepoint {:?} names the snapshot {marker} of task {task:?} store {store_name:?}, which cannot be read, so the sweep deletes nothing; remove the savepoint (blobsnap savepoint rm) if it is broken",
+                    sp.name
+                ))
+            })?;
+            out.savepoints.insert(snap.scope.index_key(&snap.marker)?);
+            for (_, f) in snap.index.present_files() {
+                for b in &f.blobs {
+                    out.savepoints.insert(snap.scope.key(&b.blob_id)?);
+                }
+            }
+        }
+    }
+    Ok(out)
 }

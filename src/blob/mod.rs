@@ -16,6 +16,7 @@
 
 pub mod admin;
 pub mod backup;
+pub mod check;
 pub mod cost;
 pub mod diff;
 pub mod factory;
@@ -24,6 +25,7 @@ pub mod history;
 pub mod manual;
 pub mod restore;
 pub mod savepoint;
+pub mod usage;
 pub mod verify;
 
 use std::sync::Arc;

@@ -3,6 +3,7 @@
 mod admin;
 mod args;
 mod backup;
+mod check;
 mod checkpoints;
 mod cost;
 mod demo;
@@ -17,6 +18,7 @@ mod savepoint;
 mod show;
 mod signal;
 mod standby;
+mod usage;
 mod verify;
 
 use clap::{Parser, Subcommand};
@@ -68,6 +70,15 @@ pub(crate) enum Command {
     /// pin it. Any of them can be named where a marker is taken (`#N`, an id or prefix,
     /// `@TIME`, `savepoint:NAME`).
     Checkpoints(checkpoints::CheckpointsArgs),
+    /// Check a whole job: every retained checkpoint and savepoint of every task parses, every
+    /// index is present and matches its key, every blob exists with its size (HEAD);
+    /// `--read-data` (or `--read-data-subset 5%`) also hashes them. Problems are listed with
+    /// the checkpoints that name them. Exit 3 if something is missing, 4 if corrupt.
+    Check(check::CheckArgs),
+    /// Every object and byte of a job's scope, classified: live (retained checkpoints), kept
+    /// only by savepoints, orphans within the grace, orphans past it (a leak), metadata,
+    /// unknown keys, stale multipart uploads — counts, bytes and the oldest of each.
+    Usage(usage::UsageArgs),
     /// Savepoints: named records of one committed checkpoint per task of a job, kept by the
     /// job's cleanup and by `gc` until removed.
     Savepoint {
@@ -127,6 +138,8 @@ pub(crate) async fn run(cli: Cli) -> blobsnap::Result<()> {
         Command::Backup(args) => backup::run(&cli.store, cli.json, args).await,
         Command::Standby(args) => standby::run(&cli.store, cli.json, args).await,
         Command::Ls => ls::run(&cli.store, cli.json).await,
+        Command::Usage(args) => usage::run(&cli.store, cli.json, args).await,
+        Command::Check(args) => check::run(&cli.store, cli.json, args).await,
         Command::Checkpoints(args) => checkpoints::run(&cli.store, cli.json, args).await,
         Command::Savepoint { action } => savepoint::run(&cli.store, cli.json, action).await,
         Command::Inspect(args) => inspect::run(&cli.store, cli.json, args).await,

@@ -2676,8 +2676,8 @@ async fn a_commit_costs_its_uploads_one_checkpoint_put_and_the_cleanup() {
         );
         assert_eq!(
             (d.get.calls, d.head.calls, d.list.calls),
-            (0, 0, 0),
-            "commit {}: nothing read while the task runs: {d:?}",
+            (0, 0, 1),
+            "commit {}: nothing read while the task runs but the LIST of the job's savepoints that goes with the batch delete (none: no index read): {d:?}",
             i + 2
         );
     }
@@ -2754,8 +2754,8 @@ async fn the_cost_estimate_matches_the_counted_requests() {
     );
     assert_eq!(
         (est.get, est.list),
-        (0.0, 0.0),
-        "a running job reads nothing"
+        (0.0, 1.0),
+        "a running job reads nothing but the LIST of its savepoints before each batch delete"
     );
     // A month of one commit a minute, at $0.005 per 1,000 PUTs and $0.023 per GB-month.
     let m = report.monthly;
@@ -2763,7 +2763,8 @@ async fn the_cost_estimate_matches_the_counted_requests() {
     assert!((m.requests.put - est.put * 43_200.0).abs() < 1e-6);
     let storage = report.stored_bytes as f64 / (1u64 << 30) as f64 * 0.023;
     assert!((m.storage_usd - storage).abs() < 1e-9);
-    assert!((m.requests_usd - m.requests.put / 1000.0 * 0.005).abs() < 1e-9);
+    // PUTs and LISTs are priced alike.
+    assert!((m.requests_usd - (m.requests.put + m.requests.list) / 1000.0 * 0.005).abs() < 1e-9);
     // The stored bytes cover at least the newest snapshot's files.
     assert!(report.stored_bytes > 0 && report.stored_objects > commits as u64);
 }
@@ -3279,6 +3280,12 @@ async fn state_through_time(ms: &MatrixStore, root: &std::path::Path) {
     assert_eq!(before["tasks"], now["tasks"], "nothing committed");
 
     // Remove a savepoint: the sweep takes what only it kept.
+    let pinned = json(&run(s(&["usage", "--job", "wordcount", "--grace-secs", "0"])).await);
+    let only = &pinned["usage"]["classes"]["savepoints-only"];
+    assert!(
+        only["objects"].as_u64() > Some(0),
+        "what only savepoint old keeps: {pinned}"
+    );
     json(
         &run(s(&[
             "savepoint",
@@ -3290,22 +3297,100 @@ async fn state_through_time(ms: &MatrixStore, root: &std::path::Path) {
         ]))
         .await,
     );
-    let swept = json(&run(gc).await);
-    assert!(swept["deleted"].as_u64().unwrap_or(0) > 0, "{swept}");
-    let out = run(s(&[
-        "verify",
-        "--job",
-        "wordcount",
-        "--task",
-        "Partition 0",
-        "--store",
-        "counts",
-        "savepoint:head",
-    ]))
-    .await;
+    // `usage` sees what only the removed savepoint kept as a leak (no grace), and every
+    // object in exactly one class; the sweep then takes exactly the leak.
+    let usage = |v: &serde_json::Value, class: &str| -> (u64, u64) {
+        let c = &v["usage"]["classes"][class];
+        (c["objects"].as_u64().unwrap(), c["bytes"].as_u64().unwrap())
+    };
+    let u = json(&run(s(&["usage", "--job", "wordcount", "--grace-secs", "0"])).await);
+    let leak = usage(&u, "orphans-past-grace");
+    assert!(leak.0 > 0, "{u}");
     assert!(
-        out.status.success(),
+        usage(&u, "live").0 > 0 && usage(&u, "metadata").0 > 0,
+        "{u}"
+    );
+    let classes: u64 = [
+        "live",
+        "savepoints-only",
+        "orphans-within-grace",
+        "orphans-past-grace",
+        "metadata",
+        "unknown",
+    ]
+    .iter()
+    .map(|c| usage(&u, c).0)
+    .sum();
+    assert_eq!(Some(classes), u["usage"]["total-objects"].as_u64(), "{u}");
+    let swept = json(&run(gc.clone()).await);
+    assert_eq!(
+        swept["deleted"].as_u64(),
+        Some(leak.0),
+        "the sweep took the leak: {swept} {u}"
+    );
+    let u = json(&run(s(&["usage", "--job", "wordcount", "--grace-secs", "0"])).await);
+    assert_eq!(usage(&u, "orphans-past-grace"), (0, 0), "{u}");
+
+    // The whole-job check: clean (read and hashed); then the index a root names goes
+    // missing: `check` names it and every root that names it (exit 3) where `gc` only fails
+    // closed.
+    let check = |extra: &[&str]| {
+        let mut a = s(&["check", "--job", "wordcount"]);
+        a.extend(s(extra));
+        a
+    };
+    let c = json(&run(check(&["--read-data"])).await);
+    assert!(c["report"]["blobs-read"].as_u64() > Some(0), "{c}");
+    assert_eq!(c["report"]["blobs-read"], c["report"]["blobs"], "{c}");
+    assert_eq!(c["report"]["savepoints"].as_u64(), Some(1), "{c}");
+    let sp = json(
+        &run(s(&[
+            "savepoint",
+            "show",
+            "--job",
+            "wordcount",
+            "--name",
+            "head",
+        ]))
+        .await,
+    );
+    let doc = &sp["savepoint"]["tasks"]["Partition 0"]["checkpoint"];
+    let marker = doc["state-checkpoint-markers"]["blobsnap.BlobStoreStateBackendFactory"]["counts"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{sp}"));
+    let key = JobScope::new("wordcount", "1")
+        .unwrap()
+        .store("Partition 0", "counts")
+        .unwrap()
+        .key(marker)
+        .unwrap();
+    leg.store
+        .delete_many(std::slice::from_ref(&key))
+        .await
+        .unwrap();
+    let out = run(check(&[])).await;
+    assert_eq!(
+        out.status.code(),
+        Some(3),
         "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let c: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let p = &c["report"]["problems"][0];
+    assert_eq!(p["kind"], "not-found", "{c}");
+    assert!(p["message"].as_str().unwrap().contains(marker), "{c}");
+    let named: Vec<&str> = p["named-by"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert!(named.iter().any(|b| b.starts_with("savepoint head")), "{c}");
+    let out = run(gc).await;
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "gc fails closed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
 }

@@ -92,10 +92,39 @@ pub struct RestorePlan {
     pub leftover: Vec<String>,
     /// Totals.
     pub totals: PlanTotals,
-    /// When the proofs of local files began: a reused file modified since (or within the
-    /// filesystem's timestamp granularity of it) is copied and hashed again, never
+    /// Each proved local file as it was when its proof began: a reused file whose inode,
+    /// size or modification time differ when it is linked is copied and hashed again, never
     /// hard-linked on the strength of an older proof.
-    pub planned_at: std::time::SystemTime,
+    pub proof_stamps: HashMap<PathBuf, FileStamp>,
+}
+
+/// What identifies a file's content between its proof and its use: inode, size and
+/// modification time (ns), as `symlink_metadata` says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileStamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i128,
+}
+
+impl FileStamp {
+    /// The size it records.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The stamp of `path` now (`None`: it cannot be stat-ed).
+    pub fn of(path: &Path) -> Option<FileStamp> {
+        use std::os::unix::fs::MetadataExt as _;
+        let md = std::fs::symlink_metadata(path).ok()?;
+        Some(FileStamp {
+            dev: md.dev(),
+            ino: md.ino(),
+            size: md.len(),
+            mtime_ns: md.mtime() as i128 * 1_000_000_000 + md.mtime_nsec() as i128,
+        })
+    }
 }
 
 impl fmt::Display for RestorePlan {
@@ -272,14 +301,19 @@ pub fn plan_store(
     index: Option<&SnapshotIndex>,
     sources: Sources<'_>,
 ) -> Result<RestorePlan> {
-    let planned_at = crate::backend::Clock::now(&crate::backend::SystemClock);
     let inventory = Inventory::of(spec, sources.standby)?;
     let caches = sources.caches;
     let proved = |p: &Path| caches.iter().find_map(|c| proved_by_cache(c, p));
     let mut proofs: HashMap<PathBuf, Option<Sha256>> = HashMap::new();
     let mut by_cache: HashSet<PathBuf> = HashSet::new();
+    // Each candidate's stamp, taken before its proof (F12): staging links it only if the
+    // stamp still holds.
+    let mut stamps: HashMap<PathBuf, FileStamp> = HashMap::new();
     let mut likely = Vec::new();
     for p in index.map(|i| inventory.likely(i)).unwrap_or_default() {
+        if let Some(st) = FileStamp::of(&p) {
+            stamps.insert(p.clone(), st);
+        }
         match proved(&p) {
             Some(sha) => {
                 by_cache.insert(p.clone());
@@ -297,6 +331,9 @@ pub fn plan_store(
     }
     let hash_of = |p: &Path| -> Option<Sha256> {
         *proofs.entry(p.to_path_buf()).or_insert_with(|| {
+            if let Some(st) = FileStamp::of(p) {
+                stamps.insert(p.to_path_buf(), st);
+            }
             if let Some(sha) = proved(p) {
                 by_cache.insert(p.to_path_buf());
                 return Some(sha);
@@ -308,7 +345,13 @@ pub fn plan_store(
         })
     };
     let mut plan = decide(&spec.name, marker, index, &inventory, hash_of)?;
-    plan.planned_at = planned_at;
+    for f in &plan.files {
+        if let Source::Local(p) = &f.source {
+            if let Some(st) = stamps.get(p) {
+                plan.proof_stamps.insert(p.clone(), *st);
+            }
+        }
+    }
     for f in &mut plan.files {
         let from = match &f.source {
             Source::Local(p) => Some(p),
@@ -425,7 +468,7 @@ pub fn decide(
         dirs,
         leftover,
         totals,
-        planned_at: crate::backend::Clock::now(&crate::backend::SystemClock),
+        proof_stamps: HashMap::new(),
     })
 }
 

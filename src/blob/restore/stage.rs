@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use super::plan::{RestorePlan, Source};
+use super::plan::{FileStamp, RestorePlan, Source};
 use crate::digest::hash_file;
 use crate::error::{Error, Result};
 use crate::local::scan::is_immutable;
@@ -85,10 +85,13 @@ pub(super) fn prepare_staging(staging: &Path, plan: &RestorePlan) -> Result<()> 
             match std::fs::hard_link(from, &dest) {
                 // The link shares the proved file's inode: it holds the proved bytes unless
                 // the file was written since its proof began (F12 of the second protocol
-                // review). A modification time at or after that (less a margin for coarse
-                // timestamps), or a size other than the index's, sends it down the copy path,
-                // which hashes what it copied.
-                Ok(()) if unchanged_since(&dest, f.entry.file_metadata.size, plan.planned_at) => {
+                // review). Another inode, size or modification time than its stamp at the
+                // proof sends it down the copy path, which hashes what it copied.
+                Ok(())
+                    if plan.proof_stamps.get(from).is_some_and(|st| {
+                        FileStamp::of(&dest) == Some(*st) && st.size() == f.entry.file_metadata.size
+                    }) =>
+                {
                     continue
                 }
                 Ok(()) => {
@@ -125,19 +128,4 @@ pub(super) fn prepare_staging(staging: &Path, plan: &RestorePlan) -> Result<()> 
             .map_err(Error::io_with(format!("fsync {}", dest.display())))?;
     }
     Ok(())
-}
-
-/// Margin for filesystems whose timestamps are coarse (a second, or a kernel tick): a file
-/// written this close before a proof began may have been written during it.
-const MTIME_MARGIN: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Whether `path` has `size` bytes and was last modified before `since` − [`MTIME_MARGIN`].
-fn unchanged_since(path: &Path, size: u64, since: std::time::SystemTime) -> bool {
-    let Ok(md) = std::fs::symlink_metadata(path) else {
-        return false;
-    };
-    let Ok(mtime) = md.modified() else {
-        return false;
-    };
-    md.len() == size && mtime + MTIME_MARGIN <= since
 }

@@ -1,0 +1,310 @@
+//! The whole-job check (`blobsnap check`; restic's `check` is the anchor): every retained
+//! checkpoint and every savepoint of every task parses, every index it names is present and
+//! matches its key (the key carries the SHA-256 of the index's bytes), and every blob those
+//! indexes list exists with its size (HEAD) — and, with `read_data`, hashes to its SHA-256
+//! (all blobs, or an exact random share).
+//!
+//! Each index and each blob is checked once, however many checkpoints share it; a problem is
+//! reported with every root that names it (task, checkpoint number or savepoint, store), so
+//! an operator sees, for example, that the sweep will fail closed on an older retained
+//! checkpoint whose index is gone — and how to repair it — before `gc` says so.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use futures::StreamExt as _;
+use serde::Serialize;
+
+use super::{load_snapshot, Expected, FACTORY_NAME};
+use crate::blobstore::{hash_object, BlobKey, BlobStore};
+use crate::checkpoint::{BlobCheckpointStore, CheckpointStore as _};
+use crate::digest::Sha256;
+use crate::error::{ErrorKind, Result};
+use crate::layout::JobScope;
+
+/// What to check.
+#[derive(Clone, Debug)]
+pub struct CheckOptions {
+    /// Download and hash blobs (else HEAD only).
+    pub read_data: bool,
+    /// With `read_data`: the percentage of the distinct blobs downloaded, in (0, 100].
+    pub subset_pct: f64,
+}
+
+/// One problem, with every root that names what is wrong.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Problem {
+    /// `not-found`, `corrupt`, …
+    pub kind: String,
+    /// What is wrong.
+    pub message: String,
+    /// The roots that name it: `task "Partition 0" checkpoint #12 store counts`,
+    /// `savepoint before-upgrade task …`.
+    pub named_by: Vec<String>,
+}
+
+/// What a check found.
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct CheckReport {
+    /// Tasks with a checkpoint history.
+    pub tasks: u64,
+    /// Retained checkpoints read.
+    pub checkpoints: u64,
+    /// Savepoints read.
+    pub savepoints: u64,
+    /// Distinct snapshot indexes checked.
+    pub indexes: u64,
+    /// Distinct blobs checked (HEAD).
+    pub blobs: u64,
+    /// Blobs downloaded and hashed.
+    pub blobs_read: u64,
+    /// Bytes of the blobs checked.
+    pub bytes: u64,
+    /// The problems, worst first.
+    pub problems: Vec<Problem>,
+    #[serde(skip)]
+    worst: Option<ErrorKind>,
+}
+
+impl CheckReport {
+    /// The kind that names the outcome (missing beats corrupt beats the rest); `None`: clean.
+    pub fn worst(&self) -> Option<ErrorKind> {
+        self.worst
+    }
+
+    fn add(&mut self, kind: ErrorKind, message: String, named_by: Vec<String>) {
+        self.worst = match (self.worst, kind) {
+            (Some(ErrorKind::NotFound), _) | (_, ErrorKind::NotFound) => Some(ErrorKind::NotFound),
+            (Some(ErrorKind::Corrupt), _) | (_, ErrorKind::Corrupt) => Some(ErrorKind::Corrupt),
+            (Some(w), _) => Some(w),
+            (None, k) => Some(k),
+        };
+        self.problems.push(Problem {
+            kind: kind.as_str().to_string(),
+            message,
+            named_by,
+        });
+    }
+}
+
+/// A root's view of one store snapshot.
+struct Named {
+    task: String,
+    store: String,
+    marker: String,
+    by: String,
+}
+
+/// Check every root of `job_name`/`job_id` (see the module docs). Problems are reported, not
+/// returned; an error means the check itself could not run (the listing failed).
+pub async fn check_job(
+    store: &Arc<dyn BlobStore>,
+    job_name: &str,
+    job_id: &str,
+    opts: &CheckOptions,
+) -> Result<CheckReport> {
+    super::verify::VerifyOptions {
+        deep: opts.read_data,
+        sample_pct: opts.subset_pct,
+    }
+    .validate()?;
+    let job = JobScope::new(job_name, job_id)?;
+    let mut report = CheckReport::default();
+    let mut named: Vec<Named> = Vec::new();
+
+    // The roots: every task's history, then the savepoints.
+    let tasks = super::history::task_names(store.as_ref(), &job).await?;
+    report.tasks = tasks.len() as u64;
+    let cps = BlobCheckpointStore::new(Arc::clone(store), job.clone());
+    for task in &tasks {
+        let history = match cps.history(task, usize::MAX).await {
+            Ok(h) => h,
+            Err(e) => {
+                report.add(
+                    e.kind(),
+                    format!("the checkpoint history of task {task:?} cannot be read: {e}"),
+                    vec![format!("task {task:?}")],
+                );
+                continue;
+            }
+        };
+        let newest = history.first().map(|c| c.seq);
+        for c in &history {
+            report.checkpoints += 1;
+            let Some(v2) = c.checkpoint.as_v2() else {
+                continue;
+            };
+            let role = if Some(c.seq) == newest {
+                "the task's latest checkpoint: a restore needs it"
+            } else {
+                "an older retained checkpoint: gc fails closed on it until it leaves retention, or its document is deleted"
+            };
+            for (s, m) in v2
+                .state_checkpoint_markers
+                .get(FACTORY_NAME)
+                .into_iter()
+                .flatten()
+            {
+                named.push(Named {
+                    task: task.clone(),
+                    store: s.clone(),
+                    marker: m.clone(),
+                    by: format!(
+                        "task {task:?} checkpoint #{} ({}; {role}) store {s}",
+                        c.seq, v2.id
+                    ),
+                });
+            }
+        }
+    }
+    let mut savepoints = Vec::new();
+    {
+        use futures::TryStreamExt as _;
+        let metas: Vec<_> = store.list(&job.savepoints()?).try_collect().await?;
+        for m in metas {
+            let Some(crate::layout::KeyKind::Savepoint { name }) =
+                crate::layout::parse(&m.key).map(|p| p.kind)
+            else {
+                continue;
+            };
+            match super::savepoint::read(store.as_ref(), &job, &name).await {
+                Ok(sp) => savepoints.push(sp),
+                Err(e) => report.add(
+                    e.kind(),
+                    format!("savepoint {name:?} cannot be read: {e} (gc fails closed on it; remove it with blobsnap savepoint rm)"),
+                    vec![format!("savepoint {name}")],
+                ),
+            }
+        }
+    }
+    for sp in &savepoints {
+        report.savepoints += 1;
+        match sp.markers() {
+            Ok(ms) => {
+                for (task, s, m) in ms {
+                    named.push(Named {
+                        by: format!("savepoint {} task {task:?} store {s}", sp.name),
+                        task,
+                        store: s,
+                        marker: m,
+                    });
+                }
+            }
+            Err(e) => report.add(
+                e.kind(),
+                e.to_string(),
+                vec![format!("savepoint {}", sp.name)],
+            ),
+        }
+    }
+
+    // Each distinct snapshot once.
+    let mut by_snapshot: BTreeMap<(String, String, String), Vec<String>> = BTreeMap::new();
+    for n in named {
+        by_snapshot
+            .entry((n.task, n.store, n.marker))
+            .or_default()
+            .push(n.by);
+    }
+    // blob key → (size, sha256, who names it: the first snapshot's roots).
+    let mut blobs: BTreeMap<BlobKey, (u64, Option<Sha256>, String, Vec<String>)> = BTreeMap::new();
+    for ((task, store_name, marker), by) in &by_snapshot {
+        report.indexes += 1;
+        let who = Expected {
+            job_name,
+            job_id,
+            task_name: task,
+            store_name,
+        };
+        let snap = match load_snapshot(store.as_ref(), &who, marker).await {
+            Ok(s) => s,
+            Err(e) => {
+                report.add(
+                    e.kind(),
+                    format!("index {marker} of task {task:?} store {store_name}: {e}"),
+                    by.clone(),
+                );
+                continue;
+            }
+        };
+        for (path, f) in snap.index.present_files() {
+            if let Err(e) = f.verified_inline_bytes() {
+                report.add(e.kind(), format!("{marker}: {path}: {e}"), by.clone());
+            }
+            for b in &f.blobs {
+                let key = snap.scope.key(&b.blob_id)?;
+                blobs.entry(key).or_insert_with(|| {
+                    (
+                        f.file_metadata.size,
+                        f.sha256,
+                        format!("{marker}: {path}"),
+                        by.clone(),
+                    )
+                });
+            }
+        }
+    }
+
+    // Each distinct blob once, 16 at a time; a share of them read whole.
+    let n = blobs.len();
+    let chosen: BTreeSet<usize> = if !opts.read_data {
+        BTreeSet::new()
+    } else if opts.subset_pct >= 100.0 {
+        (0..n).collect()
+    } else {
+        let k = ((n as f64 * opts.subset_pct / 100.0).ceil() as usize).min(n);
+        rand::seq::index::sample(&mut rand::rng(), n, k)
+            .into_iter()
+            .collect()
+    };
+    let results: Vec<_> = futures::stream::iter(blobs.into_iter().enumerate())
+        .map(|(i, (key, (size, sha, what, by)))| {
+            let read = chosen.contains(&i);
+            let store = Arc::clone(store);
+            async move {
+                let outcome = match store.head(&key).await {
+                    Ok(meta) if meta.size != size => Some((
+                        ErrorKind::Corrupt,
+                        format!(
+                            "{what}: blob {key} is {} bytes, the index says {size}",
+                            meta.size
+                        ),
+                    )),
+                    Ok(_) if read => match hash_object(store.as_ref(), &key).await {
+                        Ok((got, _)) if Some(got) != sha => Some((
+                            ErrorKind::Corrupt,
+                            format!(
+                                "{what}: blob {key} has SHA-256 {got}, the index says {}",
+                                sha.map(|s| s.to_hex()).unwrap_or_default()
+                            ),
+                        )),
+                        Ok(_) => None,
+                        Err(e) => Some((e.kind(), format!("{what}: blob {key}: {e}"))),
+                    },
+                    Ok(_) => None,
+                    Err(e) => Some((e.kind(), format!("{what}: blob {key}: {e}"))),
+                };
+                (size, read, outcome, by)
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    for (size, read, outcome, by) in results {
+        report.blobs += 1;
+        report.bytes += size;
+        report.blobs_read += u64::from(read);
+        if let Some((kind, message)) = outcome {
+            report.add(kind, message, by);
+        }
+    }
+    let rank = |k: &str| match k {
+        "not-found" => 0,
+        "corrupt" => 1,
+        _ => 2,
+    };
+    report.problems.sort_by_key(|p| rank(&p.kind));
+    Ok(report)
+}
