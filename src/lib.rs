@@ -99,6 +99,7 @@ pub mod job;
 pub mod layout;
 pub mod local;
 pub mod redact;
+pub mod retention;
 pub mod units;
 
 pub use error::{Error, ErrorKind, Result};

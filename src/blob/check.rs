@@ -111,6 +111,7 @@ pub async fn check_job(
     }
     .validate()?;
     let job = JobScope::new(job_name, job_id)?;
+    super::history::require_job(store.as_ref(), &job).await?;
     let mut report = CheckReport::default();
     let mut named: Vec<Named> = Vec::new();
 

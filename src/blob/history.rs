@@ -118,6 +118,22 @@ pub fn utc(ms: u64) -> String {
         .to_string()
 }
 
+/// `NotFound` unless something is stored under `job`'s scope (one LIST page): a typo in a
+/// job's name or id is named, never taken for an empty job.
+pub async fn require_job(store: &dyn BlobStore, job: &JobScope) -> Result<()> {
+    let mut listing = store.list(job.scope());
+    if listing.try_next().await?.is_some() {
+        return Ok(());
+    }
+    Err(Error::new(
+        ErrorKind::NotFound,
+        format!(
+            "no job stored under {} (a typo in --job or --job-id? `blobsnap ls` lists the jobs)",
+            job.scope().as_str()
+        ),
+    ))
+}
+
 /// The tasks of `job` that have a checkpoint history (found under `checkpoints/`).
 pub async fn task_names(store: &dyn BlobStore, job: &JobScope) -> Result<BTreeSet<String>> {
     let mut tasks = BTreeSet::new();

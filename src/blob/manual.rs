@@ -173,3 +173,60 @@ async fn pin(
     .await?;
     Ok(marker)
 }
+
+/// What [`forget`] kept and removed: each backup's number, checkpoint id and time (ms).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct ForgetReport {
+    /// The policy applied.
+    pub policy: String,
+    /// Backups kept, newest first: (number, checkpoint id, time ms).
+    pub kept: Vec<(u64, String, u64)>,
+    /// Backups removed (or, in a dry run, to remove).
+    pub removed: Vec<(u64, String, u64)>,
+}
+
+/// Forget the backups of manual backup `name` that `policy` does not keep at `now_ms` (their
+/// pins are deleted; the newest always stays). What only they named is then left to the
+/// sweep (`blobsnap gc --name NAME`). `dry_run`: decide, delete nothing.
+pub async fn forget(
+    store: Arc<dyn BlobStore>,
+    name: &str,
+    policy: &crate::retention::RetentionPolicy,
+    now_ms: u64,
+    dry_run: bool,
+) -> Result<ForgetReport> {
+    let scope = JobScope::manual(name)?;
+    crate::blob::history::require_job(store.as_ref(), &scope).await?;
+    let pins = BlobCheckpointStore::new(Arc::clone(&store), scope);
+    let history = pins.history(TASK, usize::MAX).await?;
+    let points: Vec<(u64, String, u64)> = history
+        .iter()
+        .map(|c| {
+            let id = c.checkpoint.as_v2().map(|v| v.id);
+            (
+                c.seq,
+                id.map(|i| i.to_string()).unwrap_or_default(),
+                id.map_or(0, |i| i.millis()),
+            )
+        })
+        .collect();
+    let times: Vec<u64> = points.iter().map(|p| p.2).collect();
+    let keep = policy.select(&times, now_ms);
+    let mut report = ForgetReport {
+        policy: policy.to_string(),
+        ..Default::default()
+    };
+    for (i, p) in points.into_iter().enumerate() {
+        if keep.contains(&i) {
+            report.kept.push(p);
+        } else {
+            report.removed.push(p);
+        }
+    }
+    if !dry_run && !report.removed.is_empty() {
+        let seqs: Vec<u64> = report.removed.iter().map(|p| p.0).collect();
+        pins.delete_seqs(TASK, &seqs).await?;
+    }
+    Ok(report)
+}

@@ -173,6 +173,19 @@ pub async fn create(
         serde_json::to_vec_pretty(&sp).map_err(|e| Error::invalid(format!("savepoint: {e}")))?,
     );
     let key = job.savepoint_key(name)?;
+    let taken = || {
+        Error::conflict(format!(
+            "savepoint {name:?} of {job_name}/{job_id} exists: remove it first (blobsnap savepoint rm) or pick another name"
+        ))
+    };
+    // The create-only PUT is the guard where the server enforces it; where it does not (a
+    // store running without fencing), the HEAD keeps a name from being overwritten by a
+    // later, sequential create.
+    match store.head(&key).await {
+        Ok(_) => return Err(taken()),
+        Err(e) if e.kind() == ErrorKind::NotFound => {}
+        Err(e) => return Err(e.context(format!("savepoint {name:?}: is the name taken?"))),
+    }
     store
         .put(
             &key,
@@ -182,9 +195,7 @@ pub async fn create(
         .await
         .map_err(|e| {
             if e.kind() == ErrorKind::Conflict {
-                Error::conflict(format!(
-                    "savepoint {name:?} of {job_name}/{job_id} exists: remove it first (blobsnap savepoint rm) or pick another name"
-                ))
+                taken()
             } else {
                 e.context(format!("write savepoint {key}"))
             }

@@ -86,6 +86,7 @@ pub async fn usage(
     now: SystemTime,
 ) -> Result<UsageReport> {
     let job = JobScope::new(job_name, job_id)?;
+    super::history::require_job(store.as_ref(), &job).await?;
     let (grace, grace_from) = match grace {
         Some(g) => (g, "given"),
         None => match super::admin::read_scope_record(store.as_ref(), &job)

@@ -57,6 +57,7 @@ pub(crate) async fn run(
     let store = open_store(store_args).await?;
     let (job_name, job_id) = args.job.names()?;
     let job = blobsnap::layout::JobScope::new(&job_name, &job_id)?;
+    blobsnap::blob::history::require_job(store.as_ref(), &job).await?;
     let tasks = match &args.task {
         Some(t) => [t.clone()].into(),
         None => task_names(store.as_ref(), &job).await?,

@@ -6,8 +6,12 @@ use clap::Args;
 #[derive(Args)]
 pub(crate) struct GcArgs {
     /// The job's name.
-    #[arg(long)]
-    pub(crate) job: String,
+    #[arg(long, required_unless_present = "name")]
+    pub(crate) job: Option<String>,
+    /// A manual backup (`blobsnap backup --name NAME`): the same as `--job manual --job-id
+    /// NAME`.
+    #[arg(long, conflicts_with_all = ["job", "task", "store"])]
+    pub(crate) name: Option<String>,
     /// The job's id.
     #[arg(long, default_value = "1")]
     pub(crate) job_id: String,
@@ -23,7 +27,7 @@ pub(crate) struct GcArgs {
     /// Print the plan (exactly what a real run deletes) and stop.
     #[arg(long)]
     pub(crate) dry_run: bool,
-    /// Allow a grace shorter than the job's (recorded in its scope.json; 60 s if none):
+    /// Allow a grace shorter than the job's (recorded in its scope.json; 24 h if none):
     /// still refused while a task of the job holds a writer lease younger than its grace.
     #[arg(long)]
     pub(crate) force: bool,
@@ -32,6 +36,7 @@ pub(crate) struct GcArgs {
 pub(crate) async fn run(store_args: &StoreArgs, json: bool, args: GcArgs) -> blobsnap::Result<()> {
     let GcArgs {
         job,
+        name,
         job_id,
         task,
         store,
@@ -40,7 +45,22 @@ pub(crate) async fn run(store_args: &StoreArgs, json: bool, args: GcArgs) -> blo
         force,
     } = args;
     use blobsnap::blob::{admin, gc};
+    let (job, job_id) = match (job, name) {
+        (_, Some(n)) => (blobsnap::blob::manual::JOB.to_string(), n),
+        (Some(j), None) => (j, job_id),
+        (None, None) => {
+            return Err(blobsnap::Error::new(
+                blobsnap::ErrorKind::InvalidInput,
+                "name a job (--job J [--job-id I]) or a manual backup (--name N)",
+            ))
+        }
+    };
     let blob_store = open_store(store_args).await?;
+    blobsnap::blob::history::require_job(
+        blob_store.as_ref(),
+        &blobsnap::layout::JobScope::new(&job, &job_id)?,
+    )
+    .await?;
     {
         // A grace under the job's is refused unless forced, and while a task of the
         // job runs even then (a dry run deletes nothing: it only warns).

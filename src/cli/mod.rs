@@ -8,6 +8,7 @@ mod checkpoints;
 mod cost;
 mod demo;
 mod diff;
+mod forget;
 mod gc;
 mod inspect;
 mod ls;
@@ -62,6 +63,10 @@ pub(crate) enum Command {
     /// backup is pinned by a checkpoint record, so `gc --job manual --job-id NAME` keeps it.
     /// A database locked by a running job is refused (exit 6).
     Backup(backup::BackupArgs),
+    /// Prune a manual backup's history by a retention policy (`--keep "last 3, every 1d for
+    /// 30d"`): the pins of the backups it does not keep are deleted (the newest always
+    /// stays); `gc --name NAME` then frees what only they held.
+    Forget(forget::ForgetArgs),
     /// List what the store holds: jobs, tasks with their latest checkpoints, stores with their
     /// snapshots and sizes.
     Ls,
@@ -138,6 +143,7 @@ pub(crate) async fn run(cli: Cli) -> blobsnap::Result<()> {
         Command::Backup(args) => backup::run(&cli.store, cli.json, args).await,
         Command::Standby(args) => standby::run(&cli.store, cli.json, args).await,
         Command::Ls => ls::run(&cli.store, cli.json).await,
+        Command::Forget(args) => forget::run(&cli.store, cli.json, args).await,
         Command::Usage(args) => usage::run(&cli.store, cli.json, args).await,
         Command::Check(args) => check::run(&cli.store, cli.json, args).await,
         Command::Checkpoints(args) => checkpoints::run(&cli.store, cli.json, args).await,

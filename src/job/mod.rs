@@ -556,6 +556,12 @@ async fn run_task_leased(
             }
             due_since = None;
             last_commit_at = std::time::Instant::now();
+            // A store restored lazily and now complete gets its table-cache bound back.
+            for db in stores.values() {
+                if let Err(e) = db.lift_lazy_limits() {
+                    tracing::warn!(task = %task, error = %e, "could not lift a lazy store's table-cache bound; it stays at the lazy open's");
+                }
+            }
             let pending = commits
                 .sync_stage(BTreeMap::from([(ssp.clone(), offset.to_string())]))
                 .await?;

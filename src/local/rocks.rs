@@ -16,6 +16,8 @@ pub struct RocksStore {
     db: rocksdb::DB,
     /// Opened on the lazy file system (files of a lazy restore still remote).
     lazy: bool,
+    /// The lazy open's limits (table cache) were lifted: every file is local.
+    lifted: std::sync::atomic::AtomicBool,
     /// A lazy DB's share of the process's thread pools (dropped after `db`: declared after).
     _pools: Option<crate::local::lazy::PoolShare>,
 }
@@ -226,8 +228,36 @@ impl RocksStore {
             dir: dir.to_path_buf(),
             db,
             lazy,
+            lifted: Default::default(),
             _pools: pools,
         })
+    }
+
+    /// Once a lazily opened store has every file local, lift the table-cache bound the lazy
+    /// open set ([`LAZY_MAX_OPEN_FILES`](crate::local::lazy::LAZY_MAX_OPEN_FILES)) back to
+    /// RocksDB's default, unbounded (`SetDBOptions("max_open_files" = -1)`, applied to the
+    /// open DB's table cache and persisted in its OPTIONS file). Cheap to call often: a
+    /// registry lookup until it lifts once, then nothing. Returns whether it lifted now.
+    pub fn lift_lazy_limits(&self) -> Result<bool> {
+        use std::sync::atomic::Ordering;
+        if !self.lazy || self.lifted.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        if crate::local::lazy::status(&self.dir).is_some_and(|s| s.files_remote > 0) {
+            return Ok(false);
+        }
+        if crate::local::lazy::check_complete(&self.dir).is_err() {
+            return Ok(false);
+        }
+        crate::local::lazy::set_db_options(&self.db, &[("max_open_files", "-1")]).map_err(|e| {
+            Error::new(
+                ErrorKind::Io,
+                format!("lift the table-cache bound of store {}: {e}", self.name),
+            )
+        })?;
+        self.lifted.store(true, Ordering::Release);
+        tracing::info!(store = %self.name, dir = %self.dir.display(), "lazy restore complete: table-cache bound lifted (max_open_files = -1)");
+        Ok(true)
     }
 
     /// The database.

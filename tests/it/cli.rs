@@ -1899,3 +1899,98 @@ async fn output_to_a_closed_pipe_ends_quietly() {
     assert_eq!(out.status.code(), Some(141), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// Manual backups through time (issue 32 §2): four backups of a changing database, `forget
+/// --keep 2` (a dry run first: nothing removed), `gc --name` frees what only the forgotten
+/// ones held (`usage` then shows no leak), and the newest backup still restores the
+/// database's keys. A typo'd job is exit 3 for `gc`, `check` and `usage`, never "0 roots".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manual_backups_are_forgotten_by_policy_and_typos_fail_loudly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = local_target(tmp.path());
+    let dbdir = tmp.path().join("mydb");
+    for round in 0..4u32 {
+        {
+            let db = RocksStore::open("x", &dbdir).unwrap();
+            write_keys(&db, round * 1000, 1000);
+            db.db().flush().unwrap();
+            db.db().compact_range::<&[u8], &[u8]>(None, None);
+        }
+        let (code, _, err) = run(
+            &t,
+            &["backup", "--db", dbdir.to_str().unwrap(), "--name", "nb"],
+        )
+        .await;
+        assert_eq!(code, Some(0), "{err}");
+    }
+    let count = |v: &serde_json::Value| v["tasks"]["backup"].as_array().map_or(0, Vec::len);
+    let (code, v, err) = run(&t, &["checkpoints", "--name", "nb"]).await;
+    assert_eq!((code, count(&v)), (Some(0), 4), "{err} {v}");
+    let (code, v, err) = run(&t, &["forget", "--name", "nb", "--keep", "2", "--dry-run"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["forget"]["removed"].as_array().unwrap().len(), 2, "{v}");
+    let (_, v, _) = run(&t, &["checkpoints", "--name", "nb"]).await;
+    assert_eq!(count(&v), 4, "a dry run removes nothing: {v}");
+    let (code, v, err) = run(&t, &["forget", "--name", "nb", "--keep", "last 2"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    let kept: Vec<u64> = v["forget"]["kept"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k[0].as_u64().unwrap())
+        .collect();
+    assert_eq!(kept, [4, 3], "the newest two: {v}");
+    let (_, v, _) = run(&t, &["checkpoints", "--name", "nb"]).await;
+    assert_eq!(count(&v), 2, "{v}");
+    let (code, v, err) = run(&t, &["gc", "--name", "nb", "--grace-secs", "0", "--force"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        v["deleted"].as_u64() > Some(0),
+        "the forgotten backups' own blobs: {v}"
+    );
+    let (code, v, err) = run(
+        &t,
+        &[
+            "usage",
+            "--job",
+            "manual",
+            "--job-id",
+            "nb",
+            "--grace-secs",
+            "0",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        v["usage"]["classes"]["orphans-past-grace"]["objects"], 0,
+        "{v}"
+    );
+    let to = tmp.path().join("restored");
+    let (code, _, err) = run(
+        &t,
+        &["restore", "--name", "nb", "--to", to.to_str().unwrap()],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let keys = |p: &Path| {
+        let db = RocksStore::open("x", p).unwrap();
+        db.db()
+            .iterator(rocksdb::IteratorMode::Start)
+            .map(|kv| kv.unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(keys(&to), keys(&dbdir));
+    for cmd in [
+        &["gc", "--job", "wordcnt", "--dry-run"][..],
+        &["check", "--job", "wordcnt"][..],
+        &["usage", "--job", "wordcnt"][..],
+    ] {
+        let (code, _, err) = run(&t, cmd).await;
+        assert_eq!(code, Some(3), "{cmd:?}: {err}");
+        assert!(
+            err.contains("no job stored under wordcnt/1/"),
+            "{cmd:?}: {err}"
+        );
+    }
+}

@@ -338,6 +338,10 @@ mod cases {
             .cloned()
             .collect();
         assert!(remote.len() >= 4, "{remote:?}");
+        assert!(
+            !db.lift_lazy_limits().unwrap(),
+            "the table-cache bound stays while files are remote"
+        );
         let idx2 = fx.index(&cp2).await;
         let files2: BTreeMap<String, blobsnap::index::FileIndex> = idx2
             .present_files()
@@ -377,6 +381,18 @@ mod cases {
         let st = lazy::status(&dst.dir).expect("still registered: the background holds");
         assert_eq!(st.files_remote, 0, "{st:?}");
         assert!(st.files_on_demand >= remote.len() as u64, "{st:?}");
+        // Every file local: the lazy open's table-cache bound is lifted on the open DB (issue
+        // 34), once, and RocksDB persists it in a new OPTIONS file.
+        assert!(db.lift_lazy_limits().unwrap(), "lifted once complete");
+        assert!(!db.lift_lazy_limits().unwrap(), "once");
+        let newest_options = std::fs::read_dir(&dst.dir)
+            .unwrap()
+            .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+            .filter(|n| n.starts_with("OPTIONS-"))
+            .max_by_key(|n| n.trim_start_matches("OPTIONS-").parse::<u64>().unwrap_or(0))
+            .unwrap();
+        let text = std::fs::read_to_string(dst.dir.join(&newest_options)).unwrap();
+        assert!(text.contains("max_open_files=-1"), "{newest_options}");
         let third = fx.spec("third");
         restore(&fx, &third, Some(&cp2)).await.unwrap();
         assert_eq!(all_keys(&third.dir), got);

@@ -25,6 +25,11 @@
 //!   crosses into Rust: `blobsnap_lazyfs_install` catches everything and returns nonzero.
 //! - The struct's layout is pinned on both sides: a compile-time size assertion here and a
 //!   `static_assert` in C++, and the size Rust passes at install is checked against C++'s.
+//! - [`set_db_options`] calls the C API's `rocksdb_set_db_options` (rust-rocksdb wraps only
+//!   the column-family `SetOptions`): the DB handle is borrowed from a live `rocksdb::DB` for
+//!   the duration of the call; the key and value arrays point at `CString`s that outlive the
+//!   call (RocksDB copies what it keeps); an error string RocksDB allocates is copied and
+//!   released with `rocksdb_free`.
 
 #![allow(unsafe_code)]
 
@@ -47,6 +52,47 @@ struct Callbacks {
 extern "C" {
     fn blobsnap_lazyfs_install(callbacks: *const Callbacks, size: usize) -> i32;
     fn blobsnap_lazyfs_widen_pools(low: i32, high: i32);
+}
+
+/// `SetDBOptions(options)` on the open `db` (for example `max_open_files`, which resizes the
+/// table cache of the open DB and is persisted in a new OPTIONS file).
+pub(crate) fn set_db_options(db: &rocksdb::DB, options: &[(&str, &str)]) -> Result<(), String> {
+    use rocksdb::AsRawPtr as _;
+    use std::ffi::{CStr, CString};
+    let cstr = |s: &str| CString::new(s).map_err(|_| format!("option {s:?} contains NUL"));
+    let keys = options
+        .iter()
+        .map(|(k, _)| cstr(k))
+        .collect::<Result<Vec<_>, _>>()?;
+    let values = options
+        .iter()
+        .map(|(_, v)| cstr(v))
+        .collect::<Result<Vec<_>, _>>()?;
+    let kp: Vec<*const c_char> = keys.iter().map(|k| k.as_ptr()).collect();
+    let vp: Vec<*const c_char> = values.iter().map(|v| v.as_ptr()).collect();
+    let count = i32::try_from(options.len()).map_err(|_| "too many options".to_string())?;
+    let mut err: *mut c_char = std::ptr::null_mut();
+    // SAFETY: see the module docs: `db` is live for the call, the arrays and their strings
+    // outlive it, `err` is written by RocksDB only on error.
+    unsafe {
+        librocksdb_sys::rocksdb_set_db_options(
+            db.as_raw_ptr(),
+            count,
+            kp.as_ptr(),
+            vp.as_ptr(),
+            &mut err,
+        );
+    }
+    if err.is_null() {
+        return Ok(());
+    }
+    // SAFETY: a NUL-terminated string RocksDB allocated for us; copied, then freed once.
+    let msg = unsafe {
+        let m = CStr::from_ptr(err).to_string_lossy().into_owned();
+        librocksdb_sys::rocksdb_free(err.cast());
+        m
+    };
+    Err(msg)
 }
 
 /// At least `low` LOW and `high` HIGH threads in the default Env's pools (never fewer than

@@ -476,6 +476,15 @@ fn is_served(dir: &Path) -> bool {
     r.stores.contains_key(&dir) || r.links.contains_key(&dir)
 }
 
+/// `SetDBOptions` on an open DB ([`ffi`]'s `set_db_options`): rust-rocksdb wraps only the
+/// column-family `SetOptions`.
+pub(crate) fn set_db_options(
+    db: &rocksdb::DB,
+    options: &[(&str, &str)],
+) -> std::result::Result<(), String> {
+    ffi::set_db_options(db, options)
+}
+
 /// Whether `dir` is a lazily restored store with files still remote (open it with
 /// [`ENV_OPTION`]).
 pub fn is_lazy(dir: &Path) -> bool {
