@@ -54,9 +54,9 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = <cli::Cli as clap::Parser>::parse();
+    let json = cli.json;
     if let Err(e) = blobsnap::crash::check_env() {
-        eprintln!("blobsnap: {e}");
-        return ExitCode::from(exit_code(e.kind()));
+        return fail(&e, json);
     }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -70,9 +70,23 @@ fn main() -> ExitCode {
     };
     match rt.block_on(cli::run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("blobsnap: {}", blobsnap::redact::scrub(&e.to_string()));
-            ExitCode::from(exit_code(e.kind()))
-        }
+        Err(e) => fail(&e, json),
     }
+}
+
+/// Report `e` on stderr and give its exit code. With `--json`, the last line of stderr is
+/// also the error as one JSON object a script can parse (`schema`, `error.kind`,
+/// `error.exit-code`, `error.message`).
+fn fail(e: &blobsnap::Error, json: bool) -> ExitCode {
+    let code = exit_code(e.kind());
+    let text = e.to_string();
+    let message = blobsnap::redact::scrub(&text);
+    eprintln!("blobsnap: {message}");
+    if json {
+        eprintln!(
+            "{}",
+            serde_json::json!({"schema": 1, "error": {"kind": e.kind().as_str(), "exit-code": code, "message": message}})
+        );
+    }
+    ExitCode::from(code)
 }

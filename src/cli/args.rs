@@ -374,6 +374,24 @@ impl StoreArgs {
     }
 }
 
+/// The store a command that only reads (or prunes what exists) works on: a local store whose
+/// directory does not exist is `NotFound` naming it — never created by a typo in `--local`.
+pub(crate) async fn open_existing_store(
+    args: &StoreArgs,
+) -> blobsnap::Result<std::sync::Arc<dyn blobsnap::blobstore::BlobStore>> {
+    let settings = store_settings(args)?;
+    if settings.store.kind == StoreKind::Local && !settings.store.local_dir.is_dir() {
+        return Err(Error::new(
+            ErrorKind::NotFound,
+            format!(
+                "the local store {} does not exist (a typo in --local? a command that only reads creates nothing)",
+                settings.store.local_dir.display()
+            ),
+        ));
+    }
+    settings.open_store().await
+}
+
 /// The demo's blob store (and its standby's): the one the flags name, else the embedded
 /// default, a local store under `dir/store`, with the layers of any other.
 pub(crate) async fn open_demo_store(

@@ -1,7 +1,7 @@
 //! `blobsnap check`: the whole job at once — every retained checkpoint and savepoint of every
 //! task, every index and blob they name ([`blobsnap::blob::check`]).
 
-use super::args::{open_store, JobIdFlags, StoreArgs};
+use super::args::{open_existing_store, JobIdFlags, StoreArgs};
 use blobsnap::blob::check::{check_job, CheckOptions};
 use blobsnap::Error;
 use clap::Args;
@@ -36,7 +36,7 @@ pub(crate) async fn run(
     json: bool,
     args: CheckArgs,
 ) -> blobsnap::Result<()> {
-    let store = open_store(store_args).await?;
+    let store = open_existing_store(store_args).await?;
     let opts = CheckOptions {
         read_data: args.read_data || args.read_data_subset.is_some(),
         subset_pct: args.read_data_subset.unwrap_or(100.0),

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::args::{open_store, JobFlags, StoreArgs};
+use super::args::{open_existing_store, JobFlags, StoreArgs};
 use blobsnap::blob::history::{task_names, utc};
 use blobsnap::blob::savepoint;
 use blobsnap::blob::{load_snapshot, Expected, FACTORY_NAME};
@@ -54,7 +54,7 @@ pub(crate) async fn run(
     json: bool,
     args: CheckpointsArgs,
 ) -> blobsnap::Result<()> {
-    let store = open_store(store_args).await?;
+    let store = open_existing_store(store_args).await?;
     let (job_name, job_id) = args.job.names()?;
     let job = blobsnap::layout::JobScope::new(&job_name, &job_id)?;
     blobsnap::blob::history::require_job(store.as_ref(), &job).await?;

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::args::{open_store, store_settings, StoreArgs};
+use super::args::{open_existing_store, store_settings, StoreArgs};
 use blobsnap::blob::cost::{estimate, CostOptions, CostReport};
 use blobsnap::config::StoreKind;
 use clap::Args;
@@ -30,7 +30,7 @@ pub(crate) async fn run(
         StoreKind::S3 => (settings.s3.multipart_threshold, settings.s3.part_size),
         StoreKind::Local => (u64::MAX, 0),
     };
-    let store = open_store(store_args).await?;
+    let store = open_existing_store(store_args).await?;
     let report = estimate(
         &store,
         &CostOptions {

@@ -1,6 +1,6 @@
 //! `blobsnap diff`: what changed between two snapshots of a store.
 
-use super::args::{open_store, SnapshotFlags, StoreArgs};
+use super::args::{open_existing_store, SnapshotFlags, StoreArgs};
 use clap::Args;
 
 #[derive(Args)]
@@ -21,7 +21,7 @@ pub(crate) async fn run(
 ) -> blobsnap::Result<()> {
     let DiffArgs { snap, a, b } = args;
     let snap = snap.resolve()?;
-    let blob_store = open_store(store_args).await?;
+    let blob_store = open_existing_store(store_args).await?;
     let (a, _) = snap.resolve_marker(&blob_store, Some(a)).await?;
     let (b, _) = snap.resolve_marker(&blob_store, Some(b)).await?;
     let ia = snap.load(blob_store.as_ref(), &a).await?.index;

@@ -1,7 +1,7 @@
 //! `blobsnap forget`: prune a manual backup's history by a retention policy
 //! ([`blobsnap::blob::manual::forget`]); `blobsnap gc --name NAME` then frees the bytes.
 
-use super::args::{open_store, StoreArgs};
+use super::args::{open_existing_store, StoreArgs};
 use super::checkpoints::local;
 use blobsnap::backend::Clock as _;
 use blobsnap::blob::history::utc;
@@ -29,7 +29,7 @@ pub(crate) async fn run(
     args: ForgetArgs,
 ) -> blobsnap::Result<()> {
     let policy: RetentionPolicy = args.keep.parse()?;
-    let store = open_store(store_args).await?;
+    let store = open_existing_store(store_args).await?;
     let now = blobsnap::backend::SystemClock.now_millis();
     let report =
         blobsnap::blob::manual::forget(store, &args.name, &policy, now, args.dry_run).await?;

@@ -1,6 +1,6 @@
 //! `blobsnap gc`: the sweep of a job's scope.
 
-use super::args::{open_store, StoreArgs};
+use super::args::{open_existing_store, StoreArgs};
 use clap::Args;
 
 #[derive(Args)]
@@ -55,7 +55,7 @@ pub(crate) async fn run(store_args: &StoreArgs, json: bool, args: GcArgs) -> blo
             ))
         }
     };
-    let blob_store = open_store(store_args).await?;
+    let blob_store = open_existing_store(store_args).await?;
     blobsnap::blob::history::require_job(
         blob_store.as_ref(),
         &blobsnap::layout::JobScope::new(&job, &job_id)?,

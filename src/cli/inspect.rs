@@ -1,6 +1,6 @@
 //! `blobsnap inspect`: one snapshot's files, blobs and costs.
 
-use super::args::{open_store, SnapshotFlags, StoreArgs};
+use super::args::{open_existing_store, SnapshotFlags, StoreArgs};
 use blobsnap::{Error, ErrorKind};
 use clap::Args;
 
@@ -21,7 +21,7 @@ pub(crate) async fn run(
 ) -> blobsnap::Result<()> {
     let InspectArgs { snap, marker } = args;
     let snap = snap.resolve()?;
-    let blob_store = open_store(store_args).await?;
+    let blob_store = open_existing_store(store_args).await?;
     let (marker, checkpoint) = snap.resolve_marker(&blob_store, marker).await?;
     if let (Some(c), false) = (&checkpoint, json) {
         println!(

@@ -1,6 +1,6 @@
 //! `blobsnap ls`: what the store holds.
 
-use super::args::{open_store, StoreArgs};
+use super::args::{open_existing_store, StoreArgs};
 use blobsnap::blobstore::BlobStore;
 use blobsnap::index::IndexMarker;
 
@@ -12,7 +12,7 @@ pub(crate) async fn run(store_args: &StoreArgs, json: bool) -> blobsnap::Result<
 /// `blobsnap ls`: one listing of the store, grouped by job, task and store.
 pub(crate) async fn ls_command(args: &StoreArgs, json: bool) -> blobsnap::Result<()> {
     use futures::TryStreamExt as _;
-    let blob_store = open_store(args).await?;
+    let blob_store = open_existing_store(args).await?;
     let all: Vec<_> = blob_store
         .list(&blobsnap::blobstore::Scope::root())
         .try_collect()

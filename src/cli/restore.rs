@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use super::args::{open_store, SnapshotArgs, SnapshotFlags, StoreArgs};
+use super::args::{open_existing_store, SnapshotArgs, SnapshotFlags, StoreArgs};
 use super::progress::Bar;
 use blobsnap::backend::{StoreSpec, TaskContext, TaskRestoreManager as _};
 use blobsnap::blob::restore::{BlobRestoreManager, RestoreSettings};
@@ -62,7 +62,7 @@ pub(crate) async fn run(
         _ => to,
     };
     refuse_foreign_dir(&to, force)?;
-    let blob_store = open_store(store_args).await?;
+    let blob_store = open_existing_store(store_args).await?;
     let (marker, _) = snap.resolve_marker(&blob_store, marker).await?;
     let SnapshotArgs {
         job,

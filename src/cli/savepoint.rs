@@ -1,7 +1,7 @@
 //! `blobsnap savepoint create | ls | show | rm`: named, user-owned records of one committed
 //! checkpoint per task, never collected while they exist ([`blobsnap::blob::savepoint`]).
 
-use super::args::{open_store, JobIdFlags, StoreArgs};
+use super::args::{open_existing_store, JobIdFlags, StoreArgs};
 use super::checkpoints::local;
 use blobsnap::blob::history::{utc, CheckpointRef};
 use blobsnap::blob::savepoint::{self, Savepoint};
@@ -52,7 +52,7 @@ pub(crate) async fn run(
     json: bool,
     action: SavepointAction,
 ) -> blobsnap::Result<()> {
-    let store = open_store(store_args).await?;
+    let store = open_existing_store(store_args).await?;
     match action {
         SavepointAction::Create { job, savepoint, at } => {
             let (job_name, job_id) = (job.job, job.job_id);

@@ -1,7 +1,7 @@
 //! `blobsnap usage`: every object and byte of a job's scope, classified
 //! ([`blobsnap::blob::usage`]).
 
-use super::args::{open_store, JobIdFlags, StoreArgs};
+use super::args::{open_existing_store, JobIdFlags, StoreArgs};
 use blobsnap::backend::Clock as _;
 use blobsnap::blob::usage::usage;
 use clap::Args;
@@ -21,7 +21,7 @@ pub(crate) async fn run(
     json: bool,
     args: UsageArgs,
 ) -> blobsnap::Result<()> {
-    let store = open_store(store_args).await?;
+    let store = open_existing_store(store_args).await?;
     let (job, job_id) = (&args.job.job, &args.job.job_id);
     let report = usage(
         &store,

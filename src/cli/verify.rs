@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::args::{open_store, SnapshotFlags, StoreArgs};
+use super::args::{open_existing_store, SnapshotFlags, StoreArgs};
 use super::progress::Bar;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -44,7 +44,7 @@ pub(crate) async fn run(
         sample_pct: sample,
     };
     opts.validate()?;
-    let blob_store = open_store(store_args).await?;
+    let blob_store = open_existing_store(store_args).await?;
     let (marker, _) = snap.resolve_marker(&blob_store, marker).await?;
     let loaded = snap.load(blob_store.as_ref(), &marker).await?;
     let total_bytes: u64 = loaded

@@ -1994,3 +1994,66 @@ async fn manual_backups_are_forgotten_by_policy_and_typos_fail_loudly() {
         );
     }
 }
+
+/// Unix manners (issue 35 §2): `--version` names the bundled RocksDB — the one Cargo.lock
+/// builds — and the formats, as the library's constants say; a command that only reads never
+/// creates a mistyped `--local` dir (exit 3 naming it); with `--json`, the last line of
+/// stderr is the error as a JSON object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn version_names_rocksdb_and_the_formats_and_a_typo_creates_nothing() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    let v = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lock =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.lock")).unwrap();
+    let sys = lock
+        .split("[[package]]")
+        .find(|p| p.contains("name = \"librocksdb-sys\""))
+        .and_then(|p| p.lines().find_map(|l| l.strip_prefix("version = \"")))
+        .map(|v| v.trim_end_matches('"').to_string())
+        .unwrap();
+    let rocksdb = sys.split('+').nth(1).unwrap();
+    assert!(
+        v.contains(&format!(
+            "RocksDB {rocksdb} (bundled: librocksdb-sys {sys})"
+        )),
+        "{v}"
+    );
+    assert!(
+        v.contains(&format!(
+            "format-version {} written",
+            blobsnap::index::FORMAT_VERSION
+        )),
+        "{v}"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("no-such-store");
+    for cmd in [
+        &["ls"][..],
+        &["checkpoints", "--job", "wordcount"][..],
+        &["usage", "--job", "w"][..],
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+            .arg("--json")
+            .arg("--local")
+            .arg(&missing)
+            .args(cmd)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(3), "{cmd:?}: {out:?}");
+        assert!(!missing.exists(), "{cmd:?} created the mistyped store dir");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last: serde_json::Value = serde_json::from_str(err.lines().last().unwrap()).unwrap();
+        assert_eq!(last["error"]["kind"], "not-found", "{err}");
+        assert_eq!(last["error"]["exit-code"], 3, "{err}");
+        assert!(
+            last["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("no-such-store"),
+            "{err}"
+        );
+    }
+}
