@@ -72,6 +72,7 @@ fn job(state: &std::path::Path, input: &std::path::Path, id: &str) -> blobsnap::
         restore_mode: blobsnap::job::RestoreMode::Full,
         lazy_download_rate: blobsnap::local::lazy::DEFAULT_RATE,
         start_from: None,
+        retention_tiers: Vec::new(),
         stop: Default::default(),
     }
 }

@@ -126,6 +126,41 @@ fn id_key(checkpoint: &Checkpoint, seq: u64) -> String {
         .map_or_else(|| format!("v1-{seq}"), |v| v.id.to_string())
 }
 
+/// Take out of `written` (oldest first) the checkpoints `policy` lets go at `now_ms` (over
+/// their distinct ids, newest first, each at its id's time); returns their sequence numbers,
+/// oldest first. A count policy is the count's rule exactly.
+fn leaving_by(
+    written: &mut std::collections::VecDeque<(u64, String)>,
+    policy: &crate::retention::RetentionPolicy,
+    now_ms: u64,
+) -> Vec<u64> {
+    if policy.tiers.is_empty() {
+        return leaving(written, policy.last);
+    }
+    let mut ids: Vec<&str> = Vec::new();
+    for (_, id) in written.iter().rev() {
+        if !ids.contains(&id.as_str()) {
+            ids.push(id);
+        }
+    }
+    let times: Vec<u64> = ids
+        .iter()
+        .map(|id| id.parse::<CheckpointId>().map_or(0, |i| i.millis()))
+        .collect();
+    let keep: std::collections::HashSet<String> = policy
+        .select(&times, now_ms)
+        .into_iter()
+        .map(|i| ids[i].to_string())
+        .collect();
+    let doomed: Vec<u64> = written
+        .iter()
+        .filter(|(_, id)| !keep.contains(id))
+        .map(|(seq, _)| *seq)
+        .collect();
+    written.retain(|(_, id)| keep.contains(id));
+    doomed
+}
+
 /// Take out of `written` (oldest first) the checkpoints beyond its newest `keep` distinct
 /// ids; returns their sequence numbers, oldest first.
 fn leaving(written: &mut std::collections::VecDeque<(u64, String)>, keep: usize) -> Vec<u64> {
@@ -150,6 +185,8 @@ pub struct TaskCommitManager {
     clock: Arc<dyn Clock>,
     writer: String,
     retention: usize,
+    /// Tiers of the retention policy (`every D for W`) beyond the newest `retention`.
+    tiers: Vec<crate::retention::Tier>,
     state: Mutex<State>,
 }
 
@@ -245,6 +282,7 @@ impl TaskCommitManager {
             clock,
             writer,
             retention: retention.max(1),
+            tiers: Vec::new(),
             state: Mutex::new(State {
                 ids,
                 seq,
@@ -260,6 +298,21 @@ impl TaskCommitManager {
             }),
         };
         Ok((mgr, Some(claim)))
+    }
+
+    /// Retention tiers (`every D for W`, [`crate::retention`]) on top of the newest
+    /// `retention`: the history keeps their union. The blob backend must know
+    /// ([`BackupSettings::tiered_retention`](crate::blob::backup::BackupSettings::tiered_retention)).
+    pub fn with_retention_tiers(mut self, tiers: Vec<crate::retention::Tier>) -> Self {
+        self.tiers = tiers;
+        self
+    }
+
+    fn policy(&self) -> crate::retention::RetentionPolicy {
+        crate::retention::RetentionPolicy {
+            last: self.retention,
+            tiers: self.tiers.clone(),
+        }
     }
 
     /// Attach the open stores.
@@ -640,7 +693,7 @@ impl TaskCommitManager {
         let t = Instant::now();
         let ready = std::mem::take(&mut st.deferred);
         let trimmed = if st.history_trimmed {
-            let doomed = leaving(&mut st.written, self.retention);
+            let doomed = leaving_by(&mut st.written, &self.policy(), id.millis());
             self.checkpoints
                 .delete_seqs_and(&self.task.task_name, &doomed, &ready)
                 .await
@@ -648,9 +701,26 @@ impl TaskCommitManager {
             // What the trim kept (an earlier process's checkpoints among it) is what later
             // trims count from.
             let kept = async {
-                self.checkpoints
-                    .trim(&self.task.task_name, self.retention)
-                    .await?;
+                if self.tiers.is_empty() {
+                    self.checkpoints
+                        .trim(&self.task.task_name, self.retention)
+                        .await?;
+                } else {
+                    // The policy over the whole history: what it lets go is deleted.
+                    let history = self
+                        .checkpoints
+                        .history(&self.task.task_name, usize::MAX)
+                        .await?;
+                    let mut all: std::collections::VecDeque<(u64, String)> = history
+                        .iter()
+                        .rev()
+                        .map(|c| (c.seq, id_key(&c.checkpoint, c.seq)))
+                        .collect();
+                    let doomed = leaving_by(&mut all, &self.policy(), id.millis());
+                    self.checkpoints
+                        .delete_seqs(&self.task.task_name, &doomed)
+                        .await?;
+                }
                 let history = self
                     .checkpoints
                     .history(&self.task.task_name, usize::MAX)

@@ -25,7 +25,7 @@
 //! partitions = 4
 //! commit-every = 2500      # messages
 //! commit-ms = 60000        # and/or time
-//! retention = 2
+//! retention = 2          # or "last 3, every 5m for 1d, every 1h for 7d"
 //! gc-grace-secs = 86400    # recorded in scope.json: `blobsnap gc` refuses a shorter one
 //! deployment-id = "prod-eu"  # recorded in scope.json: another deployment is refused
 //! create-resources = true  # bucket, abort-multipart rule, owner record; validated always
@@ -142,8 +142,9 @@ pub struct JobConfig {
     /// Skip a due commit while one is in flight for at most this long, then wait.
     #[serde(deserialize_with = "crate::units::millis")]
     pub commit_max_delay_ms: u64,
-    /// Committed snapshots kept per store.
-    pub retention: usize,
+    /// What the history keeps: a count of the newest checkpoints (`2`), or rules such as
+    /// `"last 3, every 5m for 1d, every 1h for 7d"` ([`crate::retention::RetentionPolicy`]).
+    pub retention: crate::retention::RetentionPolicy,
     /// Run on a store that cannot fence a second writer.
     pub unsafe_no_fencing: bool,
     /// Sweep every this many commits (0: never).
@@ -186,7 +187,7 @@ impl Default for JobConfig {
             commit_every: 2_500,
             commit_ms: 0,
             commit_max_delay_ms: 10_000,
-            retention: 2,
+            retention: crate::retention::RetentionPolicy::last(2),
             unsafe_no_fencing: false,
             sweep_every_commits: 20,
             gc_grace_secs: 86_400,
@@ -401,7 +402,7 @@ mod tests {
         assert!(Settings::from_toml("[s3]\nbukket = \"x\"\n").is_err());
         let j = Settings::from_toml("[job]\npartitions = 7\ncommit-ms = 500\n").unwrap();
         assert_eq!(
-            (j.job.partitions, j.job.commit_ms, j.job.retention),
+            (j.job.partitions, j.job.commit_ms, j.job.retention.last),
             (7, 500, 2)
         );
         assert!(s

@@ -121,6 +121,43 @@ impl FromStr for RetentionPolicy {
     }
 }
 
+/// A policy in a settings file: a count when it is one, else its rules' text.
+impl serde::Serialize for RetentionPolicy {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        if self.tiers.is_empty() {
+            s.serialize_u64(self.last as u64)
+        } else {
+            s.serialize_str(&self.to_string())
+        }
+    }
+}
+
+/// A policy from a settings file: a count (`2`) or rules (`"last 3, every 1h for 7d"`).
+impl<'de> serde::Deserialize<'de> for RetentionPolicy {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = RetentionPolicy;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a count, or rules such as \"last 3, every 5m for 1d\"")
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> std::result::Result<Self::Value, E> {
+                self.visit_str(&n.to_string())
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> std::result::Result<Self::Value, E> {
+                self.visit_str(&n.to_string())
+            }
+            fn visit_str<E: serde::de::Error>(
+                self,
+                v: &str,
+            ) -> std::result::Result<Self::Value, E> {
+                v.parse().map_err(E::custom)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 impl fmt::Display for RetentionPolicy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "last {}", self.last)?;

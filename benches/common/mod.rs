@@ -126,6 +126,7 @@ pub fn one_task_job(
         restore_mode: blobsnap::job::RestoreMode::Full,
         lazy_download_rate: blobsnap::local::lazy::DEFAULT_RATE,
         start_from: None,
+        retention_tiers: Vec::new(),
         stop: Default::default(),
     }
 }

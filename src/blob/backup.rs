@@ -91,6 +91,12 @@ pub struct BackupSettings {
     /// `blobsnap gc` refuses a sweep under the grace while a lease is live, even forced. The
     /// job runtime holds its own lease for the task's whole run and turns this off.
     pub writer_lease: bool,
+    /// The job's retention has tiers (`every D for W`, [`crate::retention`]): the history
+    /// keeps older checkpoints than the newest [`retention`](Self::retention), which this
+    /// manager's window does not hold. Before each batch delete the task's retained
+    /// checkpoints are then read (one LIST; each document and index once per process), and
+    /// nothing they name is deleted; what they alone kept is the sweep's once they leave.
+    pub tiered_retention: bool,
 }
 
 /// The default [`BackupSettings::inline_below`]: 64 KiB.
@@ -113,6 +119,7 @@ impl Default for BackupSettings {
             abandon_rule: true,
             inline_below: INLINE_BELOW,
             writer_lease: true,
+            tiered_retention: false,
         }
     }
 }
@@ -1054,10 +1061,16 @@ impl TaskBackupManager for BlobBackupManager {
 impl BlobBackupManager {
     /// What keeps this job's doomed keys alive when their delete is sent: its savepoints.
     fn pins(&self) -> Result<Arc<dyn crate::blobstore::DeleteFilter>> {
-        Ok(Arc::new(super::savepoint::Pins::new(
+        let pins = super::savepoint::Pins::new(
             Arc::clone(&self.blob_store),
-            self.job_scope()?,
-        )))
+            &self.task.job_name,
+            &self.task.job_id,
+        )?;
+        Ok(Arc::new(if self.settings.tiered_retention {
+            pins.with_history(&self.task.task_name)
+        } else {
+            pins
+        }))
     }
 
     fn job_scope(&self) -> Result<JobScope> {

@@ -307,17 +307,18 @@ pub async fn remove(store: &dyn BlobStore, job: &JobScope, name: &str) -> Result
     Ok(sp)
 }
 
-/// The keys a savepoint keeps alive (index and blobs) of one store snapshot.
+/// The keys one store snapshot keeps alive (its index and blobs).
 async fn live_keys(
     store: &dyn BlobStore,
-    sp: &Savepoint,
+    job_name: &str,
+    job_id: &str,
     task: &str,
     store_name: &str,
     marker: &str,
 ) -> Result<HashSet<BlobKey>> {
     let who = Expected {
-        job_name: &sp.job_name,
-        job_id: &sp.job_id,
+        job_name,
+        job_id,
         task_name: task,
         store_name,
     };
@@ -340,19 +341,91 @@ type SnapshotId = (String, String, String);
 /// change); the savepoints themselves are listed at every call with something to delete.
 pub struct Pins {
     store: Arc<dyn BlobStore>,
+    job_name: String,
+    job_id: String,
     job: JobScope,
+    /// With a tiered retention: this task's retained checkpoints pin too (the backend's
+    /// window counts only the newest; older ones the policy keeps are roots as well).
+    history_of: Option<String>,
     /// (task, store, marker) → the keys that snapshot keeps alive.
     known: Mutex<HashMap<SnapshotId, Arc<HashSet<BlobKey>>>>,
+    /// Checkpoint number → its (store, marker)s, read once (documents never change).
+    docs: Mutex<HashMap<u64, Vec<(String, String)>>>,
 }
 
 impl Pins {
-    /// The pins of `job` in `store`.
-    pub fn new(store: Arc<dyn BlobStore>, job: JobScope) -> Self {
-        Pins {
+    /// The pins of job `job_name`/`job_id` in `store`: its savepoints.
+    pub fn new(store: Arc<dyn BlobStore>, job_name: &str, job_id: &str) -> Result<Self> {
+        Ok(Pins {
+            job: JobScope::new(job_name, job_id)?,
             store,
-            job,
+            job_name: job_name.to_string(),
+            job_id: job_id.to_string(),
+            history_of: None,
             known: Mutex::default(),
+            docs: Mutex::default(),
+        })
+    }
+
+    /// Also every retained checkpoint of `task` (one LIST of its history per delete; each
+    /// document read once).
+    pub fn with_history(mut self, task: &str) -> Self {
+        self.history_of = Some(task.to_string());
+        self
+    }
+
+    /// The keys of one snapshot, read once.
+    async fn snapshot_keys(&self, id: SnapshotId) -> Result<Arc<HashSet<BlobKey>>> {
+        if let Some(l) = self.known.lock().ok().and_then(|k| k.get(&id).cloned()) {
+            return Ok(l);
         }
+        let l = Arc::new(
+            live_keys(
+                self.store.as_ref(),
+                &self.job_name,
+                &self.job_id,
+                &id.0,
+                &id.1,
+                &id.2,
+            )
+            .await?,
+        );
+        if let Ok(mut k) = self.known.lock() {
+            k.insert(id, Arc::clone(&l));
+        }
+        Ok(l)
+    }
+
+    /// The snapshots the retained history of `task` names: (store, marker).
+    async fn history_markers(&self, task: &str) -> Result<Vec<(String, String)>> {
+        let cps =
+            crate::checkpoint::BlobCheckpointStore::new(Arc::clone(&self.store), self.job.clone());
+        let seqs = cps.seqs(task).await?;
+        let mut out = Vec::new();
+        let mut fresh = HashMap::new();
+        for (seq, key) in seqs {
+            let cached = self.docs.lock().ok().and_then(|d| d.get(&seq).cloned());
+            let markers = match cached {
+                Some(m) => m,
+                None => match cps.read(task, seq, &key).await {
+                    Ok(c) => c
+                        .checkpoint
+                        .as_v2()
+                        .and_then(|v| v.state_checkpoint_markers.get(FACTORY_NAME))
+                        .map(|m| m.iter().map(|(s, m)| (s.clone(), m.clone())).collect())
+                        .unwrap_or_default(),
+                    // Trimmed since the listing: no longer a root.
+                    Err(e) if e.kind() == ErrorKind::NotFound => continue,
+                    Err(e) => return Err(e),
+                },
+            };
+            out.extend(markers.iter().cloned());
+            fresh.insert(seq, markers);
+        }
+        if let Ok(mut d) = self.docs.lock() {
+            *d = fresh;
+        }
+        Ok(out)
     }
 }
 
@@ -376,28 +449,23 @@ impl DeleteFilter for Pins {
             e.context("read the job's savepoints before a cleanup delete (nothing deleted)")
         })?;
         let doomed: HashSet<&BlobKey> = keys.iter().collect();
-        let mut out = HashSet::new();
+        let mut roots: Vec<SnapshotId> = Vec::new();
         for sp in &savepoints {
-            for (task, store_name, marker) in sp.markers()? {
-                if !areas.contains(&(task.clone(), store_name.clone())) {
-                    continue;
-                }
-                let id = (task, store_name, marker);
-                let cached = self.known.lock().ok().and_then(|k| k.get(&id).cloned());
-                let live = match cached {
-                    Some(l) => l,
-                    None => {
-                        let l = Arc::new(
-                            live_keys(self.store.as_ref(), sp, &id.0, &id.1, &id.2).await?,
-                        );
-                        if let Ok(mut k) = self.known.lock() {
-                            k.insert(id, Arc::clone(&l));
-                        }
-                        l
-                    }
-                };
-                out.extend(live.iter().filter(|k| doomed.contains(k)).cloned());
+            roots.extend(sp.markers()?);
+        }
+        if let Some(task) = &self.history_of {
+            let markers = self.history_markers(task).await.map_err(|e| {
+                e.context("read the task's retained checkpoints before a cleanup delete (nothing deleted)")
+            })?;
+            roots.extend(markers.into_iter().map(|(s, m)| (task.clone(), s, m)));
+        }
+        let mut out = HashSet::new();
+        for id in roots {
+            if !areas.contains(&(id.0.clone(), id.1.clone())) {
+                continue;
             }
+            let live = self.snapshot_keys(id).await?;
+            out.extend(live.iter().filter(|k| doomed.contains(k)).cloned());
         }
         Ok(out)
     }

@@ -52,7 +52,7 @@ impl BlobCheckpointStore {
         crate::layout::checkpoint_seq(key.strip_scope(&scope)?)
     }
 
-    async fn seqs(&self, task: &str) -> Result<Vec<(u64, BlobKey)>> {
+    pub(crate) async fn seqs(&self, task: &str) -> Result<Vec<(u64, BlobKey)>> {
         let scope = self.job.checkpoints(task)?;
         let mut out: Vec<(u64, BlobKey)> = self
             .store
@@ -67,7 +67,12 @@ impl BlobCheckpointStore {
         Ok(out)
     }
 
-    async fn read(&self, task: &str, seq: u64, key: &BlobKey) -> Result<CommittedCheckpoint> {
+    pub(crate) async fn read(
+        &self,
+        task: &str,
+        seq: u64,
+        key: &BlobKey,
+    ) -> Result<CommittedCheckpoint> {
         let bytes = get_bytes(self.store.as_ref(), key, MAX_CHECKPOINT_BYTES as u64).await?;
         let doc: Document = serde_json::from_slice(&bytes)
             .map_err(|e| Error::corrupt(format!("checkpoint {key}: {e}")))?;

@@ -30,9 +30,10 @@ pub(crate) struct DemoArgs {
     /// Also commit every this many milliseconds [job.commit-ms, default 0: off].
     #[arg(long)]
     pub(crate) commit_ms: Option<u64>,
-    /// Committed snapshots kept per store [job.retention, default 2].
+    /// What the history keeps: a count of the newest checkpoints, or rules such as "last 3,
+    /// every 5m for 1d, every 1h for 7d" (the union is kept) [job.retention, default 2].
     #[arg(long)]
-    pub(crate) retention: Option<usize>,
+    pub(crate) retention: Option<blobsnap::retention::RetentionPolicy>,
     /// Run on a store that cannot fence a second writer (Garage, s3s-fs).
     #[arg(long)]
     pub(crate) unsafe_no_fencing: bool,
@@ -92,7 +93,7 @@ pub(crate) async fn run(
     let partitions = partitions.unwrap_or(job.partitions).max(1);
     let commit_every = commit_every.unwrap_or(job.commit_every);
     let commit_ms = commit_ms.unwrap_or(job.commit_ms);
-    let retention = retention.unwrap_or(job.retention);
+    let retention = retention.unwrap_or(job.retention.clone());
     let unsafe_no_fencing = unsafe_no_fencing || job.unsafe_no_fencing;
     let gc_grace_secs = gc_grace_secs.unwrap_or(job.gc_grace_secs);
     if gc_grace_secs < 60 {
@@ -113,7 +114,8 @@ pub(crate) async fn run(
         partitions,
         commit_every: commit_every.max(1),
         commit_interval: std::time::Duration::from_millis(commit_ms),
-        retention,
+        retention: retention.last,
+        retention_tiers: retention.tiers.clone(),
         unsafe_no_fencing,
         commit_max_delay: std::time::Duration::from_millis(job.commit_max_delay_ms),
         sweep_every_commits: job.sweep_every_commits,

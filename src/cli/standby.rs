@@ -47,7 +47,7 @@ pub(crate) async fn run(
         partitions: 1,
         commit_every: 1,
         commit_interval: Default::default(),
-        retention: job.retention,
+        retention: job.retention.last,
         unsafe_no_fencing: true,
         commit_max_delay: Default::default(),
         sweep_every_commits: 0,
@@ -59,6 +59,7 @@ pub(crate) async fn run(
         restore_mode: blobsnap::job::RestoreMode::Full,
         lazy_download_rate: blobsnap::local::lazy::DEFAULT_RATE,
         start_from: None,
+        retention_tiers: Vec::new(),
         stop: Default::default(),
     };
     let backend: Arc<dyn blobsnap::backend::StateBackendFactory> =

@@ -52,6 +52,10 @@ pub struct JobSettings {
     pub commit_interval: std::time::Duration,
     /// Committed snapshots kept per store.
     pub retention: usize,
+    /// Retention tiers on top of the newest `retention` (`every 5m for 1d, every 1h for 7d`,
+    /// [`crate::retention`]): the history keeps the union, and the cleanup deletes nothing a
+    /// retained checkpoint names. Empty: the count alone.
+    pub retention_tiers: Vec<crate::retention::Tier>,
     /// Run even if the checkpoint store cannot fence a second writer.
     pub unsafe_no_fencing: bool,
     /// A commit that comes due while the previous one is still uploading is skipped (processing
@@ -446,6 +450,7 @@ async fn run_task_leased(
         settings.unsafe_no_fencing,
     )
     .await?;
+    let commits = commits.with_retention_tiers(settings.retention_tiers.clone());
     lease.announce(blob_store.as_ref(), job).await?;
     let mut lease_renewed = std::time::Instant::now();
     crate::crash::point("task.after-claim");

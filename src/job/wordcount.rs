@@ -226,6 +226,7 @@ pub async fn run(
         None,
         BackupSettings {
             retention: settings.retention,
+            tiered_retention: !settings.retention_tiers.is_empty(),
             gc_grace: settings.gc_grace,
             inline_below: settings.index_inline_below,
             // `run_task` holds the task's lease from its claim to its stop.

@@ -842,6 +842,131 @@ fn a_checkpoint_write_still_running_at_the_bound_is_cancelled() {
     });
 }
 
+/// Retention by time (issue 32 §4): a task committing once a (virtual) minute for three hours
+/// under "last 2, every 10m for 1h, every 1h for 1d" keeps the newest 2, one checkpoint per
+/// 10 minutes of the last hour and one per hour of the day — and every checkpoint the history
+/// retains stays whole (index and blobs present) while the backend's window holds only the
+/// newest 2 and every commit replaces the store's files (a compaction each minute). A sweep
+/// then deletes nothing any retained checkpoint needs.
+#[test]
+fn a_tiered_retention_keeps_every_point_it_selects_whole() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let clock = Arc::new(VClock(AtomicU64::new(1_800_000_000_000)));
+        let model = Model::new(&clock, 5, 0, None);
+        let store: Arc<dyn BlobStore> = model.clone();
+        let tmp = tempfile::tempdir().unwrap();
+        let policy: blobsnap::retention::RetentionPolicy =
+            "last 2, every 10m for 1h, every 1h for 1d".parse().unwrap();
+        let ctx = TaskContext {
+            job_name: "model".into(),
+            job_id: "1".into(),
+            task_name: "Partition 0".into(),
+        };
+        let dir = tmp.path().join("counts");
+        std::fs::create_dir_all(&dir).unwrap();
+        let spec = StoreSpec {
+            name: "counts".into(),
+            dir: dir.clone(),
+        };
+        let checkpoints: Arc<dyn CheckpointStore> = Arc::new(BlobCheckpointStore::new(
+            Arc::clone(&store),
+            JobScope::new("model", "1").unwrap(),
+        ));
+        let vclock: Arc<dyn Clock> = clock.clone();
+        let (mgr, last) = TaskCommitManager::start(
+            ctx.clone(),
+            Arc::clone(&checkpoints),
+            Arc::clone(&vclock),
+            policy.last,
+            false,
+        )
+        .await
+        .unwrap();
+        let backup = Arc::new(
+            BlobBackupManager::new(
+                Arc::clone(&store),
+                ctx.clone(),
+                std::slice::from_ref(&spec),
+                vclock,
+                BackupSettings {
+                    gc_grace: Duration::from_millis(GRACE_MS),
+                    retention: policy.last,
+                    tiered_retention: true,
+                    hash_cache: false,
+                    writer_lease: false,
+                    ..Default::default()
+                },
+            )
+            .unwrap(),
+        );
+        backup.init(last.as_ref()).await.unwrap();
+        let mgr = mgr
+            .with_retention_tiers(policy.tiers.clone())
+            .with_stores(vec![Arc::new(Files {
+                name: "counts",
+                dir: dir.clone(),
+            }) as Arc<dyn StoreEngine>])
+            .with_backends(
+                vec![Backend {
+                    name: FACTORY_NAME.into(),
+                    manager: backup,
+                }],
+                last,
+            );
+        let minutes = 180u64;
+        for m in 0..minutes {
+            // Each minute a "compaction": every file replaced by new ones.
+            for e in std::fs::read_dir(&dir).unwrap() {
+                std::fs::remove_file(e.unwrap().path()).unwrap();
+            }
+            for i in 0..2 {
+                std::fs::write(
+                    dir.join(format!("{:06}.sst", m * 2 + i)),
+                    format!("minute {m} file {i}"),
+                )
+                .unwrap();
+            }
+            clock.0.fetch_add(60_000, Relaxed);
+            let offsets = BTreeMap::from([(Ssp::new("s", "in", 0), m.to_string())]);
+            mgr.commit(offsets).await.unwrap();
+            let n = retained_intact(&store, &ctx).await;
+            assert!(n.is_ok(), "minute {m}: {n:?}");
+        }
+        let cps =
+            BlobCheckpointStore::new(Arc::clone(&store), JobScope::new("model", "1").unwrap());
+        let history = cps.history("Partition 0", usize::MAX).await.unwrap();
+        let ids: std::collections::BTreeSet<String> = history
+            .iter()
+            .filter_map(|c| c.checkpoint.as_v2().map(|v| v.id.to_string()))
+            .collect();
+        // Newest 2 + 6 ten-minute periods of the last hour + 3 hours (the day reaches back
+        // past the start): distinct points, overlaps counted once.
+        let times: Vec<u64> = history
+            .iter()
+            .filter_map(|c| c.checkpoint.as_v2().map(|v| v.id.millis()))
+            .collect();
+        let expected = policy.select(&times, times[0]).len();
+        assert_eq!(ids.len(), expected, "{history:?}");
+        assert!(ids.len() >= 8, "{} points kept", ids.len());
+        // What the sweep would delete now is no retained checkpoint's.
+        let s = SweepSettings {
+            job_name: "model".into(),
+            job_id: "1".into(),
+            task: None,
+            store: None,
+            grace: Duration::from_millis(GRACE_MS),
+        };
+        clock.0.fetch_add(GRACE_MS * 2, Relaxed);
+        let plan = plan_sweep(&store, &s).await.unwrap();
+        execute_sweep(store.as_ref(), &plan).await.unwrap();
+        assert!(retained_intact(&store, &ctx).await.is_ok());
+    });
+}
+
 /// A short grace never livelocks a task (N7 of the second protocol review): on a store where
 /// every upload outlives half the sweep's grace (each request lets up to half a grace pass on
 /// the virtual clock), every commit is abandoned — and after `ABANDON_LIMIT` in a row the

@@ -1562,6 +1562,7 @@ async fn slow_uploads_skip_commits_and_counts_stay_right() {
             restore_mode: blobsnap::job::RestoreMode::Full,
             lazy_download_rate: blobsnap::local::lazy::DEFAULT_RATE,
             start_from: None,
+            retention_tiers: Vec::new(),
             stop: Default::default(),
         };
         wordcount::generate_input(&settings.input_dir, 2, 1500, 5).unwrap();
@@ -2085,6 +2086,7 @@ fn job_settings(
         restore_mode: blobsnap::job::RestoreMode::Full,
         lazy_download_rate: blobsnap::local::lazy::DEFAULT_RATE,
         start_from: None,
+        retention_tiers: Vec::new(),
         stop: Default::default(),
     }
 }

@@ -47,6 +47,7 @@ fn settings(state: &std::path::Path, input: &std::path::Path, job: &str) -> JobS
         restore_mode: blobsnap::job::RestoreMode::Full,
         lazy_download_rate: blobsnap::local::lazy::DEFAULT_RATE,
         start_from: None,
+        retention_tiers: Vec::new(),
         stop: Default::default(),
     }
 }
