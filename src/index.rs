@@ -32,9 +32,9 @@ use crate::digest::Sha256;
 use crate::error::{Error, Result};
 use crate::id::CheckpointId;
 
-/// The highest index format this build reads (and the one it writes when a file travels
-/// inline): 1 is Samza's shape plus `sha256`, 2 adds `inline-data` (DESIGN §6).
-pub const FORMAT_VERSION: u32 = FORMAT_INLINE;
+/// The highest index format this build reads: 1 is Samza's shape plus `sha256`, 2 adds
+/// `inline-data`, 3 adds `borrowed-from` (a fork's, DESIGN §6).
+pub const FORMAT_VERSION: u32 = FORMAT_FORK;
 
 /// Samza's shape (plus `sha256`): what blobsnap writes when no file of the snapshot travels
 /// inline, readable by every reader of version 1.
@@ -42,6 +42,14 @@ pub const FORMAT_V1: u32 = 1;
 
 /// The first format with `inline-data`: a small file's bytes in the index itself, no blob.
 pub const FORMAT_INLINE: u32 = 2;
+
+/// The first format with `borrowed-from`: a fork's index, whose blobs may live in the scope
+/// of the job it was forked from. Written only by a fork; a plain job never writes it.
+pub const FORMAT_FORK: u32 = 3;
+
+/// The prefix of a borrowed blob's id: `borrowed/<alias>/blobs/<checkpoint-id>/<sha256>`, the
+/// blob `blobs/<checkpoint-id>/<sha256>` of the store scope `borrowed-from[<alias>]` declares.
+pub const BORROWED_PREFIX: &str = "borrowed/";
 
 /// The largest index accepted, in bytes (checked before parsing).
 pub const MAX_INDEX_BYTES: u64 = 64 << 20;
@@ -61,6 +69,37 @@ pub struct SnapshotIndex {
     pub dir_index: DirIndex,
     /// The committed index this one was diffed against (informational), or `null`.
     pub prev_snapshot_index_blob_id: Option<String>,
+    /// A fork's: the store scopes of other jobs whose blobs it names, by alias (a blob id
+    /// `borrowed/<alias>/blobs/…`), each with the savepoint there that keeps them (format 3).
+    /// Not written when empty, so every other index keeps its shape.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub borrowed_from: std::collections::BTreeMap<String, BorrowedScope>,
+}
+
+/// A store scope of another job a fork's index borrows blobs from, and the savepoint of that
+/// job that keeps them (the fork holds a pin on it: [`crate::layout::JobScope::fork_pin_key`]).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct BorrowedScope {
+    /// The source job's name.
+    pub job_name: String,
+    /// The source job's id.
+    pub job_id: String,
+    /// The source task.
+    pub task_name: String,
+    /// The source store.
+    pub store_name: String,
+    /// The source job's savepoint that keeps the blobs.
+    pub savepoint: String,
+}
+
+impl FileBlob {
+    /// `(alias, id in the source scope)` of a borrowed blob id; `None` for one of the index's
+    /// own scope.
+    pub fn borrowed(&self) -> Option<(&str, &str)> {
+        let rest = self.blob_id.strip_prefix(BORROWED_PREFIX)?;
+        rest.split_once('/')
+    }
 }
 
 fn samza_format() -> u32 {
@@ -473,6 +512,47 @@ impl SnapshotIndex {
             }
         }
         self.dir_index.validate("", true)?;
+        if !self.borrowed_from.is_empty() && self.format_version < FORMAT_FORK {
+            return Err(Error::corrupt(format!(
+                "index declares borrowed-from in a format-version {} index (borrowing needs {FORMAT_FORK})",
+                self.format_version
+            )));
+        }
+        for (alias, b) in &self.borrowed_from {
+            if alias.is_empty() || alias.len() > 9 || !alias.bytes().all(|c| c.is_ascii_digit()) {
+                return Err(Error::corrupt(format!(
+                    "index borrowed-from alias {alias:?} is not a number"
+                )));
+            }
+            for (field, v) in [
+                ("job-name", &b.job_name),
+                ("job-id", &b.job_id),
+                ("task-name", &b.task_name),
+                ("store-name", &b.store_name),
+                ("savepoint", &b.savepoint),
+            ] {
+                if v.trim().is_empty() {
+                    return Err(Error::corrupt(format!(
+                        "index borrowed-from[{alias}] {field} is blank"
+                    )));
+                }
+            }
+        }
+        for (path, f) in self.present_files() {
+            for b in &f.blobs {
+                if b.blob_id.starts_with(BORROWED_PREFIX) {
+                    let declared = b
+                        .borrowed()
+                        .is_some_and(|(alias, _)| self.borrowed_from.contains_key(alias));
+                    if !declared {
+                        return Err(Error::corrupt(format!(
+                            "index entry {path}: blob {:?} borrows from a scope the index does not declare",
+                            b.blob_id
+                        )));
+                    }
+                }
+            }
+        }
         if self.format_version < FORMAT_INLINE {
             if let Some((path, _)) = self
                 .present_files()
@@ -751,6 +831,7 @@ mod tests {
                 ..DirIndex::default()
             },
             prev_snapshot_index_blob_id: None,
+            borrowed_from: Default::default(),
         };
         let old = index(vec![
             file("a", b"same"),

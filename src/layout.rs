@@ -5,6 +5,7 @@
 //! <job>/<job-id>/checkpoints/<task>/<seq:020>.json                 checkpoint store (on S3)
 //! <job>/<job-id>/writers/<task>/<writer>.json                      a running task's lease
 //! <job>/<job-id>/savepoints/<name>.json                            a savepoint (user-owned)
+//! <job>/<job-id>/forks/<savepoint>/<fork-job>/<fork-id>/<task>.json a fork's pin on a savepoint
 //! <job>/<job-id>/tasks/<task>/stores/<store>/blobs/<checkpoint-id>/<sha256>
 //! <job>/<job-id>/tasks/<task>/stores/<store>/index/<checkpoint-id>.<sha256>.json
 //! manual/<name>/...                                                CLI backups
@@ -74,6 +75,26 @@ impl JobScope {
     pub fn savepoint_key(&self, name: &str) -> Result<BlobKey> {
         self.savepoints()?
             .key(&format!("{}.json", crate::blobstore::escape_segment(name)))
+    }
+
+    /// The pins forks hold on savepoint `name`: `forks/<name>/`.
+    pub fn fork_pins(&self, savepoint: &str) -> Result<Scope> {
+        self.0.child("forks")?.escaped(savepoint)
+    }
+
+    /// The pin task `task` of fork `fork_job`/`fork_id` holds on savepoint `savepoint`:
+    /// `forks/<savepoint>/<fork-job>/<fork-id>/<task>.json`.
+    pub fn fork_pin_key(
+        &self,
+        savepoint: &str,
+        fork_job: &str,
+        fork_id: &str,
+        task: &str,
+    ) -> Result<BlobKey> {
+        self.fork_pins(savepoint)?
+            .escaped(fork_job)?
+            .escaped(fork_id)?
+            .key(&format!("{}.json", crate::blobstore::escape_segment(task)))
     }
 
     /// Every task's writer leases: `writers/`.
@@ -163,6 +184,17 @@ pub enum KeyKind {
         /// The savepoint's name.
         name: String,
     },
+    /// `forks/<savepoint>/<fork-job>/<fork-id>/<task>.json`: a fork's pin.
+    ForkPin {
+        /// The savepoint pinned.
+        savepoint: String,
+        /// The fork's job name.
+        fork_job: String,
+        /// The fork's job id.
+        fork_id: String,
+        /// The fork's task.
+        task: String,
+    },
     /// `writers/<task>/<writer>.json`.
     Writer {
         /// The task.
@@ -203,7 +235,7 @@ impl KeyKind {
     /// The task whose area the key is in.
     pub fn task(&self) -> Option<&str> {
         match self {
-            KeyKind::OwnerRecord | KeyKind::Savepoint { .. } => None,
+            KeyKind::OwnerRecord | KeyKind::Savepoint { .. } | KeyKind::ForkPin { .. } => None,
             KeyKind::Checkpoint { task, .. }
             | KeyKind::Writer { task }
             | KeyKind::Index { task, .. }
@@ -249,6 +281,14 @@ pub fn parse(key: &BlobKey) -> Option<ParsedKey> {
             .strip_suffix(".json")
             .and_then(name)
             .map(|name| KeyKind::Savepoint { name }),
+        ["forks", sp, fj, fid, file] => file.strip_suffix(".json").and_then(|t| {
+            Some(KeyKind::ForkPin {
+                savepoint: name(sp)?,
+                fork_job: name(fj)?,
+                fork_id: name(fid)?,
+                task: name(t)?,
+            })
+        }),
         ["writers", t, file] if file.ends_with(".json") => {
             name(t).map(|task| KeyKind::Writer { task })
         }
@@ -324,6 +364,12 @@ mod tests {
             "word%2Ecount/1/tasks/Partition%200/stores/counts/index/1700000000123-0.44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a.json"
         );
         assert_eq!(
+            job.fork_pin_key("before upgrade", "fork.job", "2", "Partition 0")
+                .unwrap()
+                .as_str(),
+            "word%2Ecount/1/forks/before%20upgrade/fork%2Ejob/2/Partition%200.json"
+        );
+        assert_eq!(
             JobScope::manual("nightly 1").unwrap().scope().as_str(),
             "manual/nightly%201/"
         );
@@ -373,6 +419,15 @@ mod tests {
                 store: "counts".into(),
                 checkpoint_id: id,
                 sha256: sha
+            }
+        );
+        assert_eq!(
+            kind(&job.fork_pin_key("sp", "f/x", "9", "Partition 0").unwrap()),
+            KeyKind::ForkPin {
+                savepoint: "sp".into(),
+                fork_job: "f/x".into(),
+                fork_id: "9".into(),
+                task: task()
             }
         );
         // Near misses are unknown, in the area they are in.

@@ -38,7 +38,7 @@ use async_trait::async_trait;
 use futures::{StreamExt as _, TryStreamExt as _};
 
 use super::diff::{diff, DirDiff};
-use super::{hash_object, load_snapshot, Expected, LoadedSnapshot, FACTORY_NAME};
+use super::{hash_object, load_snapshot, BlobScopes, Expected, LoadedSnapshot, FACTORY_NAME};
 use crate::backend::{Clock, StoreMarkers, StoreSpec, TaskBackupManager, TaskContext};
 use crate::blobstore::{BlobKey, BlobStore, DeferredDeletes, PutBody, PutOptions};
 use crate::checkpoint::{Checkpoint, CheckpointId};
@@ -234,6 +234,9 @@ struct Expiry {
     stats: CleanupStats,
 }
 
+/// The keys of the blobs `index` names in its own scope, with their sizes. A fork's
+/// borrowed blobs are not among them: they belong to the job they were borrowed from, and
+/// this store's cleanup never deletes them.
 fn blob_keys(
     scope: &StoreScope,
     index: &SnapshotIndex,
@@ -241,10 +244,42 @@ fn blob_keys(
     let mut out = HashMap::new();
     for (_, f) in index.present_files() {
         for b in &f.blobs {
-            out.insert(scope.key(&b.blob_id)?, f.file_metadata.size);
+            if BlobScopes::is_own(&b.blob_id) {
+                out.insert(scope.key(&b.blob_id)?, f.file_metadata.size);
+            }
         }
     }
     Ok(out)
+}
+
+/// The declarations of `committed` (a fork's snapshot) that `dir` still names, and the scopes
+/// to read the new snapshot's blobs in.
+fn still_borrowed(
+    committed: &LoadedSnapshot,
+    dir: &DirIndex,
+) -> (BTreeMap<String, crate::index::BorrowedScope>, BlobScopes) {
+    if committed.index.borrowed_from.is_empty() {
+        return (BTreeMap::new(), BlobScopes::own(committed.scope.clone()));
+    }
+    let mut named = std::collections::BTreeSet::new();
+    collect_aliases(dir, &mut named);
+    let declared = committed
+        .index
+        .borrowed_from
+        .iter()
+        .filter(|(alias, _)| named.contains(alias.as_str()))
+        .map(|(a, b)| (a.clone(), b.clone()))
+        .collect();
+    (declared, committed.blobs.clone())
+}
+
+fn collect_aliases<'a>(dir: &'a DirIndex, out: &mut std::collections::BTreeSet<&'a str>) {
+    for f in &dir.files_present {
+        out.extend(f.blobs.iter().filter_map(|b| b.borrowed().map(|(a, _)| a)));
+    }
+    for d in &dir.sub_dirs_present {
+        collect_aliases(d, out);
+    }
 }
 
 /// The blob backend's backup manager for one task.
@@ -266,6 +301,8 @@ pub struct BlobBackupManager {
     abandoned_in_a_row: std::sync::atomic::AtomicU32,
     /// The writer lease ([`BackupSettings::writer_lease`]) and when it was last written.
     lease: Option<(super::admin::WriterLease, Mutex<Option<Instant>>)>,
+    /// A fork's pins on the savepoints its snapshots borrow through, released once unused.
+    release: super::fork::Release,
 }
 
 /// After this many consecutive commits abandoned by the abandon rule, the next abandonment is
@@ -318,6 +355,12 @@ impl BlobBackupManager {
             specs.push((spec.clone(), scope, cache));
             progress.insert(spec.name.clone(), Arc::default());
         }
+        let release = super::fork::Release::new(
+            Arc::clone(&blob_store),
+            &task.job_name,
+            &task.job_id,
+            &task.task_name,
+        );
         Ok(BlobBackupManager {
             blob_store,
             stores: specs,
@@ -335,6 +378,7 @@ impl BlobBackupManager {
                     Mutex::new(None),
                 )
             }),
+            release,
             task,
             settings,
         })
@@ -483,8 +527,16 @@ impl BlobBackupManager {
         //    write, `before_commit`).
         self.check_age(id, &format!("upload of store {}", spec.name))?;
         let dir_index = build_dir(&dd, &blob_of, &inline)?;
+        // A fork's retained files keep naming the blobs it borrows: the new index declares
+        // the scopes they are in (those still named, no others).
+        let (borrowed_from, blobs) = match committed.as_ref() {
+            Some(c) => still_borrowed(c, &dir_index),
+            None => (BTreeMap::new(), BlobScopes::own(scope.clone())),
+        };
         let index = SnapshotIndex {
-            format_version: if has_inline(&dir_index) {
+            format_version: if !borrowed_from.is_empty() {
+                crate::index::FORMAT_FORK
+            } else if has_inline(&dir_index) {
                 FORMAT_INLINE
             } else {
                 FORMAT_V1
@@ -499,6 +551,7 @@ impl BlobBackupManager {
             },
             dir_index,
             prev_snapshot_index_blob_id: committed.as_ref().map(|c| c.marker.to_string()),
+            borrowed_from,
         };
         let (marker, index_len) = self.put_index(id, scope, &index).await?;
 
@@ -550,6 +603,7 @@ impl BlobBackupManager {
             marker,
             LoadedSnapshot {
                 scope: scope.clone(),
+                blobs,
                 marker,
                 index: Arc::new(index),
             },
@@ -938,6 +992,9 @@ impl TaskBackupManager for BlobBackupManager {
                     }
                 }
             }
+            for s in &retained {
+                self.release.note(&s.index);
+            }
             lock(&self.state)?.insert(
                 spec.name.clone(),
                 StoreState {
@@ -1001,6 +1058,7 @@ impl TaskBackupManager for BlobBackupManager {
             .map_err(|e| e.context("cleanup"))?;
         }
         self.retire(expiry)?;
+        self.release_pins().await;
         Ok(())
     }
 
@@ -1016,6 +1074,7 @@ impl TaskBackupManager for BlobBackupManager {
         let mut expiry = self.expiry()?;
         let keys = std::mem::take(&mut expiry.keys);
         self.retire(expiry)?;
+        self.release_pins().await;
         Ok(vec![DeferredDeletes {
             store: Arc::clone(&self.blob_store),
             keys,
@@ -1059,6 +1118,29 @@ impl TaskBackupManager for BlobBackupManager {
 }
 
 impl BlobBackupManager {
+    /// A fork's task: delete the pins none of its snapshots needs any more (best effort: a
+    /// pin kept too long only keeps the source's savepoint from being removed).
+    async fn release_pins(&self) {
+        if !self.release.holds_any() {
+            return;
+        }
+        let window: Vec<Arc<SnapshotIndex>> = match lock(&self.state) {
+            Ok(state) => state
+                .values()
+                .flat_map(|st| st.retained.iter().chain(st.uploaded.values()))
+                .map(|s| Arc::clone(&s.index))
+                .collect(),
+            Err(_) => return,
+        };
+        if let Err(e) = self
+            .release
+            .release_unused(window.iter().map(|i| i.as_ref()))
+            .await
+        {
+            tracing::warn!(task = %self.task.task_name, error = %e, "could not release a fork pin; retried at the next commit");
+        }
+    }
+
     /// What keeps this job's doomed keys alive when their delete is sent: its savepoints.
     fn pins(&self) -> Result<Arc<dyn crate::blobstore::DeleteFilter>> {
         let pins = super::savepoint::Pins::new(
@@ -1131,6 +1213,7 @@ impl BlobBackupManager {
                 None => self.load_committed(spec, marker_str).await?,
             };
             tracing::debug!(store = %spec.name, checkpoint = %id, marker = %snap.marker, "committed");
+            self.release.note(&snap.index);
             let mut state = lock(&self.state)?;
             let st = state.entry(spec.name.clone()).or_default();
             st.committed = Some(snap.clone());

@@ -235,7 +235,7 @@ pub async fn check_job(
                 report.add(e.kind(), format!("{marker}: {path}: {e}"), by.clone());
             }
             for b in &f.blobs {
-                let key = snap.scope.key(&b.blob_id)?;
+                let key = snap.blobs.key(&b.blob_id)?;
                 blobs.entry(key).or_insert_with(|| {
                     (
                         f.file_metadata.size,

@@ -388,7 +388,7 @@ fn blob_sizes(snap: &LoadedSnapshot, f: &crate::index::FileIndex) -> Result<Vec<
         .iter()
         .map(|b| {
             Ok((
-                snap.scope.key(&b.blob_id)?.as_str().to_owned(),
+                snap.blobs.key(&b.blob_id)?.as_str().to_owned(),
                 f.file_metadata.size / n,
             ))
         })

@@ -445,7 +445,7 @@ pub(crate) async fn read_roots(
                 out.history.insert(snap.scope.index_key(&snap.marker)?);
                 for (_, f) in snap.index.present_files() {
                     for b in &f.blobs {
-                        out.history.insert(snap.scope.key(&b.blob_id)?);
+                        out.history.insert(snap.blobs.key(&b.blob_id)?);
                     }
                 }
             }
@@ -473,7 +473,7 @@ pub(crate) async fn read_roots(
             out.savepoints.insert(snap.scope.index_key(&snap.marker)?);
             for (_, f) in snap.index.present_files() {
                 for b in &f.blobs {
-                    out.savepoints.insert(snap.scope.key(&b.blob_id)?);
+                    out.savepoints.insert(snap.blobs.key(&b.blob_id)?);
                 }
             }
         }

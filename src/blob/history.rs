@@ -41,6 +41,9 @@ pub enum CheckpointRef {
     At(u64),
     /// The task's checkpoint in a savepoint.
     Savepoint(String),
+    /// A savepoint of another job, `savepoint:JOB/JOB-ID/NAME`: a fork point, only for
+    /// `start-from` ([`super::fork`]).
+    Fork(super::fork::ForkSource),
 }
 
 impl FromStr for CheckpointRef {
@@ -65,6 +68,9 @@ impl FromStr for CheckpointRef {
             return parse_time(t).map(CheckpointRef::At).map_err(|e| bad(&e));
         }
         if let Some(name) = s.strip_prefix("savepoint:") {
+            if name.contains('/') {
+                return name.parse().map(CheckpointRef::Fork);
+            }
             super::savepoint::validate_name(name)?;
             return Ok(CheckpointRef::Savepoint(name.to_string()));
         }
@@ -88,6 +94,7 @@ impl fmt::Display for CheckpointRef {
             CheckpointRef::Id(id) => write!(f, "{id}"),
             CheckpointRef::At(ms) => write!(f, "@{}", utc(*ms)),
             CheckpointRef::Savepoint(n) => write!(f, "savepoint:{n}"),
+            CheckpointRef::Fork(src) => write!(f, "savepoint:{src}"),
         }
     }
 }
@@ -188,6 +195,9 @@ pub async fn resolve(
             savepoint: Some(name.clone()),
         });
     }
+    if let CheckpointRef::Fork(src) = r {
+        return Err(fork_only(src));
+    }
     let cps = BlobCheckpointStore::new(Arc::clone(store), job.clone());
     let history = cps.history(task, usize::MAX).await?;
     let committed = pick(&history, r).map_err(|e| e.context(format!("task {task:?}")))?;
@@ -252,7 +262,14 @@ pub fn pick<'a>(
         CheckpointRef::Savepoint(name) => Err(Error::invalid(format!(
             "savepoint:{name} is resolved against the job's savepoints, not a history"
         ))),
+        CheckpointRef::Fork(src) => Err(fork_only(src)),
     }
+}
+
+fn fork_only(src: &super::fork::ForkSource) -> Error {
+    Error::invalid(format!(
+        "savepoint:{src} is a savepoint of another job: a fork point for [job] start-from, not a checkpoint of this job"
+    ))
 }
 
 fn seqs(history: &[CommittedCheckpoint]) -> String {

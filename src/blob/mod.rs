@@ -10,7 +10,8 @@
 //! - [`manual`]: backups of a closed RocksDB dir outside any job (`blobsnap backup`).
 //! - [`cost`]: what a job costs per commit and per month, from its retained checkpoints.
 //! - [`history`]: every retained checkpoint, and references to one (`latest`, `#N`, an id,
-//!   `@TIME`, a savepoint); [`savepoint`]: named, user-owned roots.
+//!   `@TIME`, a savepoint); [`savepoint`]: named, user-owned roots; [`fork`]: a job started
+//!   from another job's savepoint, borrowing its blobs.
 //!
 //! Markers are stored in CheckpointV2 under [`FACTORY_NAME`].
 
@@ -20,6 +21,7 @@ pub mod check;
 pub mod cost;
 pub mod diff;
 pub mod factory;
+pub mod fork;
 pub mod gc;
 pub mod history;
 pub mod manual;
@@ -28,12 +30,13 @@ pub mod savepoint;
 pub mod usage;
 pub mod verify;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub use crate::blobstore::hash_object;
-use crate::blobstore::{get_bytes, BlobStore};
+use crate::blobstore::{get_bytes, BlobKey, BlobStore};
 use crate::digest::Sha256;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::index::{IndexMarker, SnapshotIndex, MAX_INDEX_BYTES};
 use crate::layout::{JobScope, StoreScope};
 
@@ -54,11 +57,74 @@ pub struct Expected<'a> {
     pub store_name: &'a str,
 }
 
+/// Where the blobs of one snapshot live: its store's own scope, and for a fork's index the
+/// scopes it declares it borrows from (`borrowed-from`, checked by [`load_snapshot`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BlobScopes {
+    own: Option<StoreScope>,
+    borrowed: BTreeMap<String, StoreScope>,
+}
+
+impl BlobScopes {
+    /// Blobs of `scope` only (every snapshot a plain job writes).
+    pub fn own(scope: StoreScope) -> Self {
+        BlobScopes {
+            own: Some(scope),
+            borrowed: BTreeMap::new(),
+        }
+    }
+
+    /// The full key of `blob_id`: `blobs/…` in the own scope, `borrowed/<alias>/blobs/…` in
+    /// the declared scope of `alias`. Anything else (an id outside `blobs/`, an undeclared
+    /// alias, a key that escapes its scope) is `Corrupt`.
+    pub fn key(&self, blob_id: &str) -> Result<BlobKey> {
+        let (scope, rel) = match blob_id.strip_prefix(crate::index::BORROWED_PREFIX) {
+            Some(rest) => {
+                let (alias, rel) = rest.split_once('/').unwrap_or((rest, ""));
+                let scope = self.borrowed.get(alias).ok_or_else(|| {
+                    Error::corrupt(format!(
+                        "blob {blob_id:?} borrows from undeclared scope {alias:?}"
+                    ))
+                })?;
+                (scope, rel)
+            }
+            None => (
+                self.own
+                    .as_ref()
+                    .ok_or_else(|| Error::corrupt("no store scope to resolve blobs in"))?,
+                blob_id,
+            ),
+        };
+        let key = scope
+            .key(rel)
+            .map_err(|e| Error::corrupt(format!("bad blob id {blob_id:?}: {}", e.message())))?;
+        if !rel.starts_with("blobs/") || !key.is_in(scope.scope()) {
+            return Err(Error::corrupt(format!(
+                "blob {blob_id:?} is outside the store's blobs/"
+            )));
+        }
+        Ok(key)
+    }
+
+    /// Whether `blob_id` is in the own scope (a collector of this store may delete it; a
+    /// borrowed blob belongs to the job it was borrowed from, and is never deleted here).
+    pub fn is_own(blob_id: &str) -> bool {
+        !blob_id.starts_with(crate::index::BORROWED_PREFIX)
+    }
+
+    /// The declared scopes, by alias.
+    pub fn borrowed(&self) -> &BTreeMap<String, StoreScope> {
+        &self.borrowed
+    }
+}
+
 /// A store's snapshot, loaded and checked by [`load_snapshot`] (or just written by a backup).
 #[derive(Clone, Debug)]
 pub struct LoadedSnapshot {
-    /// The store's scope: where its index and blobs live.
+    /// The store's scope: where its index lives, and its own blobs.
     pub scope: StoreScope,
+    /// Where its blobs live (its own scope, and a fork's borrowed ones).
+    pub blobs: BlobScopes,
     /// The snapshot's marker.
     pub marker: IndexMarker,
     /// Its index.
@@ -79,6 +145,7 @@ pub async fn load_snapshot(
     let scope = JobScope::new(who.job_name, who.job_id)?.store(who.task_name, who.store_name)?;
     let marker: IndexMarker = marker.parse()?;
     let index = read_index(store, &scope, &marker, who).await?;
+    let blobs = borrowed_scopes(store, &scope, &marker, &index, who).await?;
     for (path, f) in index.present_files() {
         if f.sha256.is_none() {
             return Err(Error::corrupt(format!(
@@ -86,26 +153,55 @@ pub async fn load_snapshot(
             )));
         }
         for b in &f.blobs {
-            let key = scope.key(&b.blob_id).map_err(|e| {
-                Error::corrupt(format!(
-                    "index {marker}: entry {path}: bad blob id {:?}: {}",
-                    b.blob_id,
-                    e.message()
-                ))
-            })?;
-            if !b.blob_id.starts_with("blobs/") || !key.is_in(scope.scope()) {
-                return Err(Error::corrupt(format!(
-                    "index {marker}: entry {path}: blob {:?} is outside the store's blobs/",
-                    b.blob_id
-                )));
-            }
+            blobs
+                .key(&b.blob_id)
+                .map_err(|e| e.context(format!("index {marker}: entry {path}")))?;
         }
     }
     Ok(LoadedSnapshot {
         scope,
+        blobs,
         marker,
         index: Arc::new(index),
     })
+}
+
+/// The scopes a (fork's) index reads blobs from: its own, and each one it declares in
+/// `borrowed-from` — a store of **another** job, on which this task holds a pin (the fork's
+/// pin on the savepoint that keeps those blobs, DESIGN §10). A declaration of the own job, or
+/// one without its pin, is `Corrupt`: an index never reads blobs it has no root for.
+async fn borrowed_scopes(
+    store: &dyn BlobStore,
+    scope: &StoreScope,
+    marker: &IndexMarker,
+    index: &SnapshotIndex,
+    who: &Expected<'_>,
+) -> Result<BlobScopes> {
+    let mut out = BlobScopes::own(scope.clone());
+    for (alias, b) in &index.borrowed_from {
+        if (b.job_name.as_str(), b.job_id.as_str()) == (who.job_name, who.job_id) {
+            return Err(Error::corrupt(format!(
+                "index {marker}: borrowed-from[{alias}] names its own job: only a fork borrows, and from another job"
+            )));
+        }
+        let source = JobScope::new(&b.job_name, &b.job_id)?;
+        let pin = source.fork_pin_key(&b.savepoint, who.job_name, who.job_id, who.task_name)?;
+        if let Err(e) = store.head(&pin).await {
+            let kind = e.kind();
+            let e = e.context(format!(
+                "index {marker} borrows blobs of {}/{} (savepoint {:?}) and needs its pin {pin}",
+                b.job_name, b.job_id, b.savepoint
+            ));
+            return Err(if kind == ErrorKind::NotFound {
+                Error::corrupt(e.message().to_string())
+            } else {
+                e
+            });
+        }
+        out.borrowed
+            .insert(alias.clone(), source.store(&b.task_name, &b.store_name)?);
+    }
+    Ok(out)
 }
 
 /// GET the index named by `marker` in `scope` and check it: the SHA-256 of its bytes against

@@ -231,7 +231,7 @@ pub async fn check_present(store: &dyn BlobStore, sp: &Savepoint) -> Result<()> 
                     .map(|b| b.blob_id.clone())
                     .collect::<Vec<_>>()
             })
-            .map(|id| snap.scope.key(&id))
+            .map(|id| snap.blobs.key(&id))
             .collect::<Result<_>>()?;
         futures::stream::iter(keys)
             .map(|k| async move { store.head(&k).await.map_err(|e| e.context(format!("{k}"))) })
@@ -292,10 +292,28 @@ pub async fn list(store: &dyn BlobStore, job: &JobScope) -> Result<Vec<Savepoint
     Ok(out)
 }
 
-/// Delete savepoint `name` (`NotFound` if there is none).
+/// Delete savepoint `name` (`NotFound` if there is none). Refused (`Conflict`, naming them)
+/// while forks hold a pin on it ([`super::fork`]): their snapshots read its blobs. A fork
+/// pinning it while it is being removed is caught by one side: the fork checks the record
+/// after its pin, and this checks the pins again after the delete and puts the record back.
 pub async fn remove(store: &dyn BlobStore, job: &JobScope, name: &str) -> Result<Savepoint> {
     let sp = read(store, job, name).await?;
     let key = job.savepoint_key(name)?;
+    let in_use = |forks: Vec<super::fork::ForkPin>| {
+        Error::conflict(format!(
+            "savepoint {name:?} is in use by {} fork task(s): {}; it can be removed once they no longer borrow from it (their snapshots were rewritten, or the forks deleted)",
+            forks.len(),
+            forks
+                .iter()
+                .map(|p| format!("{}/{} task {}", p.fork_job, p.fork_id, p.task))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    };
+    let forks = super::fork::dependents(store, job, name).await?;
+    if !forks.is_empty() {
+        return Err(in_use(forks));
+    }
     if let Some((_, e)) = store
         .delete_many(std::slice::from_ref(&key))
         .await?
@@ -303,6 +321,16 @@ pub async fn remove(store: &dyn BlobStore, job: &JobScope, name: &str) -> Result
         .next()
     {
         return Err(e.context(format!("delete savepoint {key}")));
+    }
+    let forks = super::fork::dependents(store, job, name).await?;
+    if !forks.is_empty() {
+        let bytes = serde_json::to_vec_pretty(&sp)
+            .map_err(|e| Error::invalid(format!("savepoint: {e}")))?;
+        store
+            .put(&key, PutBody::Bytes(bytes.into()), PutOptions::default())
+            .await
+            .map_err(|e| e.context(format!("put back savepoint {key}")))?;
+        return Err(in_use(forks));
     }
     Ok(sp)
 }
@@ -327,7 +355,7 @@ async fn live_keys(
     keys.insert(snap.scope.index_key(&snap.marker)?);
     for (_, f) in snap.index.present_files() {
         for b in &f.blobs {
-            keys.insert(snap.scope.key(&b.blob_id)?);
+            keys.insert(snap.blobs.key(&b.blob_id)?);
         }
     }
     Ok(keys)

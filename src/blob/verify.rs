@@ -97,7 +97,7 @@ pub async fn verify(
             report.problems.push((e.kind(), format!("{path}: {e}")));
         }
         for b in &f.blobs {
-            let key = snap.scope.key(&b.blob_id)?;
+            let key = snap.blobs.key(&b.blob_id)?;
             let this = n;
             n += 1;
             report.objects += 1;

@@ -59,9 +59,17 @@ pub(crate) struct DemoArgs {
     /// roll-forward to a newer retained one: `savepoint:NAME`, `#N`, a checkpoint id or prefix,
     /// `@2026-12-02T10:00Z`. Each task commits the point as its new head (the history records
     /// the move) and reprocesses from its offsets; applied once (a rerun with the same value
-    /// resumes from the latest) [job.start-from].
+    /// resumes from the latest) [job.start-from]. `savepoint:JOB/JOB-ID/NAME` names another
+    /// job's savepoint: this job starts as a **fork** of it, borrowing its blobs (none copied).
     #[arg(long)]
     pub(crate) start_from: Option<String>,
+    /// The job's name [job.name, default wordcount].
+    #[arg(long)]
+    pub(crate) job_name: Option<String>,
+    /// The job's id [job.id, default 1]: another id is another deployment, with its own
+    /// checkpoints and blobs (a fork, with --start-from savepoint:JOB/JOB-ID/NAME).
+    #[arg(long)]
+    pub(crate) job_id: Option<String>,
 }
 
 pub(crate) async fn run(
@@ -83,6 +91,8 @@ pub(crate) async fn run(
         metrics_addr,
         gc_grace_secs,
         start_from,
+        job_name,
+        job_id,
     } = args;
     if let Some(addr) = metrics_addr {
         let bound = serve_metrics(addr).await?;
@@ -105,8 +115,8 @@ pub(crate) async fn run(
     let has_store_flags = store_args.names_a_store();
     let blob_store = open_demo_store(store_args, &dir).await?;
     let settings = JobSettings {
-        job_name: job.name.clone(),
-        job_id: job.id.clone(),
+        job_name: job_name.unwrap_or(job.name.clone()),
+        job_id: job_id.unwrap_or(job.id.clone()),
         state_dir: dir.join("state"),
         input_dir: dir.join("input"),
         stream: "lines".into(),

@@ -92,14 +92,15 @@ pub(crate) async fn run(
         }
         SavepointAction::Show { job, savepoint } => {
             let (job_name, job_id) = (job.job, job.job_id);
-            let sp = savepoint::read(
-                store.as_ref(),
-                &JobScope::new(&job_name, &job_id)?,
-                &savepoint,
-            )
-            .await?;
+            let scope = JobScope::new(&job_name, &job_id)?;
+            let sp = savepoint::read(store.as_ref(), &scope, &savepoint).await?;
+            let forks =
+                blobsnap::blob::fork::dependents(store.as_ref(), &scope, &savepoint).await?;
             if json {
-                print_json(&sp)?;
+                println!(
+                    "{}",
+                    serde_json::json!({"schema": 1, "savepoint": sp, "forks": forks})
+                );
             } else {
                 println!(
                     "savepoint {} of {job_name}/{job_id}, made {} at {}",
@@ -108,6 +109,12 @@ pub(crate) async fn run(
                     sp.at
                 );
                 print_tasks(&sp)?;
+                for f in &forks {
+                    println!(
+                        "  borrowed by fork {}/{} task {} (rm refuses while it does)",
+                        f.fork_job, f.fork_id, f.task
+                    );
+                }
             }
         }
         SavepointAction::Rm { job, savepoint } => {

@@ -309,12 +309,34 @@ pub async fn check_start_from(
         return Ok(());
     };
     let job = JobScope::new(&settings.job_name, &settings.job_id)?;
+    let fork_source = match point {
+        crate::blob::history::CheckpointRef::Fork(src) => {
+            let sp = crate::blob::savepoint::read(
+                blob_store.as_ref(),
+                &JobScope::new(&src.job_name, &src.job_id)?,
+                &src.savepoint,
+            )
+            .await
+            .map_err(|e| e.context(format!("start-from {point} (nothing started)")))?;
+            Some(sp)
+        }
+        _ => None,
+    };
     for p in 0..settings.partitions {
         let task = task_name(p);
         if applied(blob_store.as_ref(), &job, &task, point)
             .await?
             .is_some()
         {
+            continue;
+        }
+        if let Some(sp) = &fork_source {
+            if sp.checkpoint_of(&task)?.is_none() {
+                return Err(Error::new(
+                    crate::error::ErrorKind::NotFound,
+                    format!("start-from {point}: the savepoint has no checkpoint of task {task:?} (nothing started)"),
+                ));
+            }
             continue;
         }
         crate::blob::history::resolve(blob_store, &job, &task, point)
@@ -358,6 +380,7 @@ fn start_from_key(job: &JobScope, task: &str) -> Result<crate::blobstore::BlobKe
 /// `last` as it is.
 async fn start_from(
     commits: &TaskCommitManager,
+    ctx: &TaskContext,
     blob_store: &Arc<dyn BlobStore>,
     job: &JobScope,
     task: &str,
@@ -368,10 +391,22 @@ async fn start_from(
         tracing::info!(task, start_from = %point, seq = r.seq, "start-from was applied before (at #{}); resuming from the latest checkpoint", r.seq);
         return Ok(last);
     }
-    let chosen = crate::blob::history::resolve(blob_store, job, task, point)
-        .await
-        .map_err(|e| e.context(format!("start-from {point}")))?;
-    let checkpoint = chosen.committed.checkpoint;
+    let (checkpoint, from_seq) = match point {
+        crate::blob::history::CheckpointRef::Fork(src) => {
+            let forked =
+                crate::blob::fork::fork_task(blob_store, src, &ctx.job_name, &ctx.job_id, task)
+                    .await
+                    .map_err(|e| e.context(format!("start-from {point}")))?;
+            tracing::info!(task, start_from = %point, stores = forked.stores, files = forked.files, bytes_borrowed = forked.bytes, requests = forked.requests, "forked: the snapshots borrow the source's blobs, none copied");
+            (forked.checkpoint, None)
+        }
+        _ => {
+            let chosen = crate::blob::history::resolve(blob_store, job, task, point)
+                .await
+                .map_err(|e| e.context(format!("start-from {point}")))?;
+            (chosen.committed.checkpoint, Some(chosen.committed.seq))
+        }
+    };
     let seq = commits.rollback(checkpoint.clone()).await?;
     let record = StartedFrom {
         start_from: point.to_string(),
@@ -389,7 +424,7 @@ async fn start_from(
             crate::blobstore::PutOptions::default(),
         )
         .await?;
-    tracing::warn!(task, start_from = %point, from_seq = chosen.committed.seq, head = seq, checkpoint_id = %record.checkpoint_id, "started from a chosen point: committed it as the new head");
+    tracing::warn!(task, start_from = %point, from_seq = ?from_seq, head = seq, checkpoint_id = %record.checkpoint_id, "started from a chosen point: committed it as the new head");
     Ok(Some(checkpoint))
 }
 
@@ -455,7 +490,7 @@ async fn run_task_leased(
     let mut lease_renewed = std::time::Instant::now();
     crate::crash::point("task.after-claim");
     let last = match &settings.start_from {
-        Some(point) => start_from(&commits, &blob_store, job, &task, point, last).await?,
+        Some(point) => start_from(&commits, &ctx, &blob_store, job, &task, point, last).await?,
         None => last,
     };
 

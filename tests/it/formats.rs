@@ -207,6 +207,7 @@ fn sample_index() -> SnapshotIndex {
             sub_dirs_removed: vec![dir("old", vec![file("9", b"9")], vec![])],
         },
         prev_snapshot_index_blob_id: Some("index/1699999999999-0.abc.json".into()),
+        borrowed_from: Default::default(),
     }
 }
 
@@ -483,6 +484,7 @@ proptest! {
             },
             dir_index: root,
             prev_snapshot_index_blob_id: None,
+            borrowed_from: Default::default(),
         };
         let bytes = index.to_bytes().unwrap();
         let back = SnapshotIndex::from_slice(&bytes).unwrap();

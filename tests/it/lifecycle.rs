@@ -404,23 +404,7 @@ mod external {
     #[ignore = "needs BLOBSNAP_TEST_S3_ENDPOINT; run by scripts/test.sh"]
     async fn demo_survives_the_crash_matrix() {
         let h = support::external().await;
-        let support::Kind::S3(s3) = &h.kind else {
-            unreachable!()
-        };
-        let fences = h
-            .store
-            .capabilities(Probe::Never)
-            .await
-            .unwrap()
-            .create_only
-            == blobsnap::blobstore::CreateOnly::Atomic;
-        let ms = MatrixStore::S3 {
-            config: Box::new(s3.config().clone()),
-            root: h.scope.as_str().to_string(),
-            ak: std::env::var("BLOBSNAP_TEST_S3_ACCESS_KEY").unwrap_or_else(|_| "test".into()),
-            sk: std::env::var("BLOBSNAP_TEST_S3_SECRET_KEY").unwrap_or_else(|_| "test".into()),
-            fences,
-        };
+        let ms = super::MatrixStore::external(&h).await;
         let tmp = tempfile::tempdir().unwrap();
         let runs: u64 = std::env::var("BLOBSNAP_CRASH_RUNS")
             .ok()
@@ -443,25 +427,20 @@ mod external {
     #[ignore = "needs BLOBSNAP_TEST_S3_ENDPOINT; run by scripts/test.sh"]
     async fn state_through_time() {
         let h = support::external().await;
-        let support::Kind::S3(s3) = &h.kind else {
-            unreachable!()
-        };
-        let fences = h
-            .store
-            .capabilities(Probe::Never)
-            .await
-            .unwrap()
-            .create_only
-            == blobsnap::blobstore::CreateOnly::Atomic;
-        let ms = MatrixStore::S3 {
-            config: Box::new(s3.config().clone()),
-            root: h.scope.as_str().to_string(),
-            ak: std::env::var("BLOBSNAP_TEST_S3_ACCESS_KEY").unwrap_or_else(|_| "test".into()),
-            sk: std::env::var("BLOBSNAP_TEST_S3_SECRET_KEY").unwrap_or_else(|_| "test".into()),
-            fences,
-        };
+        let ms = super::MatrixStore::external(&h).await;
         let tmp = tempfile::tempdir().unwrap();
         super::state_through_time(&ms, tmp.path()).await;
+        h.cleanup().await;
+    }
+
+    /// Zero-copy forks (see `forks`) on the S3 server.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs BLOBSNAP_TEST_S3_ENDPOINT; run by scripts/test.sh"]
+    async fn forks() {
+        let h = support::external().await;
+        let ms = super::MatrixStore::external(&h).await;
+        let tmp = tempfile::tempdir().unwrap();
+        super::forks(&ms, tmp.path()).await;
         h.cleanup().await;
     }
 
@@ -751,6 +730,27 @@ struct Leg {
 }
 
 impl MatrixStore {
+    /// The matrix store on the external S3 server of `h` (fencing as the server allows).
+    async fn external(h: &support::Harness) -> Self {
+        let support::Kind::S3(s3) = &h.kind else {
+            panic!("not an S3 harness")
+        };
+        let fences = h
+            .store
+            .capabilities(Probe::Never)
+            .await
+            .unwrap()
+            .create_only
+            == blobsnap::blobstore::CreateOnly::Atomic;
+        MatrixStore::S3 {
+            config: Box::new(s3.config().clone()),
+            root: h.scope.as_str().to_string(),
+            ak: std::env::var("BLOBSNAP_TEST_S3_ACCESS_KEY").unwrap_or_else(|_| "test".into()),
+            sk: std::env::var("BLOBSNAP_TEST_S3_SECRET_KEY").unwrap_or_else(|_| "test".into()),
+            fences,
+        }
+    }
+
     async fn leg(&self, dir: &std::path::Path, name: &str) -> Leg {
         match self {
             MatrixStore::Local => Leg {
@@ -3395,6 +3395,324 @@ async fn state_through_time(ms: &MatrixStore, root: &std::path::Path) {
         "gc fails closed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A zero-copy fork through `blobsnap` commands alone: job wordcount/1 runs and saves a
+/// point; job wordcount/2 starts from `savepoint:wordcount/1/NAME`, borrowing every blob (its
+/// scope gains no blob of the source's), reprocesses from the savepoint's offsets and ends
+/// with counts equal to an independent count. The source cannot remove the savepoint while the
+/// fork borrows (exit 6, naming the fork); neither the source's sweep nor the fork's cleanup
+/// deletes a borrowed blob; a fork of a fork reads through both.
+async fn forks(ms: &MatrixStore, root: &std::path::Path) {
+    let leg = ms.leg(root, "forks").await;
+    let run = |args: Vec<String>| {
+        let mut c = leg.cmd(&args);
+        async move { c.output().await.unwrap() }
+    };
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    let demo = |dir: &str, lines: &str, extra: &[&str]| {
+        let d = root.join(dir).display().to_string();
+        let mut a = s(&[
+            "demo",
+            "--dir",
+            &d,
+            "--partitions",
+            "2",
+            "--lines",
+            lines,
+            "--commit-every",
+            "300",
+            "--retention",
+            "1",
+        ]);
+        a.extend(leg.extra.iter().cloned());
+        a.extend(s(extra));
+        a
+    };
+    let json = |out: &std::process::Output| -> serde_json::Value {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let blob_keys = |job: &str, id: &str| {
+        let scope = JobScope::new(job, id).unwrap();
+        let store = Arc::clone(&leg.store);
+        async move {
+            list_all(store.as_ref(), scope.scope())
+                .await
+                .unwrap()
+                .into_iter()
+                .filter(|m| {
+                    matches!(
+                        blobsnap::layout::parse(&m.key).map(|p| p.kind),
+                        Some(blobsnap::layout::KeyKind::Blob { .. })
+                    )
+                })
+                .map(|m| m.key.as_str().to_string())
+                .collect::<BTreeSet<String>>()
+        }
+    };
+
+    // The source: 2000 lines, a savepoint of its head.
+    demo_counts_ok(&run(demo("src", "2000", &[])).await);
+    json(
+        &run(s(&[
+            "savepoint",
+            "create",
+            "--job",
+            "wordcount",
+            "--name",
+            "base",
+        ]))
+        .await,
+    );
+    let source_blobs = blob_keys("wordcount", "1").await;
+    assert!(!source_blobs.is_empty());
+
+    // The fork, on the same input: at its first start it has nothing new to process, and
+    // its snapshots are the savepoint's files, every blob borrowed — its scope holds none.
+    let v = demo_counts_ok(
+        &run(demo(
+            "fork",
+            "2000",
+            &[
+                "--job-id",
+                "2",
+                "--start-from",
+                "savepoint:wordcount/1/base",
+            ],
+        ))
+        .await,
+    );
+    for t in v["tasks"].as_array().unwrap() {
+        assert!(t["resumed-from"].as_u64() > Some(0), "{v}");
+    }
+    assert_eq!(
+        blob_keys("wordcount", "2").await,
+        BTreeSet::new(),
+        "a fork copies no byte"
+    );
+    let forks_of_base = || async {
+        json(
+            &run(s(&[
+                "savepoint",
+                "show",
+                "--job",
+                "wordcount",
+                "--name",
+                "base",
+            ]))
+            .await,
+        )["forks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["task"].as_str().unwrap().to_string())
+            .collect::<BTreeSet<String>>()
+    };
+    assert_eq!(forks_of_base().await.len(), 2);
+
+    // The source cannot remove what the fork borrows; its sweep keeps it.
+    let rm = s(&["savepoint", "rm", "--job", "wordcount", "--name", "base"]);
+    let out = run(rm.clone()).await;
+    assert_eq!(
+        out.status.code(),
+        Some(6),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("wordcount/2 task Partition 0"), "{err}");
+    demo_counts_ok(&run(demo("src", "3000", &[])).await);
+    json(
+        &run(s(&[
+            "gc",
+            "--job",
+            "wordcount",
+            "--grace-secs",
+            "0",
+            "--force",
+        ]))
+        .await,
+    );
+    let check = |id: &str| s(&["check", "--job", "wordcount", "--job-id", id, "--read-data"]);
+    let c = json(&run(check("2")).await);
+    assert_eq!(
+        c["report"]["problems"].as_array().map(Vec::len),
+        Some(0),
+        "{c}"
+    );
+
+    // The fork goes on past the savepoint (reprocessing from its offsets, counts checked);
+    // its cleanup and sweep never delete a borrowed blob, and a task whose retained
+    // snapshots still borrow keeps its pin (once none does, the pin is released).
+    let v = demo_counts_ok(&run(demo("fork", "4000", &["--job-id", "2"])).await);
+    for t in v["tasks"].as_array().unwrap() {
+        assert!(t["processed"].as_u64() > Some(0), "{v}");
+    }
+    json(
+        &run(s(&[
+            "gc",
+            "--job",
+            "wordcount",
+            "--job-id",
+            "2",
+            "--grace-secs",
+            "0",
+            "--force",
+        ]))
+        .await,
+    );
+    for id in ["1", "2"] {
+        let c = json(&run(check(id)).await);
+        assert_eq!(
+            c["report"]["problems"].as_array().map(Vec::len),
+            Some(0),
+            "{c}"
+        );
+    }
+    let fork_job = JobScope::new("wordcount", "2").unwrap();
+    let cps = blobsnap::checkpoint::BlobCheckpointStore::new(Arc::clone(&leg.store), fork_job);
+    let mut borrowing = BTreeSet::new();
+    for task in ["Partition 0", "Partition 1"] {
+        for c in cps.history(task, usize::MAX).await.unwrap() {
+            let v2 = c.checkpoint.as_v2().unwrap();
+            let marker = v2
+                .marker(blobsnap::blob::FACTORY_NAME, "counts")
+                .unwrap()
+                .to_string();
+            let who = blobsnap::blob::Expected {
+                job_name: "wordcount",
+                job_id: "2",
+                task_name: task,
+                store_name: "counts",
+            };
+            let snap = blobsnap::blob::load_snapshot(leg.store.as_ref(), &who, &marker)
+                .await
+                .unwrap();
+            if !snap.index.borrowed_from.is_empty() {
+                borrowing.insert(task.to_string());
+            }
+        }
+    }
+    let pinned = forks_of_base().await;
+    assert!(
+        pinned.is_superset(&borrowing),
+        "every task that borrows holds its pin: {pinned:?} {borrowing:?}"
+    );
+    let out = run(rm.clone()).await;
+    assert_eq!(
+        out.status.code(),
+        Some(if pinned.is_empty() { 0 } else { 6 }),
+        "rm refuses exactly while a pin is held ({pinned:?}): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // A fork of the fork reads through both scopes, and holds its own pins.
+    json(
+        &run(s(&[
+            "savepoint",
+            "create",
+            "--job",
+            "wordcount",
+            "--job-id",
+            "2",
+            "--name",
+            "f1",
+        ]))
+        .await,
+    );
+    let v = demo_counts_ok(
+        &run(demo(
+            "fork2",
+            "5000",
+            &["--job-id", "3", "--start-from", "savepoint:wordcount/2/f1"],
+        ))
+        .await,
+    );
+    assert!(v["tasks"][0]["processed"].as_u64() > Some(0), "{v}");
+    let restored = root.join("r3");
+    let out = run(s(&[
+        "restore",
+        "--job",
+        "wordcount",
+        "--job-id",
+        "3",
+        "--task",
+        "Partition 1",
+        "--store",
+        "counts",
+        "--to",
+        &restored.display().to_string(),
+    ]))
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let state =
+        blobsnap::job::store_dir(&root.join("fork2").join("state"), "counts", "Partition 1")
+            .unwrap();
+    let keys = |p: &std::path::Path| {
+        let db = RocksStore::open("counts", p).unwrap();
+        db.db()
+            .iterator(rocksdb::IteratorMode::Start)
+            .map(|kv| kv.unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(keys(&state), keys(&restored), "the fork's state, restored");
+    // The chain's pins: job 3 pins savepoint f1 of job 2; whatever it still borrows from job
+    // 1 it pins there too.
+    let sp = json(
+        &run(s(&[
+            "savepoint",
+            "show",
+            "--job",
+            "wordcount",
+            "--job-id",
+            "2",
+            "--name",
+            "f1",
+        ]))
+        .await,
+    );
+    assert!(
+        sp["forks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|f| f["fork-job"] == "wordcount" && f["fork-id"] == "3"),
+        "{sp}"
+    );
+
+    // A fork point that is not there: refused before anything starts.
+    let out = run(demo(
+        "fork4",
+        "5000",
+        &[
+            "--job-id",
+            "4",
+            "--start-from",
+            "savepoint:wordcount/1/nope",
+        ],
+    ))
+    .await;
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forks_local() {
+    let tmp = tempfile::tempdir().unwrap();
+    forks(&MatrixStore::Local, tmp.path()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -37,7 +37,7 @@ use futures::{StreamExt as _, TryStreamExt as _};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use super::{load_snapshot, Expected, LoadedSnapshot, FACTORY_NAME};
+use super::{load_snapshot, BlobScopes, Expected, LoadedSnapshot, FACTORY_NAME};
 use crate::backend::{StoreSpec, TaskContext, TaskRestoreManager};
 use crate::blobstore::{download_to_file, BlobStore, DownloadOptions};
 use crate::checkpoint::{Checkpoint, CheckpointId};
@@ -518,8 +518,12 @@ impl BlobRestoreManager {
             .store(t.bytes_reused, Ordering::Relaxed);
 
         let staging = staging_dir(&spec.dir)?;
+        let blobs = loaded
+            .as_ref()
+            .map(|l| l.blobs.clone())
+            .unwrap_or_else(|| BlobScopes::own(scope.clone()));
         match self
-            .stage_and_swap(spec, scope, plan, &progress, &staging)
+            .stage_and_swap(spec, &blobs, plan, &progress, &staging)
             .await
         {
             Err(e) if e.is_no_space() => {
@@ -537,7 +541,7 @@ impl BlobRestoreManager {
     async fn stage_and_swap(
         &self,
         spec: &StoreSpec,
-        scope: &StoreScope,
+        scope: &BlobScopes,
         plan: RestorePlan,
         progress: &Arc<RestoreProgress>,
         staging: &Path,
@@ -659,7 +663,7 @@ impl BlobRestoreManager {
 
     async fn download_one(
         &self,
-        scope: &StoreScope,
+        scope: &BlobScopes,
         staging: &Path,
         f: &PlannedFile,
     ) -> Result<()> {
@@ -694,7 +698,7 @@ impl BlobRestoreManager {
 
     /// Download `f`'s blob into `tmp`, verified and fsynced, retrying a corrupt or transient
     /// download a bounded number of times (`tmp` is removed on a final failure).
-    async fn fetch_blob(&self, scope: &StoreScope, f: &PlannedFile, tmp: &Path) -> Result<()> {
+    async fn fetch_blob(&self, scope: &BlobScopes, f: &PlannedFile, tmp: &Path) -> Result<()> {
         fetch_verified(
             self.blob_store.as_ref(),
             scope,
@@ -711,7 +715,7 @@ impl BlobRestoreManager {
     /// HEAD every blob of `remote` (bounded: `downloads × part_concurrency` at once): `Ok`
     /// when each exists with its entry's size; `NotFound` naming the first file whose blob is
     /// missing, `Corrupt` when a blob's size is not the file's.
-    async fn prove_remote(&self, scope: &StoreScope, remote: &[FileIndex]) -> Result<()> {
+    async fn prove_remote(&self, scope: &BlobScopes, remote: &[FileIndex]) -> Result<()> {
         let width = (self.settings.downloads.max(1) * self.settings.part_concurrency.max(1)).max(4);
         futures::stream::iter(remote.iter().cloned())
             .map(|entry: FileIndex| async move {
@@ -742,7 +746,7 @@ impl BlobRestoreManager {
             .map(|_| ())
     }
 
-    fn fetcher(&self, scope: &StoreScope) -> crate::local::lazy::FetchFn {
+    fn fetcher(&self, scope: &BlobScopes) -> crate::local::lazy::FetchFn {
         let (store, scope, settings) = (
             Arc::clone(&self.blob_store),
             scope.clone(),
@@ -782,7 +786,7 @@ fn is_lazy_candidate(f: &PlannedFile) -> bool {
 /// `settings.max_attempts` times; `tmp` is removed on a final failure.
 async fn fetch_verified(
     blob_store: &dyn BlobStore,
-    scope: &StoreScope,
+    scope: &BlobScopes,
     path: &str,
     entry: &FileIndex,
     tmp: &Path,

@@ -520,6 +520,7 @@ mod tests {
                 ..DirIndex::default()
             },
             prev_snapshot_index_blob_id: None,
+            borrowed_from: Default::default(),
         }
     }
 

@@ -1,0 +1,601 @@
+//! Zero-copy forks: a job that starts from a savepoint of **another** job (another job name or
+//! job id), reusing that job's blobs without copying a byte (Neon's branches, SlateDB's
+//! clones).
+//!
+//! `[job] start-from = "savepoint:SOURCE-JOB/SOURCE-ID/NAME"`: at its first start each task of
+//! the fork
+//!
+//! 1. writes a **pin** in the source's scope, `forks/<NAME>/<fork-job>/<fork-id>/<task>.json`
+//!    (one per source savepoint its snapshots borrow through), then checks that the savepoint
+//!    still exists (a `savepoint rm` racing the pin is refused by one of the two);
+//! 2. writes, per store, a fork index in its **own** scope: the source snapshot's files, each
+//!    source blob named `borrowed/<alias>/blobs/…`, and a `borrowed-from` table declaring
+//!    the source store scope and savepoint of every alias (index format 3);
+//! 3. commits a checkpoint with the savepoint's input offsets and the fork's markers as its
+//!    head, and restores it the usual way (the blobs are read where they are).
+//!
+//! Rules that keep it safe (DESIGN §6, §10):
+//!
+//! - a reader resolves a borrowed id only through a declared alias, only inside the declared
+//!   store's `blobs/`, only in another job's scope, and only while the pin exists
+//!   ([`super::load_snapshot`]); every other index keeps the rule that it names its own scope;
+//! - the source's collectors keep the savepoint's blobs (a savepoint is a root), and
+//!   `savepoint rm` refuses while a pin on it exists, naming the forks ([`dependents`]);
+//! - the fork's collectors never delete a borrowed blob (they delete only their own scope), and
+//!   its cleanup deletes a pin once no retained checkpoint and no savepoint of the fork's task
+//!   names a snapshot that borrows through it ([`Release`]);
+//! - a fork of a fork carries the declarations of the snapshot it starts from (and pins their
+//!   savepoints too), so a chain never depends on a pin it does not hold itself.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use futures::TryStreamExt as _;
+
+use super::{hash_object, load_snapshot, Expected, LoadedSnapshot, FACTORY_NAME};
+use crate::blobstore::{BlobKey, BlobStore, PutBody, PutOptions};
+use crate::checkpoint::{BlobCheckpointStore, Checkpoint, CheckpointV2};
+use crate::error::{Error, ErrorKind, Result};
+use crate::index::{BorrowedScope, DirIndex, IndexMarker, SnapshotIndex, BORROWED_PREFIX};
+use crate::layout::{parse, JobScope, KeyKind};
+
+/// A savepoint of another job: `JOB/JOB-ID/NAME`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ForkSource {
+    /// The source job's name.
+    pub job_name: String,
+    /// The source job's id.
+    pub job_id: String,
+    /// The source's savepoint.
+    pub savepoint: String,
+}
+
+impl FromStr for ForkSource {
+    type Err = Error;
+
+    /// `JOB/JOB-ID/NAME` (a job name may itself hold `/`: the last two segments are the id and
+    /// the savepoint's name).
+    fn from_str(s: &str) -> Result<Self> {
+        let mut it = s.rsplitn(3, '/');
+        let (Some(name), Some(id), Some(job)) = (it.next(), it.next(), it.next()) else {
+            return Err(Error::invalid(format!(
+                "fork source {s:?}: expected JOB/JOB-ID/SAVEPOINT"
+            )));
+        };
+        if job.is_empty() || id.is_empty() {
+            return Err(Error::invalid(format!(
+                "fork source {s:?}: expected JOB/JOB-ID/SAVEPOINT (a part is empty)"
+            )));
+        }
+        super::savepoint::validate_name(name)?;
+        JobScope::new(job, id)?;
+        Ok(ForkSource {
+            job_name: job.to_string(),
+            job_id: id.to_string(),
+            savepoint: name.to_string(),
+        })
+    }
+}
+
+impl fmt::Display for ForkSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}", self.job_name, self.job_id, self.savepoint)
+    }
+}
+
+/// The pin one task of a fork holds on a source savepoint.
+#[derive(
+    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub struct ForkPin {
+    /// The source job's name.
+    pub source_job: String,
+    /// The source job's id.
+    pub source_id: String,
+    /// The source savepoint pinned.
+    pub savepoint: String,
+    /// The fork's job name.
+    pub fork_job: String,
+    /// The fork's job id.
+    pub fork_id: String,
+    /// The fork's task.
+    pub task: String,
+}
+
+impl ForkPin {
+    /// Its key, in the source's scope.
+    pub fn key(&self) -> Result<BlobKey> {
+        JobScope::new(&self.source_job, &self.source_id)?.fork_pin_key(
+            &self.savepoint,
+            &self.fork_job,
+            &self.fork_id,
+            &self.task,
+        )
+    }
+
+    fn of(b: &BorrowedScope, fork_job: &str, fork_id: &str, task: &str) -> Self {
+        ForkPin {
+            source_job: b.job_name.clone(),
+            source_id: b.job_id.clone(),
+            savepoint: b.savepoint.clone(),
+            fork_job: fork_job.to_string(),
+            fork_id: fork_id.to_string(),
+            task: task.to_string(),
+        }
+    }
+}
+
+impl fmt::Display for ForkPin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}/{} task {} (on {}/{} savepoint {})",
+            self.fork_job, self.fork_id, self.task, self.source_job, self.source_id, self.savepoint
+        )
+    }
+}
+
+/// The pins of the snapshots an index borrows through.
+pub fn pins_of(
+    index: &SnapshotIndex,
+    fork_job: &str,
+    fork_id: &str,
+    task: &str,
+) -> BTreeSet<ForkPin> {
+    index
+        .borrowed_from
+        .values()
+        .map(|b| ForkPin::of(b, fork_job, fork_id, task))
+        .collect()
+}
+
+/// What a fork of one task made.
+#[derive(Clone, Debug)]
+pub struct ForkedTask {
+    /// The fork's first checkpoint: the savepoint's input offsets, the fork's markers.
+    pub checkpoint: Checkpoint,
+    /// The pins written in source scopes.
+    pub pins: BTreeSet<ForkPin>,
+    /// Stores forked.
+    pub stores: u64,
+    /// Files and bytes the fork's indexes borrow (none copied).
+    pub files: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Requests sent to the blob store.
+    pub requests: u64,
+}
+
+/// Fork task `task` of `source` into job `fork_job`/`fork_id` (see the module docs): pins,
+/// then one index per store in the fork's scope; returns the checkpoint to commit as the
+/// fork's head. `NotFound` when the savepoint or its task is missing; `InvalidInput` when the
+/// fork is the source job itself (that is a rollback: `savepoint:NAME`).
+pub async fn fork_task(
+    store: &Arc<dyn BlobStore>,
+    source: &ForkSource,
+    fork_job: &str,
+    fork_id: &str,
+    task: &str,
+) -> Result<ForkedTask> {
+    if (source.job_name.as_str(), source.job_id.as_str()) == (fork_job, fork_id) {
+        return Err(Error::invalid(format!(
+            "start-from savepoint:{source}: that is this job's own savepoint; start from savepoint:{} instead",
+            source.savepoint
+        )));
+    }
+    let fork_scope = JobScope::new(fork_job, fork_id)?;
+    let src_scope = JobScope::new(&source.job_name, &source.job_id)?;
+    let mut requests = 0u64;
+    let sp = super::savepoint::read(store.as_ref(), &src_scope, &source.savepoint).await?;
+    requests += 1;
+    let committed = sp.checkpoint_of(task)?.ok_or_else(|| {
+        Error::new(
+            ErrorKind::NotFound,
+            format!("savepoint {source} has no checkpoint of task {task:?}"),
+        )
+    })?;
+    let v2 = committed.checkpoint.as_v2().ok_or_else(|| {
+        Error::invalid(format!(
+            "savepoint {source}: task {task:?}'s checkpoint is V1 (no state to fork)"
+        ))
+    })?;
+    let markers = v2
+        .state_checkpoint_markers
+        .get(FACTORY_NAME)
+        .cloned()
+        .unwrap_or_default();
+
+    // 1. the source snapshots, and the fork's index of each.
+    let mut indexes = Vec::new();
+    let (mut files, mut bytes) = (0u64, 0u64);
+    for (store_name, marker) in &markers {
+        let who = Expected {
+            job_name: &source.job_name,
+            job_id: &source.job_id,
+            task_name: task,
+            store_name,
+        };
+        let snap = load_snapshot(store.as_ref(), &who, marker)
+            .await
+            .map_err(|e| e.context(format!("savepoint {source}: store {store_name:?}")))?;
+        requests += 1 + snap.index.borrowed_from.len() as u64;
+        let index = fork_index(&snap, source, fork_job, fork_id)?;
+        for (_, f) in index.present_files() {
+            files += 1;
+            bytes += f.file_metadata.size;
+        }
+        indexes.push((store_name.clone(), index));
+    }
+
+    // 2. the pins, then the savepoints they pin must still be there.
+    let pins: BTreeSet<ForkPin> = indexes
+        .iter()
+        .flat_map(|(_, i)| pins_of(i, fork_job, fork_id, task))
+        .collect();
+    for pin in &pins {
+        write_pin(store.as_ref(), pin).await?;
+        requests += 1;
+    }
+    for pin in &pins {
+        let key = JobScope::new(&pin.source_job, &pin.source_id)?.savepoint_key(&pin.savepoint)?;
+        requests += 1;
+        if let Err(e) = store.head(&key).await {
+            for p in &pins {
+                if let Ok(k) = p.key() {
+                    let _ = store.delete_many(std::slice::from_ref(&k)).await;
+                }
+            }
+            return Err(e.context(format!(
+                "fork {fork_job}/{fork_id} task {task}: savepoint {}/{}/{} went away while it was being pinned (pins withdrawn)",
+                pin.source_job, pin.source_id, pin.savepoint
+            )));
+        }
+    }
+
+    // 3. the indexes, in the fork's own scope.
+    let mut fork_markers = BTreeMap::new();
+    for (store_name, index) in &indexes {
+        let scope = fork_scope.store(task, store_name)?;
+        let bytes = index.to_bytes()?;
+        let marker = IndexMarker::of(index.snapshot_metadata.checkpoint_id, &bytes);
+        let key = scope.index_key(&marker)?;
+        let sha = marker.sha256;
+        match store
+            .put(
+                &key,
+                PutBody::Bytes(Bytes::from(bytes)),
+                PutOptions::create_only(sha),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::Conflict => {
+                let (got, _) = hash_object(store.as_ref(), &key).await?;
+                if got != sha {
+                    return Err(e.context(format!("fork index {key} exists with other bytes")));
+                }
+            }
+            Err(e) => return Err(e.context(format!("put fork index {key}"))),
+        }
+        requests += 1;
+        fork_markers.insert(store_name.clone(), marker.to_string());
+    }
+    let mut state = BTreeMap::new();
+    if !fork_markers.is_empty() {
+        state.insert(FACTORY_NAME.to_string(), fork_markers);
+    }
+    Ok(ForkedTask {
+        checkpoint: Checkpoint::V2(CheckpointV2 {
+            id: v2.id,
+            input_offsets: v2.input_offsets.clone(),
+            state_checkpoint_markers: state,
+        }),
+        pins,
+        stores: markers.len() as u64,
+        files,
+        bytes,
+        requests,
+    })
+}
+
+/// The fork's index of `snap` (a source snapshot): the same files; the source's own blobs
+/// named through a new alias; the source's borrowed blobs through the aliases it declares.
+fn fork_index(
+    snap: &LoadedSnapshot,
+    source: &ForkSource,
+    fork_job: &str,
+    fork_id: &str,
+) -> Result<SnapshotIndex> {
+    let m = &snap.index.snapshot_metadata;
+    let mut borrowed_from = snap.index.borrowed_from.clone();
+    let alias = (0u32..)
+        .map(|n| n.to_string())
+        .find(|a| !borrowed_from.contains_key(a))
+        .ok_or_else(|| Error::invalid("no free alias"))?;
+    borrowed_from.insert(
+        alias.clone(),
+        BorrowedScope {
+            job_name: source.job_name.clone(),
+            job_id: source.job_id.clone(),
+            task_name: m.task_name.clone(),
+            store_name: m.store_name.clone(),
+            savepoint: source.savepoint.clone(),
+        },
+    );
+    // A declaration of the fork's own job (a fork of a fork back into its source) cannot be
+    // read: refuse it here, not at the first restore.
+    if borrowed_from
+        .values()
+        .any(|b| (b.job_name.as_str(), b.job_id.as_str()) == (fork_job, fork_id))
+    {
+        return Err(Error::invalid(format!(
+            "savepoint {source} borrows from {fork_job}/{fork_id} itself: a job cannot be forked from its own fork; roll it back with savepoint:NAME of its own"
+        )));
+    }
+    let mut dir = snap.index.dir_index.clone();
+    rename_own(&mut dir, &alias);
+    let mut index = SnapshotIndex {
+        format_version: crate::index::FORMAT_FORK,
+        creation_time_millis: snap.index.creation_time_millis,
+        snapshot_metadata: crate::index::SnapshotMetadata {
+            checkpoint_id: m.checkpoint_id,
+            job_name: fork_job.to_string(),
+            job_id: fork_id.to_string(),
+            task_name: m.task_name.clone(),
+            store_name: m.store_name.clone(),
+        },
+        dir_index: dir,
+        prev_snapshot_index_blob_id: None,
+        borrowed_from,
+    };
+    // Only the aliases the files name (an empty store borrows nothing).
+    let mut named = BTreeSet::new();
+    collect(&index.dir_index, &mut named);
+    index.borrowed_from.retain(|a, _| named.contains(a));
+    if index.borrowed_from.is_empty() {
+        index.format_version = if index
+            .present_files()
+            .iter()
+            .any(|(_, f)| f.inline_data.is_some())
+        {
+            crate::index::FORMAT_INLINE
+        } else {
+            crate::index::FORMAT_V1
+        };
+    }
+    index.validate()?;
+    Ok(index)
+}
+
+fn rename_own(dir: &mut DirIndex, alias: &str) {
+    for f in dir
+        .files_present
+        .iter_mut()
+        .chain(dir.files_removed.iter_mut())
+    {
+        for b in &mut f.blobs {
+            if super::BlobScopes::is_own(&b.blob_id) {
+                b.blob_id = format!("{BORROWED_PREFIX}{alias}/{}", b.blob_id);
+            }
+        }
+    }
+    for d in dir
+        .sub_dirs_present
+        .iter_mut()
+        .chain(dir.sub_dirs_removed.iter_mut())
+    {
+        rename_own(d, alias);
+    }
+}
+
+fn collect(dir: &DirIndex, out: &mut BTreeSet<String>) {
+    for f in &dir.files_present {
+        out.extend(
+            f.blobs
+                .iter()
+                .filter_map(|b| b.borrowed().map(|(a, _)| a.to_string())),
+        );
+    }
+    for d in &dir.sub_dirs_present {
+        collect(d, out);
+    }
+}
+
+/// Write `pin` (idempotent).
+async fn write_pin(store: &dyn BlobStore, pin: &ForkPin) -> Result<()> {
+    let key = pin.key()?;
+    let body = serde_json::to_vec(pin).map_err(|e| Error::invalid(format!("pin: {e}")))?;
+    store
+        .put(&key, PutBody::Bytes(body.into()), PutOptions::default())
+        .await
+        .map(|_| ())
+        .map_err(|e| e.context(format!("write fork pin {key}")))
+}
+
+/// The forks that hold a pin on savepoint `name` of `job` (one LIST).
+pub async fn dependents(store: &dyn BlobStore, job: &JobScope, name: &str) -> Result<Vec<ForkPin>> {
+    let metas: Vec<_> = store.list(&job.fork_pins(name)?).try_collect().await?;
+    Ok(metas
+        .iter()
+        .filter_map(|m| {
+            let p = parse(&m.key)?;
+            match p.kind {
+                KeyKind::ForkPin {
+                    savepoint,
+                    fork_job,
+                    fork_id,
+                    task,
+                } if savepoint == name => Some(ForkPin {
+                    source_job: p.job_name,
+                    source_id: p.job_id,
+                    savepoint,
+                    fork_job,
+                    fork_id,
+                    task,
+                }),
+                _ => None,
+            }
+        })
+        .collect())
+}
+
+/// A fork task's pins, released once nothing of the task needs them: consulted by the blob
+/// backend's cleanup after each commit. A pin is a release candidate once no snapshot in the
+/// backend's window borrows through it; it is deleted only after the task's whole retained
+/// history and the fork job's savepoints were read and none of their snapshots borrows
+/// through it (each index read once per process).
+pub struct Release {
+    store: Arc<dyn BlobStore>,
+    fork_job: String,
+    fork_id: String,
+    task: String,
+    /// Pins this task holds, as far as this process knows (seeded from the snapshots it
+    /// loaded).
+    held: Mutex<BTreeSet<ForkPin>>,
+    /// Marker → the pins its snapshot needs (indexes never change).
+    known: Mutex<HashMap<(String, String), BTreeSet<ForkPin>>>,
+}
+
+impl Release {
+    /// Nothing held yet.
+    pub fn new(store: Arc<dyn BlobStore>, fork_job: &str, fork_id: &str, task: &str) -> Self {
+        Release {
+            store,
+            fork_job: fork_job.to_string(),
+            fork_id: fork_id.to_string(),
+            task: task.to_string(),
+            held: Mutex::default(),
+            known: Mutex::default(),
+        }
+    }
+
+    /// The snapshot `index` is (or was) this task's: the pins it needs are held.
+    pub fn note(&self, index: &SnapshotIndex) {
+        if index.borrowed_from.is_empty() {
+            return;
+        }
+        if let Ok(mut h) = self.held.lock() {
+            h.extend(pins_of(index, &self.fork_job, &self.fork_id, &self.task));
+        }
+    }
+
+    /// Whether any pin is held.
+    pub fn holds_any(&self) -> bool {
+        self.held.lock().map(|h| !h.is_empty()).unwrap_or(false)
+    }
+
+    /// Release every held pin that none of `window` (the backend's retained and uploaded
+    /// snapshots), none of the task's retained checkpoints and none of the fork's savepoints
+    /// needs. Returns the pins deleted.
+    pub async fn release_unused<'a>(
+        &self,
+        window: impl IntoIterator<Item = &'a SnapshotIndex>,
+    ) -> Result<Vec<ForkPin>> {
+        let held: BTreeSet<ForkPin> = self.held.lock().map(|h| h.clone()).unwrap_or_default();
+        if held.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut needed = BTreeSet::new();
+        for i in window {
+            needed.extend(pins_of(i, &self.fork_job, &self.fork_id, &self.task));
+        }
+        let mut candidates: BTreeSet<ForkPin> = held.difference(&needed).cloned().collect();
+        if candidates.is_empty() {
+            return Ok(Vec::new());
+        }
+        // The whole history and the savepoints: every snapshot they name.
+        let job = JobScope::new(&self.fork_job, &self.fork_id)?;
+        let cps = BlobCheckpointStore::new(Arc::clone(&self.store), job.clone());
+        let mut roots: Vec<(String, String)> = Vec::new();
+        for (seq, key) in cps.seqs(&self.task).await? {
+            match cps.read(&self.task, seq, &key).await {
+                Ok(c) => roots.extend(markers_of(&c.checkpoint)),
+                Err(e) if e.kind() == ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        for sp in super::savepoint::list(self.store.as_ref(), &job).await? {
+            if let Some(c) = sp.checkpoint_of(&self.task)? {
+                roots.extend(markers_of(&c.checkpoint));
+            }
+        }
+        for (store_name, marker) in roots {
+            let cached = self
+                .known
+                .lock()
+                .ok()
+                .and_then(|k| k.get(&(store_name.clone(), marker.clone())).cloned());
+            let pins = match cached {
+                Some(p) => p,
+                None => {
+                    let who = Expected {
+                        job_name: &self.fork_job,
+                        job_id: &self.fork_id,
+                        task_name: &self.task,
+                        store_name: &store_name,
+                    };
+                    let snap = load_snapshot(self.store.as_ref(), &who, &marker).await?;
+                    let p = pins_of(&snap.index, &self.fork_job, &self.fork_id, &self.task);
+                    if let Ok(mut k) = self.known.lock() {
+                        k.insert((store_name, marker), p.clone());
+                    }
+                    p
+                }
+            };
+            for p in &pins {
+                candidates.remove(p);
+            }
+            if candidates.is_empty() {
+                return Ok(Vec::new());
+            }
+        }
+        let mut released = Vec::new();
+        for pin in candidates {
+            let key = pin.key()?;
+            if let Some((_, e)) = self
+                .store
+                .delete_many(std::slice::from_ref(&key))
+                .await?
+                .into_iter()
+                .next()
+            {
+                return Err(e.context(format!("release fork pin {key}")));
+            }
+            if let Ok(mut h) = self.held.lock() {
+                h.remove(&pin);
+            }
+            tracing::info!(pin = %pin, "released a fork pin: no retained snapshot borrows through it");
+            released.push(pin);
+        }
+        Ok(released)
+    }
+}
+
+fn markers_of(c: &Checkpoint) -> Vec<(String, String)> {
+    c.as_v2()
+        .and_then(|v| v.state_checkpoint_markers.get(FACTORY_NAME))
+        .map(|m| m.iter().map(|(s, m)| (s.clone(), m.clone())).collect())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fork_sources_parse() {
+        let s: ForkSource = "word/count/1/before-upgrade".parse().unwrap();
+        assert_eq!(
+            (s.job_name.as_str(), s.job_id.as_str(), s.savepoint.as_str()),
+            ("word/count", "1", "before-upgrade")
+        );
+        assert_eq!(s.to_string(), "word/count/1/before-upgrade");
+        for bad in ["a/b", "/1/x", "a//x", "a/1/", "a/1/.x"] {
+            assert!(bad.parse::<ForkSource>().is_err(), "{bad}");
+        }
+    }
+}
