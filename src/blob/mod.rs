@@ -187,15 +187,16 @@ async fn borrowed_scopes(
         let source = JobScope::new(&b.job_name, &b.job_id)?;
         let pin = source.fork_pin_key(&b.savepoint, who.job_name, who.job_id, who.task_name)?;
         if let Err(e) = store.head(&pin).await {
-            let kind = e.kind();
-            let e = e.context(format!(
+            let what = format!(
                 "index {marker} borrows blobs of {}/{} (savepoint {:?}) and needs its pin {pin}",
                 b.job_name, b.job_id, b.savepoint
-            ));
-            return Err(if kind == ErrorKind::NotFound {
-                Error::corrupt(e.message().to_string())
+            );
+            return Err(if e.kind() == ErrorKind::NotFound {
+                Error::corrupt(format!(
+                    "{what}, which is gone: the source may no longer keep those blobs"
+                ))
             } else {
-                e
+                e.context(what)
             });
         }
         out.borrowed

@@ -574,3 +574,119 @@ fn inline_data_round_trips_and_malformed_inline_entries_are_refused() {
         "holds 14 bytes",
     );
 }
+
+/// A fork's index may name blobs of another job only through a declared alias, inside the
+/// declared store's `blobs/`, and only while the fork holds its pin there; every other shape
+/// is `Corrupt`, naming what is wrong. Plain indexes keep the own-scope rule.
+#[tokio::test]
+async fn a_borrowed_blob_is_read_only_through_a_declared_and_pinned_scope() {
+    use blobsnap::blob::{load_snapshot, Expected};
+    use blobsnap::blobstore::{BlobStore, PutBody, PutOptions};
+    use blobsnap::index::{BorrowedScope, IndexMarker, FORMAT_FORK};
+    use blobsnap::layout::JobScope;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let store = blobsnap::blobstore::local::LocalStore::new(tmp.path()).unwrap();
+    let fork = JobScope::new("wordcount", "2").unwrap();
+    let source = JobScope::new("wordcount", "1").unwrap();
+    let who = Expected {
+        job_name: "wordcount",
+        job_id: "2",
+        task_name: "Partition 0",
+        store_name: "counts",
+    };
+    let sha = Sha256::of(b"sst");
+    let declared = |job_id: &str| BorrowedScope {
+        job_name: "wordcount".into(),
+        job_id: job_id.into(),
+        task_name: "Partition 0".into(),
+        store_name: "counts".into(),
+        savepoint: "base".into(),
+    };
+    let index = |blob_id: String, decl: Option<BorrowedScope>, format: u32| {
+        let mut i = sample_index();
+        i.format_version = format;
+        i.snapshot_metadata.job_id = "2".into();
+        i.prev_snapshot_index_blob_id = None;
+        i.dir_index = DirIndex {
+            dir_name: String::new(),
+            files_present: vec![FileIndex {
+                blobs: vec![FileBlob { blob_id, offset: 0 }],
+                ..file("000012.sst", b"sst")
+            }],
+            ..Default::default()
+        };
+        i.borrowed_from = decl.into_iter().map(|d| ("0".to_string(), d)).collect();
+        i
+    };
+    // Written as-is (to_bytes would not refuse them: the reader must).
+    let load = |i: SnapshotIndex| {
+        let (store, fork, who) = (&store, fork.clone(), who.clone());
+        async move {
+            let bytes = serde_json::to_vec(&i).unwrap();
+            let marker = IndexMarker::of(i.snapshot_metadata.checkpoint_id, &bytes);
+            let key = fork
+                .store("Partition 0", "counts")
+                .unwrap()
+                .index_key(&marker)
+                .unwrap();
+            store
+                .put(&key, PutBody::Bytes(bytes.into()), PutOptions::default())
+                .await
+                .unwrap();
+            load_snapshot(store, &who, &marker.to_string()).await
+        }
+    };
+    let good = format!("borrowed/0/blobs/1-0/{sha}");
+    let corrupt = |r: blobsnap::Result<blobsnap::blob::LoadedSnapshot>, says: &str| {
+        let e = r.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+        assert!(e.to_string().contains(says), "{says:?} in {e}");
+    };
+    // Undeclared alias; a declaration in a format-2 index; the fork's own job; no pin yet.
+    corrupt(
+        load(index(good.clone(), None, FORMAT_FORK)).await,
+        "does not declare",
+    );
+    corrupt(
+        load(index(good.clone(), Some(declared("1")), 2)).await,
+        "borrowing needs 3",
+    );
+    corrupt(
+        load(index(good.clone(), Some(declared("2")), FORMAT_FORK)).await,
+        "names its own job",
+    );
+    corrupt(
+        load(index(good.clone(), Some(declared("1")), FORMAT_FORK)).await,
+        "needs its pin",
+    );
+    let pin = source
+        .fork_pin_key("base", "wordcount", "2", "Partition 0")
+        .unwrap();
+    store
+        .put(&pin, PutBody::Bytes("{}".into()), PutOptions::default())
+        .await
+        .unwrap();
+    // Pinned: escapes and non-blob keys of the source are still refused.
+    for bad in [
+        "borrowed/0/index/1-0.x.json".to_string(),
+        format!("borrowed/0/blobs/../../../../../../2/x/{sha}"),
+        "borrowed/0".to_string(),
+        "borrowed/1/blobs/1-0/x".to_string(),
+    ] {
+        let r = load(index(bad.clone(), Some(declared("1")), FORMAT_FORK)).await;
+        assert_eq!(r.unwrap_err().kind(), ErrorKind::Corrupt, "{bad}");
+    }
+    let snap = load(index(good.clone(), Some(declared("1")), FORMAT_FORK))
+        .await
+        .unwrap();
+    assert_eq!(
+        snap.blobs.key(&good).unwrap().as_str(),
+        format!("wordcount/1/tasks/Partition%200/stores/counts/blobs/1-0/{sha}")
+    );
+    // A plain index still names only its own scope.
+    corrupt(
+        load(index("../../1/tasks/x/blobs/1-0/y".into(), None, FORMAT_V1)).await,
+        "bad blob id",
+    );
+}
