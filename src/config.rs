@@ -31,6 +31,7 @@
 //! create-resources = true  # bucket, abort-multipart rule, owner record; validated always
 //! index-inline-below = "64KiB"  # smaller files travel inline in the index; 0: Samza's v1 shape
 //! # start-from = "savepoint:before-upgrade"  # rollback / roll-forward, applied once per value
+//! #                                           # ("savepoint:JOB/JOB-ID/NAME": fork another job)
 //!
 //! [cost]                   # prices for `blobsnap cost`, dollars (S3 Standard's list prices)
 //! put-per-1000 = 0.005     # PUT, POST, LIST
