@@ -4,10 +4,11 @@
 //! | class | what |
 //! |---|---|
 //! | `live` | an index or blob a retained checkpoint of some task names |
-//! | `savepoints-only` | named by a savepoint and by no retained checkpoint |
+//! | `borrowed-by-forks` | named by no retained checkpoint, but by a savepoint a fork pins (a fork of this job reads it) |
+//! | `savepoints-only` | named by a savepoint (no fork pins it) and by no retained checkpoint |
 //! | `orphans-within-grace` | an index or blob nothing names, younger than the grace: an upload in flight, or garbage the sweep takes once it is old enough |
 //! | `orphans-past-grace` | nothing names it and it is older than the grace: a leak (the next `gc` deletes it) |
-//! | `metadata` | checkpoint documents, writer leases, savepoints, `scope.json`, start-from records |
+//! | `metadata` | checkpoint documents, writer leases, savepoints, forks' pins, `scope.json`, start-from records |
 //! | `unknown` | a key of no known shape (never deleted by `gc`; reported) |
 //! | `stale-multipart` | incomplete multipart uploads older than the grace (their parts' bytes are not listed) |
 //!
@@ -108,8 +109,43 @@ pub async fn usage(
         roots: roots.roots,
         ..Default::default()
     };
+    // What the savepoints that forks pin keep: a fork reads it.
+    let mut borrowed = std::collections::HashSet::new();
+    let pinned: std::collections::BTreeSet<String> = {
+        let mut names = std::collections::BTreeSet::new();
+        let mut pins = store.list(&job.scope().child("forks")?);
+        while let Some(m) = pins.try_next().await? {
+            if let Some(KeyKind::ForkPin { savepoint, .. }) = parse(&m.key).map(|p| p.kind) {
+                names.insert(savepoint);
+            }
+        }
+        names
+    };
+    for name in &pinned {
+        let sp = match super::savepoint::read(store.as_ref(), &job, name).await {
+            Ok(sp) => sp,
+            Err(e) if e.kind() == crate::error::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        for (task, store_name, marker) in sp.markers()? {
+            let who = super::Expected {
+                job_name,
+                job_id,
+                task_name: &task,
+                store_name: &store_name,
+            };
+            let snap = super::load_snapshot(store.as_ref(), &who, &marker).await?;
+            borrowed.insert(snap.scope.index_key(&snap.marker)?);
+            for (_, f) in snap.index.present_files() {
+                for b in &f.blobs {
+                    borrowed.insert(snap.blobs.key(&b.blob_id)?);
+                }
+            }
+        }
+    }
     for c in [
         "live",
+        "borrowed-by-forks",
         "savepoints-only",
         "orphans-within-grace",
         "orphans-past-grace",
@@ -125,6 +161,8 @@ pub async fn usage(
             Some(KeyKind::Index { .. } | KeyKind::Blob { .. }) => {
                 if roots.history.contains(&m.key) {
                     "live"
+                } else if borrowed.contains(&m.key) {
+                    "borrowed-by-forks"
                 } else if roots.savepoints.contains(&m.key) {
                     "savepoints-only"
                 } else if m.last_modified.is_some_and(|t| t < cutoff) {
@@ -137,7 +175,8 @@ pub async fn usage(
                 KeyKind::Checkpoint { .. }
                 | KeyKind::Writer { .. }
                 | KeyKind::OwnerRecord
-                | KeyKind::Savepoint { .. },
+                | KeyKind::Savepoint { .. }
+                | KeyKind::ForkPin { .. },
             ) => "metadata",
             Some(KeyKind::Unknown { swept: false, .. })
                 if m.key
