@@ -17,6 +17,7 @@ mod cli;
 mod commit_protocol;
 mod conformance;
 mod faults;
+mod forks;
 mod formats;
 mod fuzz;
 mod gc_model;

@@ -1,0 +1,187 @@
+//! Forks at the library level (the end-to-end cases are `lifecycle::forks_local` and
+//! `lifecycle::external::forks`): what a fork costs, and that a fork task's pin is held
+//! exactly while anything of the task — the backend's window, the retained history, the fork
+//! job's savepoints — names a snapshot that borrows through it, then released.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use blobsnap::backend::{
+    Clock, StoreMarkers, StoreSpec, SystemClock, TaskBackupManager, TaskContext,
+};
+use blobsnap::blob::backup::{BackupSettings, BlobBackupManager};
+use blobsnap::blob::history::CheckpointRef;
+use blobsnap::blob::{fork, savepoint, FACTORY_NAME};
+use blobsnap::blobstore::counting::CountingStore;
+use blobsnap::blobstore::BlobStore;
+use blobsnap::checkpoint::{
+    BlobCheckpointStore, Checkpoint, CheckpointIdGen, CheckpointStore, CheckpointV2,
+};
+use blobsnap::layout::JobScope;
+use blobsnap::ErrorKind;
+
+const TASK: &str = "Partition 0";
+
+fn files(dir: &Path, files: &[(&str, u8)]) -> std::path::PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    for (name, byte) in files {
+        std::fs::write(dir.join(name), vec![*byte; 8192]).unwrap();
+    }
+    dir.to_path_buf()
+}
+
+fn manager(store: &Arc<dyn BlobStore>, job_id: &str, dir: &Path) -> BlobBackupManager {
+    BlobBackupManager::new(
+        Arc::clone(store),
+        TaskContext {
+            job_name: "wordcount".into(),
+            job_id: job_id.into(),
+            task_name: TASK.into(),
+        },
+        &[StoreSpec {
+            name: "counts".into(),
+            dir: dir.to_path_buf(),
+        }],
+        Arc::new(SystemClock),
+        BackupSettings {
+            writer_lease: false,
+            retention: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+fn v2(id: blobsnap::checkpoint::CheckpointId, m: &StoreMarkers) -> Checkpoint {
+    Checkpoint::V2(CheckpointV2 {
+        id,
+        input_offsets: BTreeMap::new(),
+        state_checkpoint_markers: BTreeMap::from([(FACTORY_NAME.to_string(), m.clone())]),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_pin_is_held_while_anything_borrows_through_it_then_released() {
+    let tmp = tempfile::tempdir().unwrap();
+    let local: Arc<dyn BlobStore> =
+        Arc::new(blobsnap::blobstore::local::LocalStore::new(tmp.path().join("store")).unwrap());
+    let counting = CountingStore::new(Arc::clone(&local));
+    let counters = counting.counters();
+    let store: Arc<dyn BlobStore> = Arc::new(counting);
+    let mut ids = CheckpointIdGen::new();
+    let clock = SystemClock;
+    let dirs = |d: std::path::PathBuf| BTreeMap::from([("counts".to_string(), d)]);
+
+    // The source: one snapshot of two SSTs, committed, saved as `base`.
+    let src = manager(&store, "1", &tmp.path().join("src"));
+    src.init(None).await.unwrap();
+    let id1 = ids.next(clock.now_millis()).unwrap();
+    let d = files(
+        &tmp.path().join("cp1"),
+        &[("000001.sst", 1), ("000002.sst", 2)],
+    );
+    let m1 = src
+        .upload(id1, &StoreMarkers::new(), &dirs(d))
+        .await
+        .unwrap();
+    src.cleanup(id1, &m1).await.unwrap();
+    let src_job = JobScope::new("wordcount", "1").unwrap();
+    BlobCheckpointStore::new(Arc::clone(&store), src_job.clone())
+        .write(TASK, 1, "w", &v2(id1, &m1))
+        .await
+        .unwrap();
+    savepoint::create(&store, "wordcount", "1", "base", &CheckpointRef::Latest)
+        .await
+        .unwrap();
+
+    // The fork: at most five requests for its one store, no data byte.
+    let before = counters.snapshot();
+    let forked = fork::fork_task(
+        &store,
+        &"wordcount/1/base".parse().unwrap(),
+        "wordcount",
+        "2",
+        TASK,
+    )
+    .await
+    .unwrap();
+    let cost = counters.snapshot().since(&before);
+    assert!(forked.requests <= 5, "{forked:?}");
+    let calls = cost.put.calls + cost.get.calls + cost.head.calls + cost.list.calls;
+    assert_eq!(calls, forked.requests, "{cost:?}");
+    assert_eq!(cost.put.calls, 2, "a pin and an index: {cost:?}");
+    assert!(cost.put.bytes < 8192, "no data byte written: {cost:?}");
+    assert_eq!(cost.delete.calls, 0, "{cost:?}");
+    assert_eq!((forked.files, forked.bytes), (2, 2 * 8192));
+    assert_eq!(forked.pins.len(), 1);
+    let pin = forked.pins.iter().next().unwrap().key().unwrap();
+    let fork_job = JobScope::new("wordcount", "2").unwrap();
+    let fork_cps = BlobCheckpointStore::new(Arc::clone(&store), fork_job.clone());
+    fork_cps
+        .write(TASK, 1, "w", &forked.checkpoint)
+        .await
+        .unwrap();
+
+    let fm = manager(&store, "2", &tmp.path().join("fork"));
+    fm.init(Some(&forked.checkpoint)).await.unwrap();
+    let pinned = || async { local.head(&pin).await.is_ok() };
+    let rm_base = || savepoint::remove(store.as_ref(), &src_job, "base");
+
+    // #2 keeps one borrowed SST: the window borrows, the pin stays.
+    let id2 = ids.next(clock.now_millis()).unwrap();
+    let d = files(
+        &tmp.path().join("cp2"),
+        &[("000002.sst", 2), ("000003.sst", 3)],
+    );
+    let m2 = fm
+        .upload(id2, &StoreMarkers::new(), &dirs(d))
+        .await
+        .unwrap();
+    fork_cps.write(TASK, 2, "w", &v2(id2, &m2)).await.unwrap();
+    // A savepoint of the fork at #2: it borrows too.
+    savepoint::create(&store, "wordcount", "2", "f", &CheckpointRef::Seq(2))
+        .await
+        .unwrap();
+    fm.cleanup(id2, &m2).await.unwrap();
+    assert!(pinned().await);
+    let e = rm_base().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Conflict, "{e}");
+    assert!(
+        e.to_string().contains("wordcount/2 task Partition 0"),
+        "{e}"
+    );
+
+    // #3 borrows nothing; #1 and #2 are still in the history: the pin stays.
+    let id3 = ids.next(clock.now_millis()).unwrap();
+    let d = files(&tmp.path().join("cp3"), &[("000004.sst", 4)]);
+    let m3 = fm
+        .upload(id3, &StoreMarkers::new(), &dirs(d))
+        .await
+        .unwrap();
+    fork_cps.write(TASK, 3, "w", &v2(id3, &m3)).await.unwrap();
+    fm.cleanup(id3, &m3).await.unwrap();
+    assert!(pinned().await, "older retained checkpoints still borrow");
+    // The fork's own cleanup deleted nothing of the source's: the saved snapshot is whole.
+    savepoint::check_present(
+        store.as_ref(),
+        &savepoint::read(store.as_ref(), &src_job, "base")
+            .await
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+
+    // With the history trimmed to #3, the fork's savepoint of #2 alone keeps the pin.
+    fork_cps.delete_seqs(TASK, &[1, 2]).await.unwrap();
+    fm.cleanup(id3, &m3).await.unwrap();
+    assert!(pinned().await, "the fork's savepoint still borrows");
+
+    // Nothing borrows: released, and the source may remove its savepoint.
+    savepoint::remove(store.as_ref(), &fork_job, "f")
+        .await
+        .unwrap();
+    fm.cleanup(id3, &m3).await.unwrap();
+    assert!(!pinned().await, "released once nothing borrows");
+    rm_base().await.unwrap();
+}
