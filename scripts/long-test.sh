@@ -76,8 +76,9 @@ BLOBSNAP_FUZZ_SECS=${BLOBSNAP_FUZZ_SECS:-600} cargo test --locked --release --te
 stage "coverage-guided fuzzing (libFuzzer via cargo-fuzz): 10 minutes per target"
 bash scripts/fuzz.sh "${BLOBSNAP_LIBFUZZER_SECS:-600}"
 
-stage "GC model: 10,000 randomized interleavings of commits, cleanups and sweeps"
-BLOBSNAP_GC_INTERLEAVINGS=${BLOBSNAP_GC_INTERLEAVINGS:-10000} cargo test --locked --release --test it -- --nocapture gc_model::
+stage "GC model: 10,000 randomized interleavings of commits, cleanups and sweeps; 1,000,000 steps of savepoints, a fork and tiered retention"
+BLOBSNAP_GC_INTERLEAVINGS=${BLOBSNAP_GC_INTERLEAVINGS:-10000} BLOBSNAP_GC_MODEL_STEPS=${BLOBSNAP_GC_MODEL_STEPS:-1000000} \
+  cargo test --locked --release --test it -- --nocapture gc_model::
 
 stage "bounded resources: 100,000 small files and one 8 GiB file, backed up and restored"
 BLOBSNAP_BOUNDED_FILES=${BLOBSNAP_BOUNDED_FILES:-100000} BLOBSNAP_BOUNDED_BIG_MIB=${BLOBSNAP_BOUNDED_BIG_MIB:-8192} \
