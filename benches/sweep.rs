@@ -13,6 +13,9 @@
 //! server-clock probe + checkpoint listings and GETs + one index GET per retained marker +
 //! multipart list/abort calls.
 //!
+//! Before the sweeps, `blob::usage` (`blobsnap usage`) classifies the same scope, timed and
+//! with its peak RSS (issue 32 §6: 10⁶ objects in ≤ 60 s and ≤ 64 MiB on the local store).
+//!
 //! `--store local` (the default): a local directory store under a temp dir. `--store s3`: the
 //! server of `BLOBSNAP_TEST_S3_ENDPOINT` (as `minio/localstack.sh env` prints it; the bucket
 //! `BLOBSNAP_TEST_S3_BUCKET` must exist).
@@ -163,6 +166,31 @@ fn main() {
             if s3 { "s3" } else { "local" },
             seeding.elapsed().as_secs_f64()
         );
+
+        // `blobsnap usage` over the same scope: one streamed listing, every object classed.
+        {
+            reset_peak_rss();
+            let started = Instant::now();
+            let report = blobsnap::blob::usage::usage(
+                &base,
+                "sweep",
+                &id,
+                Some(Duration::ZERO),
+                std::time::SystemTime::now(),
+            )
+            .await
+            .expect("usage");
+            let leak = &report.classes["orphans-past-grace"];
+            println!(
+                "usage: {:.2} s, peak RSS {:.0} MiB; {} objects / {} bytes classified, {} orphans past the grace",
+                started.elapsed().as_secs_f64(),
+                peak_rss_mib(),
+                report.total_objects,
+                report.total_bytes,
+                leak.objects
+            );
+            assert!(leak.objects >= objects, "every orphan classed as a leak");
+        }
 
         let sweep_settings = SweepSettings {
             job_name: "sweep".into(),
