@@ -1,7 +1,7 @@
 //! State through time at scale (issue 32 §4 and §5; not a test: it prints numbers).
 //!
 //! ```sh
-//! cargo bench --bench history -- [--only day|fork] [--commits 86400]
+//! cargo bench --bench history -- [--only day|fork] [--commits 86400] [--dir D]
 //!     [--policy "last 120, every 1m for 12h, every 5m for 1d"] [--ssts 500] [--sst-mib 16]
 //! ```
 //!
@@ -81,7 +81,10 @@ async fn day() {
     let policy_text = arg("--policy")
         .unwrap_or_else(|| "last 120, every 1m for 12h, every 5m for 1d".to_string());
     let policy: blobsnap::retention::RetentionPolicy = policy_text.parse().expect("--policy");
-    let tmp = tempfile::tempdir().expect("tempdir");
+    let tmp = match arg("--dir") {
+        Some(d) => tempfile::tempdir_in(d).expect("tempdir in --dir"),
+        None => tempfile::tempdir().expect("tempdir"),
+    };
     let root = tmp.path().join("store");
     let store: Arc<dyn BlobStore> =
         Arc::new(blobsnap::blobstore::local::LocalStore::new(&root).expect("store"));
@@ -295,7 +298,10 @@ async fn forks() {
     let sst_mib: u64 = arg("--sst-mib")
         .map(|v| v.parse().expect("--sst-mib N"))
         .unwrap_or(16);
-    let tmp = tempfile::tempdir().expect("tempdir");
+    let tmp = match arg("--dir") {
+        Some(d) => tempfile::tempdir_in(d).expect("tempdir in --dir"),
+        None => tempfile::tempdir().expect("tempdir"),
+    };
     let local: Arc<dyn BlobStore> = Arc::new(
         blobsnap::blobstore::local::LocalStore::new(tmp.path().join("store")).expect("store"),
     );

@@ -176,7 +176,7 @@ fn main() {
                 "sweep",
                 &id,
                 Some(Duration::ZERO),
-                std::time::SystemTime::now(),
+                blobsnap::backend::Clock::now(&SystemClock),
             )
             .await
             .expect("usage");

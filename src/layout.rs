@@ -5,7 +5,8 @@
 //! <job>/<job-id>/checkpoints/<task>/<seq:020>.json                 checkpoint store (on S3)
 //! <job>/<job-id>/writers/<task>/<writer>.json                      a running task's lease
 //! <job>/<job-id>/savepoints/<name>.json                            a savepoint (user-owned)
-//! <job>/<job-id>/forks/<savepoint>/<fork-job>/<fork-id>/<task>.json a fork's pin on a savepoint
+//! <job>/<job-id>/savepoints/<name>/<fork-job>/<fork-id>/<task>.json a fork's pin on it
+//! <job>/<job-id>/start-from/<task>.json                            the start-from a task applied
 //! <job>/<job-id>/tasks/<task>/stores/<store>/blobs/<checkpoint-id>/<sha256>
 //! <job>/<job-id>/tasks/<task>/stores/<store>/index/<checkpoint-id>.<sha256>.json
 //! manual/<name>/...                                                CLI backups
@@ -77,13 +78,21 @@ impl JobScope {
             .key(&format!("{}.json", crate::blobstore::escape_segment(name)))
     }
 
-    /// The pins forks hold on savepoint `name`: `forks/<name>/`.
+    /// The pins forks hold on savepoint `name`: `savepoints/<name>/` (beside its record, so
+    /// that one listing of `savepoints/` reads both).
     pub fn fork_pins(&self, savepoint: &str) -> Result<Scope> {
-        self.0.child("forks")?.escaped(savepoint)
+        self.savepoints()?.escaped(savepoint)
+    }
+
+    /// The record of the start-from point `task` applied: `start-from/<task>.json`.
+    pub fn start_from_key(&self, task: &str) -> Result<BlobKey> {
+        self.0
+            .child("start-from")?
+            .key(&format!("{}.json", crate::blobstore::escape_segment(task)))
     }
 
     /// The pin task `task` of fork `fork_job`/`fork_id` holds on savepoint `savepoint`:
-    /// `forks/<savepoint>/<fork-job>/<fork-id>/<task>.json`.
+    /// `savepoints/<savepoint>/<fork-job>/<fork-id>/<task>.json`.
     pub fn fork_pin_key(
         &self,
         savepoint: &str,
@@ -184,7 +193,7 @@ pub enum KeyKind {
         /// The savepoint's name.
         name: String,
     },
-    /// `forks/<savepoint>/<fork-job>/<fork-id>/<task>.json`: a fork's pin.
+    /// `savepoints/<savepoint>/<fork-job>/<fork-id>/<task>.json`: a fork's pin.
     ForkPin {
         /// The savepoint pinned.
         savepoint: String,
@@ -281,7 +290,7 @@ pub fn parse(key: &BlobKey) -> Option<ParsedKey> {
             .strip_suffix(".json")
             .and_then(name)
             .map(|name| KeyKind::Savepoint { name }),
-        ["forks", sp, fj, fid, file] => file.strip_suffix(".json").and_then(|t| {
+        ["savepoints", sp, fj, fid, file] => file.strip_suffix(".json").and_then(|t| {
             Some(KeyKind::ForkPin {
                 savepoint: name(sp)?,
                 fork_job: name(fj)?,
@@ -367,7 +376,7 @@ mod tests {
             job.fork_pin_key("before upgrade", "fork.job", "2", "Partition 0")
                 .unwrap()
                 .as_str(),
-            "word%2Ecount/1/forks/before%20upgrade/fork%2Ejob/2/Partition%200.json"
+            "word%2Ecount/1/savepoints/before%20upgrade/fork%2Ejob/2/Partition%200.json"
         );
         assert_eq!(
             JobScope::manual("nightly 1").unwrap().scope().as_str(),

@@ -995,6 +995,12 @@ impl TaskBackupManager for BlobBackupManager {
             for s in &retained {
                 self.release.note(&s.index);
             }
+            if self.stores.first().map(|(f, _, _)| &f.name) == Some(&spec.name) {
+                self.release
+                    .seed()
+                    .await
+                    .map_err(|e| e.context("read the task's start-from record (a fork's pins)"))?;
+            }
             lock(&self.state)?.insert(
                 spec.name.clone(),
                 StoreState {

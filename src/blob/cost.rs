@@ -76,6 +76,9 @@ pub struct CostOptions {
     pub part_size: u64,
     /// Each task sweeps every this many commits (0: never).
     pub sweep_every_commits: u64,
+    /// The job keeps a tiered retention (`last N, every D for W`): its cleanup lists the
+    /// task's history before each batch delete and reads each new checkpoint once.
+    pub retention_tiers: bool,
     /// The prices.
     pub prices: Prices,
 }
@@ -165,6 +168,19 @@ pub struct CostReport {
     pub stored_objects: u64,
     /// Their bytes.
     pub stored_bytes: u64,
+    /// Retained checkpoints (points one can restore or roll back to), over all tasks.
+    pub retained_points: u64,
+    /// Blob bytes of the tasks' latest snapshots (what a single point would keep).
+    pub live_bytes: u64,
+    /// Blob bytes the older retained points add: the distinct files born in the retention
+    /// window that the latest snapshots no longer hold. Stored bytes grow with these, not with
+    /// the number of points (which add only their indexes and checkpoint documents).
+    pub window_bytes: u64,
+    /// Indexes and checkpoint documents: what the points themselves cost.
+    pub metadata_bytes: u64,
+    /// A manual backup's scope (`blobsnap backup --name`): a "commit" is a backup, and the
+    /// month is priced only for storage unless a backup interval is given.
+    pub manual: bool,
     /// The prices used.
     pub prices: Prices,
     /// The monthly estimate.
@@ -201,12 +217,15 @@ pub async fn estimate(store: &Arc<dyn BlobStore>, opts: &CostOptions) -> Result<
     let mut spacings: Vec<u64> = Vec::new();
     // Every stored object, by key: size (blobs, indexes, checkpoints of the retained history).
     let mut stored: HashMap<String, u64> = HashMap::new();
+    let mut blob_bytes: HashMap<String, u64> = HashMap::new();
+    let mut live: HashMap<String, u64> = HashMap::new();
     let mut sweep_reads = Requests::default();
     for task in &tasks {
         let mut history = cps.history(task, usize::MAX).await?;
         history.sort_by_key(|c| c.seq);
         // A claim writes the last checkpoint again under the next number: one commit.
         history.dedup_by(|b, a| same_checkpoint(a, b));
+        report.retained_points += history.len() as u64;
         sweep_reads.list += 1.0;
         sweep_reads.get += history.len() as f64;
         for c in &history {
@@ -238,10 +257,22 @@ pub async fn estimate(store: &Arc<dyn BlobStore>, opts: &CostOptions) -> Result<
                 );
                 for (_, f) in snap.index.present_files() {
                     for (key, size) in blob_sizes(&snap, f)? {
-                        stored.insert(key, size);
+                        stored.insert(key.clone(), size);
+                        blob_bytes.insert(key, size);
                     }
                 }
                 snapshots.insert((name, marker), snap);
+            }
+        }
+        if let Some(latest) = history.last() {
+            for (name, marker) in markers(latest) {
+                if let Some(snap) = snapshots.get(&(name, marker)) {
+                    for (_, f) in snap.index.present_files() {
+                        for (key, size) in blob_sizes(snap, f)? {
+                            live.insert(key, size);
+                        }
+                    }
+                }
             }
         }
         for pair in history.windows(2) {
@@ -294,17 +325,31 @@ pub async fn estimate(store: &Arc<dyn BlobStore>, opts: &CostOptions) -> Result<
             // and the LIST of the job's savepoints right before it (they may pin a key).
             commit.delete += 1.0;
             commit.list += 1.0;
+            if opts.retention_tiers {
+                // The history's LIST before the delete, and the new checkpoint read once.
+                commit.list += 1.0;
+                commit.get += 1.0;
+            }
             sampled.add(&commit);
             report.sampled_task_commits += 1;
         }
     }
     report.stored_objects = stored.len() as u64;
     report.stored_bytes = stored.values().sum();
+    report.live_bytes = live.values().sum();
+    let blobs: u64 = blob_bytes.values().sum();
+    report.window_bytes = blobs.saturating_sub(report.live_bytes);
+    report.metadata_bytes = report.stored_bytes.saturating_sub(blobs);
+    report.manual = opts.job_name == super::manual::JOB;
 
     let interval = match opts.commit_interval {
         Some(d) => {
             report.commit_interval_from = "given".into();
             d.as_secs_f64()
+        }
+        None if opts.job_name == super::manual::JOB => {
+            report.commit_interval_from = "none (manual backups)".into();
+            0.0
         }
         None => {
             spacings.sort_unstable();
@@ -336,7 +381,13 @@ pub async fn estimate(store: &Arc<dyn BlobStore>, opts: &CostOptions) -> Result<
             .add(&sweep.scaled(1.0 / opts.sweep_every_commits as f64));
     }
     report.per_commit = report.per_task_commit.scaled(report.tasks as f64);
-    let commits = MONTH_SECS / interval;
+    // Manual backups are made by hand or by a schedule: their spacing is no rate to bill a
+    // month at. Only a given interval prices their requests.
+    let commits = if report.manual && opts.commit_interval.is_none() {
+        0.0
+    } else {
+        MONTH_SECS / interval
+    };
     let requests = report.per_commit.scaled(commits);
     let requests_usd = requests.dollars(&opts.prices);
     let storage_usd = report.stored_bytes as f64 / GB * opts.prices.storage_per_gb_month;
@@ -380,12 +431,14 @@ fn markers(c: &CommittedCheckpoint) -> Vec<(String, String)> {
         .unwrap_or_default()
 }
 
-/// A file's blobs with their sizes (blobsnap writes one blob a file; a Samza index's several
-/// blobs share the file's size evenly for the estimate).
+/// A file's own blobs with their sizes (blobsnap writes one blob a file; a Samza index's
+/// several blobs share the file's size evenly for the estimate).
 fn blob_sizes(snap: &LoadedSnapshot, f: &crate::index::FileIndex) -> Result<Vec<(String, u64)>> {
     let n = f.blobs.len().max(1) as u64;
     f.blobs
         .iter()
+        // A fork's borrowed blobs are stored (and billed) under the job they came from.
+        .filter(|b| super::BlobScopes::is_own(&b.blob_id))
         .map(|b| {
             Ok((
                 snap.blobs.key(&b.blob_id)?.as_str().to_owned(),
@@ -428,6 +481,7 @@ mod tests {
             multipart_threshold: 64 << 20,
             part_size: 16 << 20,
             sweep_every_commits: 0,
+            retention_tiers: false,
             prices: Prices::default(),
         };
         assert_eq!(put_requests(1, &opts), 1.0);

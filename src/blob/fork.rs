@@ -5,9 +5,11 @@
 //! `[job] start-from = "savepoint:SOURCE-JOB/SOURCE-ID/NAME"`: at its first start each task of
 //! the fork
 //!
-//! 1. writes a **pin** in the source's scope, `forks/<NAME>/<fork-job>/<fork-id>/<task>.json`
-//!    (one per source savepoint its snapshots borrow through), then checks that the savepoint
-//!    still exists (a `savepoint rm` racing the pin is refused by one of the two);
+//! 1. writes a **pin** in the source's scope, `savepoints/<NAME>/<fork-job>/<fork-id>/<task>.json`
+//!    (one per source savepoint its snapshots borrow through, create-only), then reads the
+//!    savepoint again: it must be the very record it forks (a `savepoint rm` racing the pin
+//!    is caught by one of the two; meanwhile the source's collectors, seeing a pin without a
+//!    record, delete nothing);
 //! 2. writes, per store, a fork index in its **own** scope: the source snapshot's files, each
 //!    source blob named `borrowed/<alias>/blobs/…`, and a `borrowed-from` table declaring
 //!    the source store scope and savepoint of every alias (index format 3);
@@ -231,26 +233,54 @@ pub async fn fork_task(
         indexes.push((store_name.clone(), index));
     }
 
-    // 2. the pins, then the savepoints they pin must still be there.
+    // 2. the pins (create-only: one left by an earlier try of this very fork is kept as it
+    //    is), then the savepoints they pin must still be the ones read.
     let pins: BTreeSet<ForkPin> = indexes
         .iter()
         .flat_map(|(_, i)| pins_of(i, fork_job, fork_id, task))
         .collect();
+    let mut created = Vec::new();
     for pin in &pins {
-        write_pin(store.as_ref(), pin).await?;
+        if write_pin(store.as_ref(), pin).await? {
+            created.push(pin.clone());
+        }
         requests += 1;
     }
+    let mut records: BTreeMap<(String, String, String), super::savepoint::Savepoint> =
+        BTreeMap::new();
+    records.insert(
+        (
+            source.job_name.clone(),
+            source.job_id.clone(),
+            source.savepoint.clone(),
+        ),
+        sp.clone(),
+    );
     for pin in &pins {
-        let key = JobScope::new(&pin.source_job, &pin.source_id)?.savepoint_key(&pin.savepoint)?;
+        let id = (
+            pin.source_job.clone(),
+            pin.source_id.clone(),
+            pin.savepoint.clone(),
+        );
+        let scope = JobScope::new(&pin.source_job, &pin.source_id)?;
         requests += 1;
-        if let Err(e) = store.head(&key).await {
-            for p in &pins {
+        let now = super::savepoint::read(store.as_ref(), &scope, &pin.savepoint).await;
+        let same = match now {
+            Ok(n) => records.get(&id).is_none_or(|before| &n == before),
+            Err(e) if e.kind() == ErrorKind::NotFound => false,
+            Err(e) => return Err(e.context(format!(
+                "fork {fork_job}/{fork_id} task {task}: check savepoint {}/{}/{} after pinning it",
+                pin.source_job, pin.source_id, pin.savepoint
+            ))),
+        };
+        if !same {
+            for p in &created {
                 if let Ok(k) = p.key() {
                     let _ = store.delete_many(std::slice::from_ref(&k)).await;
                 }
             }
-            return Err(e.context(format!(
-                "fork {fork_job}/{fork_id} task {task}: savepoint {}/{}/{} went away while it was being pinned (pins withdrawn)",
+            return Err(Error::conflict(format!(
+                "fork {fork_job}/{fork_id} task {task}: savepoint {}/{}/{} was removed or replaced while it was being pinned (this fork's new pins withdrawn); start again",
                 pin.source_job, pin.source_id, pin.savepoint
             )));
         }
@@ -405,15 +435,24 @@ fn collect(dir: &DirIndex, out: &mut BTreeSet<String>) {
     }
 }
 
-/// Write `pin` (idempotent).
-async fn write_pin(store: &dyn BlobStore, pin: &ForkPin) -> Result<()> {
+/// Write `pin` create-only: `true` if this call made it, `false` if it was there (an earlier
+/// try of the same fork).
+async fn write_pin(store: &dyn BlobStore, pin: &ForkPin) -> Result<bool> {
     let key = pin.key()?;
     let body = serde_json::to_vec(pin).map_err(|e| Error::invalid(format!("pin: {e}")))?;
-    store
-        .put(&key, PutBody::Bytes(body.into()), PutOptions::default())
+    let sha = crate::digest::Sha256::of(&body);
+    match store
+        .put(
+            &key,
+            PutBody::Bytes(body.into()),
+            PutOptions::create_only(sha),
+        )
         .await
-        .map(|_| ())
-        .map_err(|e| e.context(format!("write fork pin {key}")))
+    {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == ErrorKind::Conflict => Ok(false),
+        Err(e) => Err(e.context(format!("write fork pin {key}"))),
+    }
 }
 
 /// The forks that hold a pin on savepoint `name` of `job` (one LIST).
@@ -458,6 +497,8 @@ pub struct Release {
     held: Mutex<BTreeSet<ForkPin>>,
     /// Marker → the pins its snapshot needs (indexes never change).
     known: Mutex<HashMap<(String, String), BTreeSet<ForkPin>>>,
+    /// Checkpoint number → its (store, marker)s (documents never change).
+    docs: Mutex<HashMap<u64, Vec<(String, String)>>>,
 }
 
 impl Release {
@@ -470,6 +511,7 @@ impl Release {
             task: task.to_string(),
             held: Mutex::default(),
             known: Mutex::default(),
+            docs: Mutex::default(),
         }
     }
 
@@ -480,6 +522,37 @@ impl Release {
         }
         if let Ok(mut h) = self.held.lock() {
             h.extend(pins_of(index, &self.fork_job, &self.fork_id, &self.task));
+        }
+    }
+
+    /// The pins this task wrote when it started as a fork, from its start-from record (one
+    /// GET; none for a task that never forked): held until released, also across restarts in
+    /// which no loaded snapshot borrows any more.
+    pub async fn seed(&self) -> Result<()> {
+        #[derive(serde::Deserialize)]
+        struct Record {
+            #[serde(default)]
+            pins: Vec<ForkPin>,
+        }
+        let key = JobScope::new(&self.fork_job, &self.fork_id)?.start_from_key(&self.task)?;
+        match crate::blobstore::get_bytes(self.store.as_ref(), &key, 1 << 20).await {
+            Ok(b) => {
+                let r: Record = serde_json::from_slice(&b)
+                    .map_err(|e| Error::corrupt(format!("{key}: {e}")))?;
+                if let Ok(mut h) = self.held.lock() {
+                    h.extend(r.pins.into_iter().filter(|p| {
+                        (p.fork_job.as_str(), p.fork_id.as_str(), p.task.as_str())
+                            == (
+                                self.fork_job.as_str(),
+                                self.fork_id.as_str(),
+                                self.task.as_str(),
+                            )
+                    }));
+                }
+                Ok(())
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e.context(format!("read {key}"))),
         }
     }
 
@@ -511,18 +584,76 @@ impl Release {
         let job = JobScope::new(&self.fork_job, &self.fork_id)?;
         let cps = BlobCheckpointStore::new(Arc::clone(&self.store), job.clone());
         let mut roots: Vec<(String, String)> = Vec::new();
+        let mut fresh = HashMap::new();
         for (seq, key) in cps.seqs(&self.task).await? {
-            match cps.read(&self.task, seq, &key).await {
-                Ok(c) => roots.extend(markers_of(&c.checkpoint)),
-                Err(e) if e.kind() == ErrorKind::NotFound => continue,
-                Err(e) => return Err(e),
-            }
+            let cached = self.docs.lock().ok().and_then(|d| d.get(&seq).cloned());
+            let markers = match cached {
+                Some(m) => m,
+                None => match cps.read(&self.task, seq, &key).await {
+                    Ok(c) => markers_of(&c.checkpoint),
+                    Err(e) if e.kind() == ErrorKind::NotFound => continue,
+                    Err(e) => return Err(e),
+                },
+            };
+            roots.extend(markers.iter().cloned());
+            fresh.insert(seq, markers);
         }
-        for sp in super::savepoint::list(self.store.as_ref(), &job).await? {
+        if let Ok(mut d) = self.docs.lock() {
+            *d = fresh;
+        }
+        roots.extend(self.savepoint_roots(&job).await?);
+        if self.still_needed(roots, &mut candidates).await? {
+            return Ok(Vec::new());
+        }
+        let mut released = Vec::new();
+        for pin in candidates {
+            let key = pin.key()?;
+            if let Some((_, e)) = self
+                .store
+                .delete_many(std::slice::from_ref(&key))
+                .await?
+                .into_iter()
+                .next()
+            {
+                return Err(e.context(format!("release fork pin {key}")));
+            }
+            // A savepoint of the fork made while this was deciding names it again: put it
+            // back (the savepoint's own check read the pin before it went).
+            let mut again = BTreeSet::from([pin.clone()]);
+            if self
+                .still_needed(self.savepoint_roots(&job).await?, &mut again)
+                .await?
+            {
+                write_pin(self.store.as_ref(), &pin).await?;
+                continue;
+            }
+            if let Ok(mut h) = self.held.lock() {
+                h.remove(&pin);
+            }
+            tracing::info!(pin = %pin, "released a fork pin: no retained snapshot borrows through it");
+            released.push(pin);
+        }
+        Ok(released)
+    }
+
+    /// The (store, marker)s the fork job's savepoints name for this task.
+    async fn savepoint_roots(&self, job: &JobScope) -> Result<Vec<(String, String)>> {
+        let mut roots = Vec::new();
+        for sp in super::savepoint::list(self.store.as_ref(), job).await? {
             if let Some(c) = sp.checkpoint_of(&self.task)? {
                 roots.extend(markers_of(&c.checkpoint));
             }
         }
+        Ok(roots)
+    }
+
+    /// Remove from `candidates` every pin a snapshot of `roots` needs; `true` once none is
+    /// left.
+    async fn still_needed(
+        &self,
+        roots: Vec<(String, String)>,
+        candidates: &mut BTreeSet<ForkPin>,
+    ) -> Result<bool> {
         for (store_name, marker) in roots {
             let cached = self
                 .known
@@ -550,28 +681,10 @@ impl Release {
                 candidates.remove(p);
             }
             if candidates.is_empty() {
-                return Ok(Vec::new());
+                return Ok(true);
             }
         }
-        let mut released = Vec::new();
-        for pin in candidates {
-            let key = pin.key()?;
-            if let Some((_, e)) = self
-                .store
-                .delete_many(std::slice::from_ref(&key))
-                .await?
-                .into_iter()
-                .next()
-            {
-                return Err(e.context(format!("release fork pin {key}")));
-            }
-            if let Ok(mut h) = self.held.lock() {
-                h.remove(&pin);
-            }
-            tracing::info!(pin = %pin, "released a fork pin: no retained snapshot borrows through it");
-            released.push(pin);
-        }
-        Ok(released)
+        Ok(candidates.is_empty())
     }
 }
 

@@ -452,7 +452,7 @@ pub(crate) async fn read_roots(
         }
     }
     // Savepoints are roots too (fail closed: one that cannot be read stops the sweep).
-    let savepoints = super::savepoint::list(store, job)
+    let savepoints = super::savepoint::list_roots(store, job)
         .await
         .map_err(|e| e.context("sweep reads the job's savepoints (nothing deleted)"))?;
     for sp in &savepoints {

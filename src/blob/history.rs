@@ -199,7 +199,13 @@ pub async fn resolve(
         return Err(fork_only(src));
     }
     let cps = BlobCheckpointStore::new(Arc::clone(store), job.clone());
-    let history = cps.history(task, usize::MAX).await?;
+    // `latest` reads one document; the rest read the history (16 documents at a time).
+    let limit = if *r == CheckpointRef::Latest {
+        1
+    } else {
+        usize::MAX
+    };
+    let history = cps.history(task, limit).await?;
     let committed = pick(&history, r).map_err(|e| e.context(format!("task {task:?}")))?;
     Ok(Resolved {
         committed: committed.clone(),

@@ -184,6 +184,13 @@ async fn borrowed_scopes(
                 "index {marker}: borrowed-from[{alias}] names its own job: only a fork borrows, and from another job"
             )));
         }
+        // The pin is per task: it covers the same task and store of the source, no other.
+        if (b.task_name.as_str(), b.store_name.as_str()) != (who.task_name, who.store_name) {
+            return Err(Error::corrupt(format!(
+                "index {marker}: borrowed-from[{alias}] names task {:?} store {:?} of {}/{}: a fork borrows only from its own task and store there",
+                b.task_name, b.store_name, b.job_name, b.job_id
+            )));
+        }
         let source = JobScope::new(&b.job_name, &b.job_id)?;
         let pin = source.fork_pin_key(&b.savepoint, who.job_name, who.job_id, who.task_name)?;
         if let Err(e) = store.head(&pin).await {

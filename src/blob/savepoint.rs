@@ -10,7 +10,9 @@
 //!   LIST of `savepoints/`, only when there is something to delete; each pinned index read once
 //!   per process) and withholds every index and blob a savepoint names;
 //! - the sweep reads every savepoint with the checkpoint histories, and fails closed when one
-//!   cannot be read.
+//!   cannot be read;
+//! - both fail closed on a fork's pin (`savepoints/<name>/<fork-job>/<fork-id>/<task>.json`,
+//!   [`super::fork`]) whose savepoint has no record ([`list_roots`]).
 //!
 //! [`create`] writes the record create-only (a name is taken once), then checks that every
 //! index and blob it names exists — a checkpoint that left retention while it was being pinned
@@ -292,6 +294,49 @@ pub async fn list(store: &dyn BlobStore, job: &JobScope) -> Result<Vec<Savepoint
     Ok(out)
 }
 
+/// Every savepoint of `job`, for a collector: as [`list`], and also the forks' pins (one
+/// listing of `savepoints/` reads both). A pin whose savepoint has no record — a `savepoint
+/// rm` in flight or interrupted while a fork pinned it — fails the call (`Conflict`): what the
+/// record named is unknown, so the collector deletes nothing until it is resolved.
+pub async fn list_roots(store: &dyn BlobStore, job: &JobScope) -> Result<Vec<Savepoint>> {
+    let mut out = Vec::new();
+    let mut pinned = BTreeMap::new();
+    let metas: Vec<_> = store.list(&job.savepoints()?).try_collect().await?;
+    for m in metas {
+        match parse(&m.key).map(|p| p.kind) {
+            Some(KeyKind::Savepoint { .. }) => {
+                match get_bytes(store, &m.key, MAX_RECORD_BYTES).await {
+                    Ok(b) => out.push(parse_record(&b, &m.key)?),
+                    Err(e) if e.kind() == ErrorKind::NotFound => continue,
+                    Err(e) => return Err(e.context(format!("read savepoint {}", m.key))),
+                }
+            }
+            Some(KeyKind::ForkPin {
+                savepoint,
+                fork_job,
+                fork_id,
+                task,
+            }) => {
+                pinned
+                    .entry(savepoint)
+                    .or_insert_with(|| format!("{fork_job}/{fork_id} task {task}"));
+            }
+            _ => {}
+        }
+    }
+    for (name, fork) in pinned {
+        if !out.iter().any(|sp| sp.name == name) {
+            return Err(Error::conflict(format!(
+                "fork {fork} pins savepoint {name:?} of {}, which has no record (a savepoint rm in flight, or one that was interrupted): nothing is deleted while what it kept is unknown; if the rm was interrupted, the fork's pins under {} must go (blobsnap savepoint rm refuses while they exist) before the job's collectors run again",
+                job.scope().as_str().trim_end_matches('/'),
+                job.fork_pins(&name)?.as_str()
+            )));
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
 /// Delete savepoint `name` (`NotFound` if there is none). Refused (`Conflict`, naming them)
 /// while forks hold a pin on it ([`super::fork`]): their snapshots read its blobs. A fork
 /// pinning it while it is being removed is caught by one side: the fork checks the record
@@ -326,10 +371,20 @@ pub async fn remove(store: &dyn BlobStore, job: &JobScope, name: &str) -> Result
     if !forks.is_empty() {
         let bytes = serde_json::to_vec_pretty(&sp)
             .map_err(|e| Error::invalid(format!("savepoint: {e}")))?;
-        store
-            .put(&key, PutBody::Bytes(bytes.into()), PutOptions::default())
+        let sha = Sha256::of(&bytes);
+        match store
+            .put(
+                &key,
+                PutBody::Bytes(bytes.into()),
+                PutOptions::create_only(sha),
+            )
             .await
-            .map_err(|e| e.context(format!("put back savepoint {key}")))?;
+        {
+            Ok(_) => {}
+            // Created again meanwhile (by another create): that record stands.
+            Err(e) if e.kind() == ErrorKind::Conflict => {}
+            Err(e) => return Err(e.context(format!("put back savepoint {key}"))),
+        }
         return Err(in_use(forks));
     }
     Ok(sp)
@@ -473,9 +528,11 @@ impl DeleteFilter for Pins {
         if areas.is_empty() {
             return Ok(HashSet::new());
         }
-        let savepoints = list(self.store.as_ref(), &self.job).await.map_err(|e| {
-            e.context("read the job's savepoints before a cleanup delete (nothing deleted)")
-        })?;
+        let savepoints = list_roots(self.store.as_ref(), &self.job)
+            .await
+            .map_err(|e| {
+                e.context("read the job's savepoints before a cleanup delete (nothing deleted)")
+            })?;
         let doomed: HashSet<&BlobKey> = keys.iter().collect();
         let mut roots: Vec<SnapshotId> = Vec::new();
         for sp in &savepoints {

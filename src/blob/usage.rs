@@ -113,7 +113,7 @@ pub async fn usage(
     let mut borrowed = std::collections::HashSet::new();
     let pinned: std::collections::BTreeSet<String> = {
         let mut names = std::collections::BTreeSet::new();
-        let mut pins = store.list(&job.scope().child("forks")?);
+        let mut pins = store.list(&job.savepoints()?);
         while let Some(m) = pins.try_next().await? {
             if let Some(KeyKind::ForkPin { savepoint, .. }) = parse(&m.key).map(|p| p.kind) {
                 names.insert(savepoint);

@@ -1,5 +1,6 @@
 //! `blobsnap checkpoints`: every retained checkpoint of every task of a job, newest first,
-//! with its stores' sizes and new bytes and the savepoints that pin it
+//! with its stores' sizes and new bytes, the savepoints that pin it and the forks that borrow
+//! from it (a fork's own snapshots name what they borrow from)
 //! ([`blobsnap::blob::history`]).
 
 use std::collections::BTreeMap;
@@ -31,6 +32,9 @@ struct StoreLine {
     bytes: u64,
     /// Bytes this checkpoint uploaded (its own blobs).
     new_bytes: u64,
+    /// A fork's snapshot: the jobs (and savepoints) whose blobs it borrows, `JOB/ID/NAME`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    borrows_from: Vec<String>,
 }
 
 /// One retained checkpoint.
@@ -45,6 +49,8 @@ struct Line {
     input_offsets: BTreeMap<String, String>,
     stores: BTreeMap<String, StoreLine>,
     savepoints: Vec<String>,
+    /// Forks that borrow from it through those savepoints: `JOB/ID`.
+    forks: Vec<String>,
     /// Set when this number repeats the checkpoint before it (a task's claim at startup).
     repeats: Option<u64>,
 }
@@ -69,6 +75,13 @@ pub(crate) async fn run(
         ));
     }
     let savepoints = savepoint::list(store.as_ref(), &job).await?;
+    let mut forks_of: BTreeMap<String, Vec<blobsnap::blob::fork::ForkPin>> = BTreeMap::new();
+    for sp in &savepoints {
+        forks_of.insert(
+            sp.name.clone(),
+            blobsnap::blob::fork::dependents(store.as_ref(), &job, &sp.name).await?,
+        );
+    }
     let cps = BlobCheckpointStore::new(Arc::clone(&store), job.clone());
     let mut out: BTreeMap<String, Vec<Line>> = BTreeMap::new();
     for task in &tasks {
@@ -111,6 +124,12 @@ pub(crate) async fn run(
                             .filter(|(_, f)| f.blobs.iter().any(|b| b.blob_id.starts_with(&own)))
                             .map(|(_, f)| f.file_metadata.size)
                             .sum(),
+                        borrows_from: snap
+                            .index
+                            .borrowed_from
+                            .values()
+                            .map(|b| format!("{}/{}/{}", b.job_name, b.job_id, b.savepoint))
+                            .collect(),
                     },
                 );
             }
@@ -123,7 +142,15 @@ pub(crate) async fn run(
                         .is_some_and(|s| s.checkpoint.as_v2().map(|x| x.id) == Some(v2.id))
                 })
                 .map(|sp| sp.name.clone())
+                .collect::<Vec<String>>();
+            let mut forks: Vec<String> = pinned_by
+                .iter()
+                .flat_map(|n| forks_of.get(n).into_iter().flatten())
+                .filter(|p| &p.task == task)
+                .map(|p| format!("{}/{}", p.fork_job, p.fork_id))
                 .collect();
+            forks.sort();
+            forks.dedup();
             lines.push(Line {
                 seq: c.seq,
                 checkpoint_id: v2.id.to_string(),
@@ -137,6 +164,7 @@ pub(crate) async fn run(
                     .collect(),
                 stores,
                 savepoints: pinned_by,
+                forks,
                 repeats,
             });
         }
@@ -168,8 +196,13 @@ pub(crate) async fn run(
                 l.seq, l.checkpoint_id, l.time_utc, l.time_local
             );
             for (name, s) in &l.stores {
+                let borrowed = if s.borrows_from.is_empty() {
+                    String::new()
+                } else {
+                    format!(", borrows from {}", s.borrows_from.join(", "))
+                };
                 println!(
-                    "         store {name}: {} files, {}, new {}",
+                    "         store {name}: {} files, {}, new {}{borrowed}",
                     s.files,
                     bytesize::ByteSize(s.bytes),
                     bytesize::ByteSize(s.new_bytes)
@@ -180,6 +213,9 @@ pub(crate) async fn run(
                     "         pinned by savepoint(s): {}",
                     l.savepoints.join(", ")
                 );
+            }
+            if !l.forks.is_empty() {
+                println!("         borrowed by fork(s): {}", l.forks.join(", "));
             }
         }
     }

@@ -9,13 +9,11 @@ use clap::Args;
 
 #[derive(Args)]
 pub(crate) struct CostArgs {
-    /// The job's name.
-    #[arg(long)]
-    job: String,
-    /// The job's id.
-    #[arg(long, default_value = "1")]
-    job_id: String,
-    /// The job's commit interval ("60s", "5m"); omitted: measured from its checkpoints.
+    #[command(flatten)]
+    job: super::args::JobFlags,
+    /// The job's commit interval ("60s", "5m"); omitted: measured from its checkpoints. For a
+    /// manual backup (--name): the interval of a backup schedule to price; omitted, only its
+    /// storage is priced.
     #[arg(long, value_parser = humantime::parse_duration)]
     commit_interval: Option<Duration>,
 }
@@ -31,15 +29,22 @@ pub(crate) async fn run(
         StoreKind::Local => (u64::MAX, 0),
     };
     let store = open_existing_store(store_args).await?;
+    let (job_name, job_id) = args.job.names()?;
+    blobsnap::blob::history::require_job(
+        store.as_ref(),
+        &blobsnap::layout::JobScope::new(&job_name, &job_id)?,
+    )
+    .await?;
     let report = estimate(
         &store,
         &CostOptions {
-            job_name: args.job,
-            job_id: args.job_id,
+            job_name,
+            job_id,
             commit_interval: args.commit_interval,
             multipart_threshold,
             part_size,
             sweep_every_commits: settings.job.sweep_every_commits,
+            retention_tiers: !settings.job.retention.tiers.is_empty(),
             prices: settings.cost,
         },
     )
@@ -60,12 +65,21 @@ pub(crate) async fn run(
 fn print_report(r: &CostReport) {
     let c = &r.per_commit;
     let m = &r.monthly;
+    let what = if r.manual { "backup" } else { "commit" };
+    if r.manual {
+        println!(
+            "manual backup {}: {} backups retained; {} sampled (consecutive pairs)",
+            r.job_id, r.retained_points, r.sampled_task_commits
+        );
+    } else {
+        println!(
+            "job {}/{}: {} tasks; {} task commits sampled from the retained checkpoints ({} store snapshots changed, {} carried forward)",
+            r.job, r.job_id, r.tasks, r.sampled_task_commits, r.changed_store_commits, r.unchanged_store_commits
+        );
+    }
     println!(
-        "job {}/{}: {} tasks; {} task commits sampled from the retained checkpoints ({} store snapshots changed, {} carried forward)",
-        r.job, r.job_id, r.tasks, r.sampled_task_commits, r.changed_store_commits, r.unchanged_store_commits
-    );
-    println!(
-        "per commit (all tasks): {:.1} PUT, {:.2} LIST, {:.2} GET, {:.1} DeleteObjects, {} uploaded",
+        "per {what}{}: {:.1} PUT, {:.2} LIST, {:.2} GET, {:.1} DeleteObjects, {} uploaded",
+        if r.manual { "" } else { " (all tasks)" },
         c.put,
         c.list,
         c.get,
@@ -73,19 +87,30 @@ fn print_report(r: &CostReport) {
         human_bytes(c.upload_bytes)
     );
     println!(
-        "stored: {} in {} objects (retained snapshots and checkpoints)",
+        "stored: {} in {} objects, for {} retained points: {} live (the latest snapshots) + {} of distinct files born in the retention window + {} of indexes and checkpoint documents (what the number of points adds)",
         human_bytes(r.stored_bytes as f64),
-        r.stored_objects
+        r.stored_objects,
+        r.retained_points,
+        human_bytes(r.live_bytes as f64),
+        human_bytes(r.window_bytes as f64),
+        human_bytes(r.metadata_bytes as f64)
     );
-    println!(
-        "a month at one commit every {:.1} s ({}): {:.0} commits, {:.0} PUT, {:.0} LIST, {:.0} GET",
-        r.commit_interval_secs,
-        r.commit_interval_from,
-        m.commits,
-        m.requests.put,
-        m.requests.list,
-        m.requests.get
-    );
+    if m.commits > 0.0 {
+        println!(
+            "a month at one {what} every {:.1} s ({}): {:.0} {what}s, {:.0} PUT, {:.0} LIST, {:.0} GET",
+            r.commit_interval_secs,
+            r.commit_interval_from,
+            m.commits,
+            m.requests.put,
+            m.requests.list,
+            m.requests.get
+        );
+    } else {
+        println!(
+            "a month: storage only (a backup's requests cost ${:.6}; give --commit-interval to price a backup schedule)",
+            c.dollars(&r.prices)
+        );
+    }
     println!(
         "estimate: requests ${:.2} + storage ${:.2} = ${:.2} a month (PUT/LIST ${}/1000, GET ${}/1000, storage ${}/GB-month)",
         m.requests_usd,

@@ -296,6 +296,10 @@ struct StartedFrom {
     seq: u64,
     /// The chosen checkpoint's id.
     checkpoint_id: String,
+    /// A fork's: the pins its task wrote in the source scopes (the backend releases them
+    /// once nothing borrows through them, also after a restart).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pins: Vec<crate::blob::fork::ForkPin>,
 }
 
 /// Every task of the job has the point `point` names (checked before any task starts, so a
@@ -309,8 +313,28 @@ pub async fn check_start_from(
         return Ok(());
     };
     let job = JobScope::new(&settings.job_name, &settings.job_id)?;
+    let mut pending = Vec::new();
+    for p in 0..settings.partitions {
+        let task = task_name(p);
+        if applied(blob_store.as_ref(), &job, &task, point)
+            .await?
+            .is_none()
+        {
+            pending.push(task);
+        }
+    }
+    // A fork's source is read only while some task has yet to start from it (a fork that
+    // applied it long ago restarts even after the source removed the savepoint).
     let fork_source = match point {
-        crate::blob::history::CheckpointRef::Fork(src) => {
+        crate::blob::history::CheckpointRef::Fork(src) if !pending.is_empty() => {
+            if (src.job_name.as_str(), src.job_id.as_str())
+                == (settings.job_name.as_str(), settings.job_id.as_str())
+            {
+                return Err(Error::invalid(format!(
+                    "start-from {point}: that is this job's own savepoint; start from savepoint:{} instead (nothing started)",
+                    src.savepoint
+                )));
+            }
             let sp = crate::blob::savepoint::read(
                 blob_store.as_ref(),
                 &JobScope::new(&src.job_name, &src.job_id)?,
@@ -322,14 +346,7 @@ pub async fn check_start_from(
         }
         _ => None,
     };
-    for p in 0..settings.partitions {
-        let task = task_name(p);
-        if applied(blob_store.as_ref(), &job, &task, point)
-            .await?
-            .is_some()
-        {
-            continue;
-        }
+    for task in pending {
         if let Some(sp) = &fork_source {
             if sp.checkpoint_of(&task)?.is_none() {
                 return Err(Error::new(
@@ -370,9 +387,7 @@ async fn applied(
 }
 
 fn start_from_key(job: &JobScope, task: &str) -> Result<crate::blobstore::BlobKey> {
-    job.scope()
-        .child("start-from")?
-        .key(&format!("{}.json", crate::blobstore::escape_segment(task)))
+    job.start_from_key(task)
 }
 
 /// Start `task` (claimed: `commits`) from `point`: commit a new head with the point's offsets
@@ -391,6 +406,7 @@ async fn start_from(
         tracing::info!(task, start_from = %point, seq = r.seq, "start-from was applied before (at #{}); resuming from the latest checkpoint", r.seq);
         return Ok(last);
     }
+    let mut pins = Vec::new();
     let (checkpoint, from_seq) = match point {
         crate::blob::history::CheckpointRef::Fork(src) => {
             let forked =
@@ -398,6 +414,7 @@ async fn start_from(
                     .await
                     .map_err(|e| e.context(format!("start-from {point}")))?;
             tracing::info!(task, start_from = %point, stores = forked.stores, files = forked.files, bytes_borrowed = forked.bytes, requests = forked.requests, "forked: the snapshots borrow the source's blobs, none copied");
+            pins = forked.pins.iter().cloned().collect();
             (forked.checkpoint, None)
         }
         _ => {
@@ -415,6 +432,7 @@ async fn start_from(
             .as_v2()
             .map(|c| c.id.to_string())
             .unwrap_or_default(),
+        pins,
     };
     let bytes = serde_json::to_vec(&record).map_err(|e| Error::invalid(e.to_string()))?;
     blob_store

@@ -1310,7 +1310,7 @@ async fn cost_of_a_demo_job_and_the_limit_flags() {
 
     let (code, _, err) = run(&t, &["cost", "--job", "nope"]).await;
     assert_eq!(code, Some(3), "{err}");
-    assert!(err.contains("no checkpoints"), "{err}");
+    assert!(err.contains("no job stored under nope/1/"), "{err}");
     let (code, _, err) = run(&t, &["--max-upload-rate", "fast", "ls"]).await;
     assert_eq!(code, Some(2), "{err}");
     let (code, _, err) = run(&t, &["--max-transfers", "0", "ls"]).await;
@@ -1942,6 +1942,18 @@ async fn manual_backups_are_forgotten_by_policy_and_typos_fail_loudly() {
     assert_eq!(kept, [4, 3], "the newest two: {v}");
     let (_, v, _) = run(&t, &["checkpoints", "--name", "nb"]).await;
     assert_eq!(count(&v), 2, "{v}");
+    // What manual backups cost: per backup and their storage, not a month of "commits" at
+    // the spacing of backups made by hand; a schedule is priced when given.
+    let (code, v, err) = run(&t, &["cost", "--name", "nb"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["manual"], true, "{v}");
+    assert_eq!(v["retained_points"], 2, "{v}");
+    assert_eq!(v["monthly"]["commits"].as_f64(), Some(0.0), "{v}");
+    assert_eq!(v["monthly"]["requests_usd"].as_f64(), Some(0.0), "{v}");
+    assert!(v["per_commit"]["put"].as_f64() >= Some(1.0), "{v}");
+    let (code, v, err) = run(&t, &["cost", "--name", "nb", "--commit-interval", "1d"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["monthly"]["commits"].as_f64(), Some(30.0), "{v}");
     let (code, v, err) = run(&t, &["gc", "--name", "nb", "--grace-secs", "0", "--force"]).await;
     assert_eq!(code, Some(0), "{err}");
     assert!(

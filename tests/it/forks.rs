@@ -185,3 +185,78 @@ async fn a_fork_pin_is_held_while_anything_borrows_through_it_then_released() {
     assert!(!pinned().await, "released once nothing borrows");
     rm_base().await.unwrap();
 }
+
+/// A fork's pin beside no savepoint record (a `savepoint rm` racing the fork, or interrupted
+/// between its delete and its check of the pins): the source's sweep and its cleanup's batch
+/// delete fail closed — what the record kept is unknown — naming the fork and what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pin_without_its_savepoint_stops_the_collectors() {
+    use blobsnap::blob::gc::{plan_sweep, SweepSettings};
+    use blobsnap::blobstore::{DeferredDeletes, PutBody, PutOptions};
+    let tmp = tempfile::tempdir().unwrap();
+    let store: Arc<dyn BlobStore> =
+        Arc::new(blobsnap::blobstore::local::LocalStore::new(tmp.path().join("store")).unwrap());
+    let src = manager(&store, "1", &tmp.path().join("src"));
+    src.init(None).await.unwrap();
+    let id1 = CheckpointIdGen::new()
+        .next(SystemClock.now_millis())
+        .unwrap();
+    let d = files(&tmp.path().join("cp1"), &[("000001.sst", 1)]);
+    let m1 = src
+        .upload(
+            id1,
+            &StoreMarkers::new(),
+            &BTreeMap::from([("counts".to_string(), d)]),
+        )
+        .await
+        .unwrap();
+    src.cleanup(id1, &m1).await.unwrap();
+    let src_job = JobScope::new("wordcount", "1").unwrap();
+    BlobCheckpointStore::new(Arc::clone(&store), src_job.clone())
+        .write(TASK, 1, "w", &v2(id1, &m1))
+        .await
+        .unwrap();
+    let pin = src_job
+        .fork_pin_key("gone", "wordcount", "2", TASK)
+        .unwrap();
+    store
+        .put(&pin, PutBody::Bytes("{}".into()), PutOptions::default())
+        .await
+        .unwrap();
+    let e = plan_sweep(
+        &store,
+        &SweepSettings {
+            job_name: "wordcount".into(),
+            job_id: "1".into(),
+            task: None,
+            store: None,
+            grace: std::time::Duration::ZERO,
+        },
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Conflict, "{e}");
+    assert!(
+        e.to_string().contains("wordcount/2 task Partition 0")
+            && e.to_string().contains("\"gone\""),
+        "{e}"
+    );
+    // The cleanup's batch delete: nothing deleted either.
+    let victim = src_job
+        .store(TASK, "counts")
+        .unwrap()
+        .key(&m1["counts"])
+        .unwrap();
+    let e = DeferredDeletes {
+        store: Arc::clone(&store),
+        keys: vec![victim.clone()],
+        pins: Some(Arc::new(
+            savepoint::Pins::new(Arc::clone(&store), "wordcount", "1").unwrap(),
+        )),
+    }
+    .delete_with(&[])
+    .await
+    .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Conflict, "{e}");
+    store.head(&victim).await.unwrap();
+}

@@ -667,6 +667,13 @@ async fn a_borrowed_blob_is_read_only_through_a_declared_and_pinned_scope() {
         .put(&pin, PutBody::Bytes("{}".into()), PutOptions::default())
         .await
         .unwrap();
+    // Pinned, but declaring another task (or store) of the source than its own: refused.
+    let mut other = declared("1");
+    other.task_name = "Partition 7".into();
+    corrupt(
+        load(index(good.clone(), Some(other), FORMAT_FORK)).await,
+        "borrows only from its own task and store",
+    );
     // Pinned: escapes and non-blob keys of the source are still refused.
     for bad in [
         "borrowed/0/index/1-0.x.json".to_string(),

@@ -2736,12 +2736,24 @@ async fn the_cost_estimate_matches_the_counted_requests() {
             multipart_threshold: u64::MAX,
             part_size: 0,
             sweep_every_commits: 0,
+            retention_tiers: false,
             prices: Prices::default(),
         },
     )
     .await
     .unwrap();
     assert_eq!(report.tasks, 1);
+    // Every stored byte is the live snapshots', the window's or the points' metadata.
+    assert!(report.retained_points >= 15, "{report:?}");
+    assert!(
+        report.live_bytes > 0 && report.metadata_bytes > 0,
+        "{report:?}"
+    );
+    assert_eq!(
+        report.stored_bytes,
+        report.live_bytes + report.window_bytes + report.metadata_bytes,
+        "{report:?}"
+    );
     assert_eq!(report.sampled_task_commits as f64, commits, "{report:?}");
     let est = report.per_task_commit;
     assert!(
@@ -3521,6 +3533,28 @@ async fn forks(ms: &MatrixStore, root: &std::path::Path) {
             .collect::<BTreeSet<String>>()
     };
     assert_eq!(forks_of_base().await.len(), 2);
+    // `checkpoints` shows both sides: the fork's snapshots borrow from the savepoint, the
+    // source's saved checkpoint is borrowed by the fork.
+    let fork_list = json(&run(s(&["checkpoints", "--job", "wordcount", "--job-id", "2"])).await);
+    let head = &fork_list["tasks"]["Partition 0"][0];
+    assert_eq!(
+        head["stores"]["counts"]["borrows-from"],
+        serde_json::json!(["wordcount/1/base"]),
+        "{fork_list}"
+    );
+    let src_list = json(&run(s(&["checkpoints", "--job", "wordcount"])).await);
+    let saved = src_list["tasks"]["Partition 0"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["savepoints"] == serde_json::json!(["base"]))
+        .cloned()
+        .unwrap_or_else(|| panic!("{src_list}"));
+    assert_eq!(
+        saved["forks"],
+        serde_json::json!(["wordcount/2"]),
+        "{src_list}"
+    );
 
     // The source cannot remove what the fork borrows; its sweep keeps it.
     let rm = s(&["savepoint", "rm", "--job", "wordcount", "--name", "base"]);
@@ -3636,6 +3670,21 @@ async fn forks(ms: &MatrixStore, root: &std::path::Path) {
         Some(if pinned.is_empty() { 0 } else { 6 }),
         "rm refuses exactly while a pin is held ({pinned:?}): {}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    // A fork that applied its start-from restarts with the same setting, even once its
+    // source removed the savepoint.
+    demo_counts_ok(
+        &run(demo(
+            "fork",
+            "4000",
+            &[
+                "--job-id",
+                "2",
+                "--start-from",
+                "savepoint:wordcount/1/base",
+            ],
+        ))
+        .await,
     );
 
     // A fork of the fork reads through both scopes, and holds its own pins.
