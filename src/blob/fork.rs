@@ -268,10 +268,12 @@ pub async fn fork_task(
         let same = match now {
             Ok(n) => records.get(&id).is_none_or(|before| &n == before),
             Err(e) if e.kind() == ErrorKind::NotFound => false,
-            Err(e) => return Err(e.context(format!(
+            Err(e) => {
+                return Err(e.context(format!(
                 "fork {fork_job}/{fork_id} task {task}: check savepoint {}/{}/{} after pinning it",
                 pin.source_job, pin.source_id, pin.savepoint
-            ))),
+            )))
+            }
         };
         if !same {
             for p in &created {

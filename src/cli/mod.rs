@@ -122,7 +122,7 @@ pub(crate) enum Command {
 pub(crate) const LONG_VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
     "\nRocksDB 11.8.1 (bundled: librocksdb-sys 0.19.0+11.8.1)",
-    "\nsnapshot index: format-version 2 written, 1 and 2 read",
+    "\nsnapshot index: format-version 1 or 2 written (3 by a fork), 1 to 3 read",
     "\ncheckpoints: CheckpointV2 written, V1 and V2 read (Samza's JSON)",
     "\nsavepoint record: format 1"
 );

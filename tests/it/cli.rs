@@ -2035,7 +2035,11 @@ async fn version_names_rocksdb_and_the_formats_and_a_typo_creates_nothing() {
     );
     assert!(
         v.contains(&format!(
-            "format-version {} written",
+            "format-version {} or {} written ({} by a fork), {} to {} read",
+            blobsnap::index::FORMAT_V1,
+            blobsnap::index::FORMAT_INLINE,
+            blobsnap::index::FORMAT_FORK,
+            blobsnap::index::FORMAT_V1,
             blobsnap::index::FORMAT_VERSION
         )),
         "{v}"
