@@ -3422,8 +3422,16 @@ async fn forks(ms: &MatrixStore, root: &std::path::Path) {
         async move { c.output().await.unwrap() }
     };
     let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    // Retention 1, except the fork's first start: 3 keeps its head — the snapshots that
+    // borrow everything — in the history however soon RocksDB compacts the restored files
+    // away (a compaction at open is the database's own timing).
     let demo = |dir: &str, lines: &str, extra: &[&str]| {
         let d = root.join(dir).display().to_string();
+        let keep = if dir == "fork" && lines == "2000" {
+            "3"
+        } else {
+            "1"
+        };
         let mut a = s(&[
             "demo",
             "--dir",
@@ -3435,7 +3443,7 @@ async fn forks(ms: &MatrixStore, root: &std::path::Path) {
             "--commit-every",
             "300",
             "--retention",
-            "1",
+            keep,
         ]);
         a.extend(leg.extra.iter().cloned());
         a.extend(s(extra));
@@ -3536,10 +3544,13 @@ async fn forks(ms: &MatrixStore, root: &std::path::Path) {
     // `checkpoints` shows both sides: the fork's snapshots borrow from the savepoint, the
     // source's saved checkpoint is borrowed by the fork.
     let fork_list = json(&run(s(&["checkpoints", "--job", "wordcount", "--job-id", "2"])).await);
-    let head = &fork_list["tasks"]["Partition 0"][0];
-    assert_eq!(
-        head["stores"]["counts"]["borrows-from"],
-        serde_json::json!(["wordcount/1/base"]),
+    assert!(
+        fork_list["tasks"]["Partition 0"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l["stores"]["counts"]["borrows-from"]
+                == serde_json::json!(["wordcount/1/base"])),
         "{fork_list}"
     );
     let src_list = json(&run(s(&["checkpoints", "--job", "wordcount"])).await);
