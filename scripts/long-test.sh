@@ -80,6 +80,9 @@ stage "GC model: 10,000 randomized interleavings of commits, cleanups and sweeps
 BLOBSNAP_GC_INTERLEAVINGS=${BLOBSNAP_GC_INTERLEAVINGS:-10000} BLOBSNAP_GC_MODEL_STEPS=${BLOBSNAP_GC_MODEL_STEPS:-1000000} \
   cargo test --locked --release --test it -- --nocapture gc_model::
 
+stage "crash soak: 5 rounds of SIGKILLs at every crash point, then one sweep leaves nothing past the grace"
+BLOBSNAP_SOAK_ROUNDS=${BLOBSNAP_SOAK_ROUNDS:-5} cargo test --locked --release --test it -- --nocapture lifecycle::a_crash_soak
+
 stage "bounded resources: 100,000 small files and one 8 GiB file, backed up and restored"
 BLOBSNAP_BOUNDED_FILES=${BLOBSNAP_BOUNDED_FILES:-100000} BLOBSNAP_BOUNDED_BIG_MIB=${BLOBSNAP_BOUNDED_BIG_MIB:-8192} \
   cargo test --locked --release --test bounded -- --ignored --nocapture

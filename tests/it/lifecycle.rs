@@ -3796,6 +3796,138 @@ async fn forks(ms: &MatrixStore, root: &std::path::Path) {
     );
 }
 
+/// A crash-injected soak (issue 32 §6): the demo job is SIGKILLed at crash points — mid
+/// upload, before and after its checkpoint write, in its cleanup, mid restore, at its end —
+/// run after run on one store, each run with more input; then it runs to its end (counts
+/// checked), and **one** sweep (`gc --grace-secs 0 --force`) leaves `usage` with no orphan,
+/// no unknown key and no byte past the grace. `BLOBSNAP_SOAK_ROUNDS` rounds over every crash
+/// point (the long-test command: 5; CI: the short list below, once).
+async fn crash_soak(ms: &MatrixStore, root: &std::path::Path) {
+    use std::os::unix::process::ExitStatusExt as _;
+    let leg = ms.leg(root, "soak").await;
+    let d = root.join("demo").display().to_string();
+    let rounds: u32 = std::env::var("BLOBSNAP_SOAK_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let mut crashes: Vec<String> = [
+        "backup.mid-upload@2",
+        "commit.before-checkpoint@3",
+        "commit.after-checkpoint@2",
+        "commit.during-cleanup@2",
+        "restore.mid-download@1",
+        "task.end-of-input@1",
+    ]
+    .map(String::from)
+    .to_vec();
+    for r in 0..rounds {
+        for p in blobsnap::crash::POINTS
+            .iter()
+            .filter(|p| !p.starts_with("sweep."))
+        {
+            crashes.push(format!("{p}@{}", 1 + r % 3));
+        }
+    }
+    let demo = |lines: u64| {
+        let mut a: Vec<String> = [
+            "demo",
+            "--dir",
+            &d,
+            "--partitions",
+            "2",
+            "--lines",
+            &lines.to_string(),
+            "--commit-every",
+            "200",
+        ]
+        .map(String::from)
+        .to_vec();
+        a.extend(leg.extra.iter().cloned());
+        a
+    };
+    let mut lines = 1_000u64;
+    let mut killed = 0;
+    for at in &crashes {
+        lines += 500;
+        let out = leg
+            .cmd(&demo(lines))
+            .env("BLOBSNAP_CRASH_AT", at)
+            .output()
+            .await
+            .unwrap();
+        if out.status.success() {
+            continue;
+        }
+        assert_eq!(
+            out.status.signal(),
+            Some(9),
+            "{at}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        killed += 1;
+    }
+    assert!(
+        killed >= crashes.len() / 2,
+        "{killed} of {} runs were killed",
+        crashes.len()
+    );
+    demo_counts_ok(&leg.cmd(&demo(lines)).output().await.unwrap());
+    let json = |out: std::process::Output| -> serde_json::Value {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let before = json(
+        leg.cmd(&["usage", "--job", "wordcount", "--grace-secs", "0"].map(String::from))
+            .output()
+            .await
+            .unwrap(),
+    );
+    json(
+        leg.cmd(&["gc", "--job", "wordcount", "--grace-secs", "0", "--force"].map(String::from))
+            .output()
+            .await
+            .unwrap(),
+    );
+    let after = json(
+        leg.cmd(&["usage", "--job", "wordcount", "--grace-secs", "0"].map(String::from))
+            .output()
+            .await
+            .unwrap(),
+    );
+    let class = |v: &serde_json::Value, c: &str| {
+        let c = &v["usage"]["classes"][c];
+        (c["objects"].as_u64().unwrap(), c["bytes"].as_u64().unwrap())
+    };
+    eprintln!(
+        "crash soak: {killed} of {} runs killed; before the sweep {:?} past the grace, after {:?}",
+        crashes.len(),
+        class(&before, "orphans-past-grace"),
+        class(&after, "orphans-past-grace")
+    );
+    for c in [
+        "orphans-past-grace",
+        "orphans-within-grace",
+        "unknown",
+        "stale-multipart",
+    ] {
+        assert_eq!(class(&after, c), (0, 0), "{c} after one sweep: {after}");
+    }
+    assert!(class(&after, "live").0 > 0, "{after}");
+    // The job still restores and resumes where it was.
+    let v = demo_counts_ok(&leg.cmd(&demo(lines)).output().await.unwrap());
+    assert_eq!(v["tasks"][0]["processed"].as_u64(), Some(0), "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_soak_leaves_nothing_past_the_grace_after_one_sweep() {
+    let tmp = tempfile::tempdir().unwrap();
+    crash_soak(&MatrixStore::Local, tmp.path()).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forks_local() {
     let tmp = tempfile::tempdir().unwrap();
