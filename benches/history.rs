@@ -1,12 +1,12 @@
 //! State through time at scale (issue 32 §4 and §5; not a test: it prints numbers).
 //!
 //! ```sh
-//! cargo bench --bench history -- [--only day|fork] [--commits 86400] [--dir D]
+//! cargo bench --bench history -- [--only day|fork] [--commits 86400] [--every-secs 1] [--dir D]
 //!     [--policy "last 120, every 1m for 12h, every 5m for 1d"] [--ssts 500] [--sst-mib 16]
 //! ```
 //!
-//! **day**: a RocksDB store (one task, the local blob store) commits once a second of a
-//! virtual clock for `--commits` seconds, each commit after a batch of writes (RocksDB flushes
+//! **day**: a RocksDB store (one task, the local blob store) commits every `--every-secs`
+//! seconds of a virtual clock, `--commits` times, each commit after a batch of writes (RocksDB flushes
 //! and compacts as it does), under the tiered `--policy`. Then: the restorable points (the
 //! task's retained checkpoints, each checked whole: index present, every blob present with
 //! its size); the stored blob bytes against the live bytes and the distinct files the
@@ -78,6 +78,9 @@ async fn day() {
     let commits: u64 = arg("--commits")
         .map(|v| v.parse().expect("--commits N"))
         .unwrap_or(86_400);
+    let every_secs: u64 = arg("--every-secs")
+        .map(|v| v.parse().expect("--every-secs N"))
+        .unwrap_or(1);
     let policy_text = arg("--policy")
         .unwrap_or_else(|| "last 120, every 1m for 12h, every 5m for 1d".to_string());
     let policy: blobsnap::retention::RetentionPolicy = policy_text.parse().expect("--policy");
@@ -152,10 +155,10 @@ async fn day() {
             batch.put(format!("key{:08}", x % 200_000), x.to_le_bytes().repeat(32));
         }
         db.db().write(batch).expect("write");
-        clock.0.fetch_add(1_000, Ordering::Relaxed);
+        clock.0.fetch_add(every_secs * 1_000, Ordering::Relaxed);
         let offsets = BTreeMap::from([(Ssp::new("bench", "in", 0), s.to_string())]);
         mgr.commit(offsets).await.expect("commit");
-        if s % 10_000 == 9_999 {
+        if s % 1_000 == 999 {
             eprintln!(
                 "day: {} commits, {:.0} s",
                 s + 1,
@@ -218,7 +221,7 @@ async fn day() {
     }
     let duplicated: u64 = by_sha.values().map(|n| n.saturating_sub(1)).sum();
     let named_bytes: u64 = named.values().sum();
-    println!("day: {commits} commits (1/s of a virtual clock) in {commit_secs:.0} s, policy {policy_text:?}");
+    println!("day: {commits} commits (one every {every_secs} s of a virtual clock: {:.1} h) in {commit_secs:.0} s, policy {policy_text:?}", (commits * every_secs) as f64 / 3600.0);
     println!(
         "day: {} restorable points (each loaded, every blob HEADed with its size); {} checkpoint documents",
         points.len(),

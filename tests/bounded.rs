@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
-/// Open descriptors at once during a backup and a restore: the bound README's "Reliability,
+/// Open descriptors at once during a backup and a restore: the bound docs/reliability.md's "Reliability,
 /// tested" states (the transfer budgets of 8 uploads and 8 downloads, RocksDB's and the
 /// runtime's own, with room): independent of the file count and the file size.
 const FD_BOUND: u64 = 128;
@@ -188,7 +188,7 @@ async fn many_small_files() {
             "{}: peak RSS grew {grown} KiB for {n} files",
             h.name
         );
-        // The documented bound (README): fewer than FD_BOUND at once, whatever the file
+        // The documented bound (docs/reliability.md): fewer than FD_BOUND at once, whatever the file
         // count (measured: 31 local, 48 through s3s-fs at 100,000 files).
         assert!(fds < FD_BOUND, "{}: {fds} descriptors open at once", h.name);
         // No per-key cleanup: both stores live in the harness's temp dir, gone with it (s3s-fs

@@ -14,7 +14,7 @@ use clap::{Args, Subcommand};
 /// (flags win).
 #[derive(Args)]
 pub(crate) struct StoreArgs {
-    /// A TOML settings file (see the README).
+    /// A TOML settings file (docs/configuration.md).
     #[arg(
         long,
         global = true,

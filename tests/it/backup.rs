@@ -1110,7 +1110,7 @@ fn link_checkpoint(live: &Path, cp: &Path) -> std::path::PathBuf {
 /// damaged cache file is ignored (everything hashed again). A rewrite in place that keeps
 /// the size *and* sets the mtime back to the nanosecond (RocksDB never does either: an SST is
 /// never rewritten) is not detected: the backup records the digest hashed before, and stays
-/// self-consistent (its blobs match its index). Documented in the README.
+/// self-consistent (its blobs match its index). Documented in docs/reliability.md.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_hash_cache_trusts_exactly_its_key() {
     use std::os::unix::fs::MetadataExt as _;

@@ -16,6 +16,7 @@ mod backup;
 mod cli;
 mod commit_protocol;
 mod conformance;
+mod docs;
 mod faults;
 mod forks;
 mod formats;
