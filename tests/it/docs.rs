@@ -340,3 +340,30 @@ fn the_guide_s_runnable_examples_run() {
     }
     assert!(ran >= 10, "{ran} runnable lines");
 }
+
+/// Every setting (every key of every section of the settings file) is named on the
+/// configuration page.
+#[test]
+fn every_setting_is_documented() {
+    let text = std::fs::read_to_string(repo().join("docs/configuration.md")).unwrap();
+    let all = serde_json::to_value(blobsnap::config::Settings::default()).unwrap();
+    let mut missing = Vec::new();
+    let mut n = 0;
+    for (section, keys) in all.as_object().unwrap() {
+        assert!(
+            text.contains(&format!("[{section}]")),
+            "[{section}] is not documented"
+        );
+        for key in keys.as_object().into_iter().flatten().map(|(k, _)| k) {
+            n += 1;
+            if !text.contains(&format!("`{key}`")) && !text.contains(&format!("{key} =")) {
+                missing.push(format!("[{section}] {key}"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "not on docs/configuration.md: {missing:?}"
+    );
+    assert!(n > 20, "{n} settings");
+}
