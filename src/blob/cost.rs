@@ -85,6 +85,7 @@ pub struct CostOptions {
 
 /// Requests and bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct Requests {
     /// PUTs (single, multipart parts and completions) and POSTs.
     pub put: f64,
@@ -127,6 +128,7 @@ impl Requests {
 
 /// The monthly bill.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct Monthly {
     /// Job commits a month (every task commits once per interval).
     pub commits: f64,
@@ -142,6 +144,7 @@ pub struct Monthly {
 
 /// What a job costs.
 #[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct CostReport {
     /// The job.
     pub job: String,

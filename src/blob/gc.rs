@@ -63,6 +63,7 @@ pub struct Doomed {
 
 /// What a sweep will do.
 #[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct SweepPlan {
     /// The server-clock time the sweep started (ms since the epoch).
     pub started_millis: u64,
@@ -200,6 +201,7 @@ pub async fn sweep(
 
 /// What [`sweep`] did.
 #[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct SweepReport {
     /// Its decisions' counts (`delete` empty: the objects went to the callback).
     #[serde(flatten)]

@@ -26,6 +26,7 @@ pub(crate) async fn ls_command(args: &StoreArgs, json: bool) -> blobsnap::Result
         newest: Option<IndexMarker>,
     }
     #[derive(Default, serde::Serialize)]
+    #[serde(rename_all = "kebab-case")]
     struct TaskInfo {
         checkpoints: u64,
         latest_seq: u64,

@@ -420,8 +420,8 @@ async fn backup_a_closed_db_dedup_restore_ls_and_a_locked_db_is_refused(t: &Targ
         "--task and --store are required without --name: {err}"
     );
     assert_eq!(v["bytes-fetched"], 0, "{v}");
-    assert_eq!(v["plan"]["files_to_download"], 0, "{v}");
-    let reused = v["plan"]["bytes_reused"].as_u64().unwrap();
+    assert_eq!(v["plan"]["files-to-download"], 0, "{v}");
+    let reused = v["plan"]["bytes-reused"].as_u64().unwrap();
     assert!(reused > 0, "{v}");
     // Mutable files (MANIFEST, OPTIONS, CURRENT, WAL) are copied, not linked, and the copy is
     // verified: that is their second read, by design.
@@ -444,11 +444,11 @@ async fn backup_a_closed_db_dedup_restore_ls_and_a_locked_db_is_refused(t: &Targ
         .sum();
     assert!(ssts > 0);
     assert!(
-        v["plan"]["files_proved_by_cache"].as_u64().unwrap() >= 1,
+        v["plan"]["files-proved-by-cache"].as_u64().unwrap() >= 1,
         "{v}"
     );
     assert_eq!(
-        v["plan"]["bytes_hashed"].as_u64().unwrap(),
+        v["plan"]["bytes-hashed"].as_u64().unwrap(),
         reused - ssts,
         "{v}"
     );
@@ -1165,7 +1165,7 @@ async fn the_standby_command_follows_the_demo_and_a_failover_links_from_it() {
     );
     let (_, ls, _) = run(&t, &["ls"]).await;
     let (_, tasks) = ls["jobs"].as_object().unwrap().iter().next().unwrap();
-    let seq = tasks["Partition 0"]["latest_seq"].as_u64().unwrap();
+    let seq = tasks["Partition 0"]["latest-seq"].as_u64().unwrap();
     let objects = tree(&tmp.path().join("store"));
 
     let b_dir = b.display().to_string();
@@ -1287,13 +1287,13 @@ async fn cost_of_a_demo_job_and_the_limit_flags() {
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(v["schema"], 1, "{v}");
     assert_eq!(v["tasks"], 2, "{v}");
-    assert!(v["sampled_task_commits"].as_u64().unwrap() >= 2, "{v}");
-    let put = v["per_commit"]["put"].as_f64().unwrap();
+    assert!(v["sampled-task-commits"].as_u64().unwrap() >= 2, "{v}");
+    let put = v["per-commit"]["put"].as_f64().unwrap();
     assert!(
         put >= 2.0,
         "every task commit PUTs at least its checkpoint: {v}"
     );
-    assert_eq!(v["commit_interval_secs"], 60.0, "{v}");
+    assert_eq!(v["commit-interval-secs"], 60.0, "{v}");
     let month = &v["monthly"];
     assert!(
         (month["commits"].as_f64().unwrap() - 43_200.0).abs() < 1e-6,
@@ -1301,12 +1301,12 @@ async fn cost_of_a_demo_job_and_the_limit_flags() {
     );
     // PUT and LIST at $0.005, GET at $0.0004 per 1,000 (the demo's sweep, every 20 commits,
     // is spread over them), deletes free.
-    let c = &v["per_commit"];
+    let c = &v["per-commit"];
     let per = |k: &str| c[k].as_f64().unwrap() * 43_200.0 / 1000.0;
-    let usd = month["requests_usd"].as_f64().unwrap();
+    let usd = month["requests-usd"].as_f64().unwrap();
     let expected = (per("put") + per("list")) * 0.005 + per("get") * 0.0004;
     assert!((usd - expected).abs() < 1e-6, "{usd} vs {expected}: {v}");
-    assert!(v["stored_bytes"].as_u64().unwrap() > 0, "{v}");
+    assert!(v["stored-bytes"].as_u64().unwrap() > 0, "{v}");
 
     let (code, _, err) = run(&t, &["cost", "--job", "nope"]).await;
     assert_eq!(code, Some(3), "{err}");
@@ -1947,10 +1947,10 @@ async fn manual_backups_are_forgotten_by_policy_and_typos_fail_loudly() {
     let (code, v, err) = run(&t, &["cost", "--name", "nb"]).await;
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(v["manual"], true, "{v}");
-    assert_eq!(v["retained_points"], 2, "{v}");
+    assert_eq!(v["retained-points"], 2, "{v}");
     assert_eq!(v["monthly"]["commits"].as_f64(), Some(0.0), "{v}");
-    assert_eq!(v["monthly"]["requests_usd"].as_f64(), Some(0.0), "{v}");
-    assert!(v["per_commit"]["put"].as_f64() >= Some(1.0), "{v}");
+    assert_eq!(v["monthly"]["requests-usd"].as_f64(), Some(0.0), "{v}");
+    assert!(v["per-commit"]["put"].as_f64() >= Some(1.0), "{v}");
     let (code, v, err) = run(&t, &["cost", "--name", "nb", "--commit-interval", "1d"]).await;
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(v["monthly"]["commits"].as_f64(), Some(30.0), "{v}");

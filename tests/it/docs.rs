@@ -367,3 +367,100 @@ fn every_setting_is_documented() {
     );
     assert!(n > 20, "{n} settings");
 }
+
+/// Every `--json` document of every command uses one key style, kebab-case (issue 35 §2): a
+/// key that looks like a `snake_case` identifier fails, naming the command and the path.
+#[test]
+fn every_json_document_is_kebab_case() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(BIN)
+            .args(args)
+            .current_dir(tmp.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    run(&[
+        "demo",
+        "--partitions",
+        "1",
+        "--lines",
+        "1500",
+        "--commit-every",
+        "300",
+    ]);
+    let l = ["--json", "--local", "blobsnap-demo/store"];
+    let snap = [
+        "--job",
+        "wordcount",
+        "--task",
+        "Partition 0",
+        "--store",
+        "counts",
+    ];
+    let cmds: Vec<Vec<&str>> = vec![
+        vec!["ls"],
+        vec!["checkpoints", "--job", "wordcount"],
+        vec!["savepoint", "create", "--job", "wordcount", "--name", "s1"],
+        vec!["savepoint", "ls", "--job", "wordcount"],
+        vec!["savepoint", "show", "--job", "wordcount", "--name", "s1"],
+        vec!["cost", "--job", "wordcount", "--commit-interval", "60s"],
+        vec!["usage", "--job", "wordcount"],
+        vec!["check", "--job", "wordcount"],
+        vec!["gc", "--job", "wordcount", "--dry-run"],
+        [&["verify"][..], &snap[..]].concat(),
+        [&["inspect"][..], &snap[..]].concat(),
+        [&["restore", "--dry-run", "--to", "r"][..], &snap[..]].concat(),
+    ];
+    let mut bad = Vec::new();
+    for c in cmds {
+        let args: Vec<&str> = l.iter().chain(c.iter()).copied().collect();
+        let out = run(&args);
+        for line in String::from_utf8_lossy(&out)
+            .lines()
+            .filter(|l| l.starts_with('{'))
+        {
+            let v: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("{c:?}: not JSON ({e}): {line}"));
+            walk(&v, &mut String::new(), &mut |path, key| {
+                let snake = key.contains('_')
+                    && key
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+                if snake {
+                    bad.push(format!("{}: {path}.{key}", c.join(" ")));
+                }
+            });
+        }
+    }
+    bad.sort();
+    bad.dedup();
+    assert!(bad.is_empty(), "snake_case keys:\n{}", bad.join("\n"));
+}
+
+fn walk(v: &serde_json::Value, path: &mut String, f: &mut dyn FnMut(&str, &str)) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                f(path, k);
+                let len = path.len();
+                path.push('.');
+                path.push_str(k);
+                walk(x, path, f);
+                path.truncate(len);
+            }
+        }
+        serde_json::Value::Array(a) => {
+            for x in a {
+                walk(x, path, f);
+            }
+        }
+        _ => {}
+    }
+}

@@ -53,6 +53,7 @@ pub enum Proof {
 
 /// Totals of a plan.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct PlanTotals {
     /// Files in the snapshot.
     pub files: u64,
