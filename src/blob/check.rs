@@ -164,6 +164,37 @@ pub async fn check_job(
     {
         use futures::TryStreamExt as _;
         let metas: Vec<_> = store.list(&job.savepoints()?).try_collect().await?;
+        // Records and forks' pins come in one listing: a pin without its record stops every
+        // collector of the job (`savepoint::list_roots`), so it is a problem here too.
+        let mut names = std::collections::BTreeSet::new();
+        let mut pins = Vec::new();
+        for m in &metas {
+            match crate::layout::parse(&m.key).map(|p| p.kind) {
+                Some(crate::layout::KeyKind::Savepoint { name }) => {
+                    names.insert(name);
+                }
+                Some(crate::layout::KeyKind::ForkPin {
+                    savepoint,
+                    fork_job,
+                    fork_id,
+                    task,
+                }) => pins.push((
+                    savepoint,
+                    format!("{fork_job}/{fork_id} task {task}"),
+                    m.key.clone(),
+                )),
+                _ => {}
+            }
+        }
+        for (savepoint, fork, key) in pins {
+            if !names.contains(&savepoint) {
+                report.add(
+                    ErrorKind::Conflict,
+                    format!("fork {fork} pins savepoint {savepoint:?}, which has no record ({key}): the job's cleanup and gc delete nothing until the pin goes or the savepoint is back"),
+                    vec![format!("fork pin {key}")],
+                );
+            }
+        }
         for m in metas {
             let Some(crate::layout::KeyKind::Savepoint { name }) =
                 crate::layout::parse(&m.key).map(|p| p.kind)

@@ -395,15 +395,7 @@ pub(crate) async fn read_roots(
     let store = shared.as_ref();
     // Roots: every task's history, whatever the sweep's area; tasks are found under
     // checkpoints/ (a task without a checkpoint has no root).
-    let mut tasks: BTreeSet<String> = BTreeSet::new();
-    {
-        let mut listing = store.list(&job.scope().child("checkpoints")?);
-        while let Some(m) = listing.try_next().await? {
-            if let Some(task) = parse(&m.key).as_ref().and_then(|p| p.kind.task()) {
-                tasks.insert(task.to_string());
-            }
-        }
-    }
+    let tasks: BTreeSet<String> = super::history::task_names(store, job).await?;
     let cps = BlobCheckpointStore::new(std::sync::Arc::clone(shared), job.clone());
     let mut out = Roots::default();
     for task in &tasks {

@@ -259,4 +259,22 @@ async fn a_pin_without_its_savepoint_stops_the_collectors() {
     .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Conflict, "{e}");
     store.head(&victim).await.unwrap();
+    // `check` names it among the job's problems.
+    let report = blobsnap::blob::check::check_job(
+        &store,
+        "wordcount",
+        "1",
+        &blobsnap::blob::check::CheckOptions {
+            read_data: false,
+            subset_pct: 100.0,
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        report.problems.iter().any(|p| p
+            .message
+            .contains("pins savepoint \"gone\", which has no record")),
+        "{report:?}"
+    );
 }
