@@ -69,6 +69,22 @@ fn parse(unit: Unit, v: &str) -> Result<u64, String> {
     }
 }
 
+/// A command-line duration in seconds: plain seconds (`90`), or `"90s"`, `"1d"`, `"1h 30m"`
+/// — the same forms everywhere a flag takes a duration.
+pub fn parse_secs(v: &str) -> Result<u64, String> {
+    let t = v.trim();
+    if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
+        return t.parse().map_err(|e| format!("{v:?}: {e}"));
+    }
+    parse(Unit::Secs, t)
+        .map_err(|why| format!("{v:?}: {why}: give seconds (90) or a duration (90s, 1d)"))
+}
+
+/// As [`parse_secs`], as a [`Duration`].
+pub fn parse_duration_flag(v: &str) -> Result<Duration, String> {
+    parse_secs(v).map(Duration::from_secs)
+}
+
 /// A size in bytes: an integer, or `"64MiB"`, `"16 MB"`, `"1GiB"`.
 pub fn bytes<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     d.deserialize_any(Human(Unit::Bytes))

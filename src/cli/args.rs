@@ -307,7 +307,7 @@ pub(crate) enum AdminAction {
         d: DeploymentArgs,
         /// Record this as the job's sweep grace (`gc` refuses a shorter one unless forced)
         /// [job.gc-grace-secs].
-        #[arg(long)]
+        #[arg(long, value_parser = blobsnap::units::parse_secs)]
         gc_grace_secs: Option<u64>,
     },
     /// Validate the deployment's resources: PUT/GET/LIST/DELETE a probe, a missing key

@@ -14,7 +14,7 @@ pub(crate) struct CostArgs {
     /// The job's commit interval ("60s", "5m"); omitted: measured from its checkpoints. For a
     /// manual backup (--name): the interval of a backup schedule to price; omitted, only its
     /// storage is priced.
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = blobsnap::units::parse_duration_flag)]
     commit_interval: Option<Duration>,
 }
 

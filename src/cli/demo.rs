@@ -53,7 +53,7 @@ pub(crate) struct DemoArgs {
     pub(crate) metrics_addr: Option<std::net::SocketAddr>,
     /// Grace period of the sweep the tasks run every 20 commits, in seconds (at least 60:
     /// an upload running longer than half of it is abandoned) [job.gc-grace-secs].
-    #[arg(long, value_parser = clap::value_parser!(u64).range(60..))]
+    #[arg(long, value_parser = blobsnap::units::parse_secs)]
     pub(crate) gc_grace_secs: Option<u64>,
     /// Start every task from this point instead of its latest checkpoint — a rollback, or a
     /// roll-forward to a newer retained one: `savepoint:NAME`, `#N`, a checkpoint id or prefix,

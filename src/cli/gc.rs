@@ -22,7 +22,7 @@ pub(crate) struct GcArgs {
     #[arg(long)]
     pub(crate) store: Option<String>,
     /// Grace period in seconds: younger objects are never deleted.
-    #[arg(long, default_value_t = 86_400)]
+    #[arg(long, default_value = "86400", value_parser = blobsnap::units::parse_secs)]
     pub(crate) grace_secs: u64,
     /// Print the plan (exactly what a real run deletes) and stop.
     #[arg(long)]

@@ -12,7 +12,7 @@ pub(crate) struct UsageArgs {
     pub(crate) job: JobIdFlags,
     /// Judge orphans by this grace, seconds (default: the job's, recorded in scope.json, else
     /// 24 h).
-    #[arg(long)]
+    #[arg(long, value_parser = blobsnap::units::parse_secs)]
     pub(crate) grace_secs: Option<u64>,
 }
 

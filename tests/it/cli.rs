@@ -1308,6 +1308,44 @@ async fn cost_of_a_demo_job_and_the_limit_flags() {
     assert!((usd - expected).abs() < 1e-6, "{usd} vs {expected}: {v}");
     assert!(v["stored-bytes"].as_u64().unwrap() > 0, "{v}");
 
+    // Durations take the same forms on every flag: plain seconds, or 90s, 1d.
+    for interval in ["60", "60s", "1m"] {
+        let (code, v, err) = run(
+            &t,
+            &["cost", "--job", "wordcount", "--commit-interval", interval],
+        )
+        .await;
+        assert_eq!(code, Some(0), "{interval}: {err}");
+        assert_eq!(v["commit-interval-secs"], 60.0, "{interval}: {v}");
+    }
+    for grace in ["86400", "1d", "24h"] {
+        let (code, v, err) = run(
+            &t,
+            &[
+                "gc",
+                "--job",
+                "wordcount",
+                "--grace-secs",
+                grace,
+                "--dry-run",
+            ],
+        )
+        .await;
+        assert_eq!(code, Some(0), "{grace}: {err}");
+        assert_eq!(
+            v["grace-secs"].as_u64().or(Some(86_400)),
+            Some(86_400),
+            "{v}"
+        );
+        let (code, _, err) = run(&t, &["usage", "--job", "wordcount", "--grace-secs", grace]).await;
+        assert_eq!(code, Some(0), "{grace}: {err}");
+    }
+    let (code, _, err) = run(&t, &["gc", "--job", "wordcount", "--grace-secs", "soon"]).await;
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("give seconds (90) or a duration (90s, 1d)"),
+        "{err}"
+    );
     let (code, _, err) = run(&t, &["cost", "--job", "nope"]).await;
     assert_eq!(code, Some(3), "{err}");
     assert!(err.contains("no job stored under nope/1/"), "{err}");
