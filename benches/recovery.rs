@@ -19,6 +19,9 @@
 //! N` bounds the lazy restore's background download to N MiB/s (`Background::max_rate`; 0:
 //! unbounded; default `lazy::DEFAULT_RATE`, 200 MiB/s).
 //!
+//! Last, (f) a fork: a savepoint of the task's latest checkpoint, and another job id started
+//! from it (`start-from = "savepoint:JOB/ID/NAME"`) on a new host, lazily: its first message.
+//!
 //! `--last-commit-mib N`: the task writes N MiB of random values before its third commit,
 //! and the standby is stopped once it holds the second, so a failover to its host fetches
 //! the last commit's N MiB (issue 18 §2's bound: 2 s + those bytes ÷ the GET rate).
@@ -157,7 +160,11 @@ fn child(start: Instant) {
         .build()
         .expect("runtime");
     rt.block_on(async move {
-        let settings = job(state.as_ref(), input.as_ref(), &id);
+        let mut settings = job(state.as_ref(), input.as_ref(), &id);
+        // RECOVERY_START_FROM: the task starts there (a fork: savepoint:JOB/ID/NAME).
+        if let Ok(point) = std::env::var("RECOVERY_START_FROM") {
+            settings.start_from = Some(point.parse().expect("RECOVERY_START_FROM"));
+        }
         let counting = CountingStore::new(open_store().await);
         let counters = counting.counters();
         let counters2 = Arc::clone(&counters);
@@ -305,7 +312,22 @@ fn spawn_as(
     bulk_mib: u64,
     mode: &str,
 ) -> Child {
-    let mut proc = std::process::Command::new(std::env::current_exe().expect("exe"))
+    spawn_from(state, input, id, bulk_mib, mode, None)
+}
+
+fn spawn_from(
+    state: &std::path::Path,
+    input: &std::path::Path,
+    id: &str,
+    bulk_mib: u64,
+    mode: &str,
+    start_from: Option<&str>,
+) -> Child {
+    let mut cmd = std::process::Command::new(std::env::current_exe().expect("exe"));
+    if let Some(p) = start_from {
+        cmd.env("RECOVERY_START_FROM", p);
+    }
+    let mut proc = cmd
         .env("RECOVERY_CHILD", "1")
         .env("RECOVERY_RESTORE_MODE", mode)
         .env("RECOVERY_BULK_MIB", bulk_mib.to_string())
@@ -600,6 +622,32 @@ fn main() {
             done_bytes as f64 / (1 << 20) as f64,
             100.0 * lazy_rate / steady
         );
+        // (f) a fork of the task's latest checkpoint (issue 32 §5): another job id starts on
+        // a new host from a savepoint of this one, lazily — its snapshot borrows every blob,
+        // so what it fetches before its first message is what (d) fetched.
+        let sp = format!("fork-{size}");
+        rt.block_on(async {
+            let store = open_store().await;
+            blobsnap::blob::savepoint::create(
+                &store,
+                "recovery",
+                &id,
+                &sp,
+                &blobsnap::blob::history::CheckpointRef::Latest,
+            )
+            .await
+            .expect("savepoint");
+        });
+        let f = host("f");
+        let source = format!("savepoint:recovery/{id}/{sp}");
+        let mut t = spawn_from(&f, &input, &format!("{id}-fork"), 0, "lazy", Some(&source));
+        let (wall, own, bytes) = t.first();
+        t.kill();
+        println!(
+            "| {kind}, {size} MiB | fork on a new host, lazy | {wall:.2} | {own:.2} | {:.1} |",
+            bytes as f64 / (1 << 20) as f64
+        );
+        let _ = std::fs::remove_dir_all(work.path().join("f"));
         let _ = std::fs::remove_dir_all(work.path().join("a"));
         let _ = std::fs::remove_dir_all(work.path().join("b"));
         let _ = std::fs::remove_dir_all(work.path().join("c"));
