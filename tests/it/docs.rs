@@ -8,6 +8,18 @@ use std::path::PathBuf;
 
 const BIN: &str = env!("CARGO_BIN_EXE_blobsnap");
 
+/// `cmd` without the caller's `BLOBSNAP_*` and `AWS_*` variables: the docs' commands run
+/// against the local store they name, whatever the environment says.
+fn clean(cmd: &mut std::process::Command) -> &mut std::process::Command {
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy().to_string();
+        if k.starts_with("BLOBSNAP_") || k.starts_with("AWS_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -111,7 +123,7 @@ fn command_lines(body: &[String]) -> Vec<String> {
 }
 
 fn help(path: &[&str]) -> String {
-    let out = std::process::Command::new(BIN)
+    let out = clean(&mut std::process::Command::new(BIN))
         .args(path)
         .arg("--help")
         .env("COLUMNS", "100")
@@ -321,7 +333,7 @@ fn the_guide_s_runnable_examples_run() {
             let work = tmp.path().join(format!("run-{ran}"));
             std::fs::create_dir_all(&work).unwrap();
             for line in command_lines(&body) {
-                let out = std::process::Command::new("bash")
+                let out = clean(&mut std::process::Command::new("bash"))
                     .arg("-c")
                     .arg(&line)
                     .current_dir(&work)
@@ -374,7 +386,7 @@ fn every_setting_is_documented() {
 fn every_json_document_is_kebab_case() {
     let tmp = tempfile::tempdir().unwrap();
     let run = |args: &[&str]| {
-        let out = std::process::Command::new(BIN)
+        let out = clean(&mut std::process::Command::new(BIN))
             .args(args)
             .current_dir(tmp.path())
             .output()
