@@ -4,7 +4,7 @@
 use super::*;
 
 /// Aborts a multipart upload whose future was dropped before it completed or failed (its
-/// error path aborts inline). The abort is spawned on the runtime the drop happens in; with
+/// error path aborts inline), until the server says it is gone ([`abort_until_gone`]). The abort is spawned on the runtime the drop happens in; with
 /// none (a runtime shutting down), the sweep's abort of stale uploads and the bucket's
 /// abort-incomplete-multipart rule are the backstop.
 struct AbortOnDrop {
@@ -32,12 +32,47 @@ impl Drop for AbortOnDrop {
             .upload_id(&self.upload_id);
         let (key, upload_id) = (self.key.clone(), self.upload_id.clone());
         rt.spawn(async move {
-            match req.send().await {
-                Ok(_) => tracing::debug!(key, upload_id, "aborted the multipart upload of a dropped put"),
-                Err(e) => tracing::warn!(key, upload_id, error = %e, "could not abort the multipart upload of a dropped put; the sweep will"),
+            if abort_until_gone(req).await {
+                tracing::debug!(
+                    key,
+                    upload_id,
+                    "aborted the multipart upload of a dropped put"
+                );
+            } else {
+                tracing::warn!(
+                    key,
+                    upload_id,
+                    "could not abort the multipart upload of a dropped put; the sweep will"
+                );
             }
         });
     }
+}
+
+/// Abort a multipart upload until the server says it is gone (`NoSuchUpload`), at most 5
+/// times, a second apart: a part whose upload was in flight when the abort landed can still
+/// land after it, and a loaded server may fail an abort (S3's documentation: "it might be
+/// necessary to abort a given multipart upload multiple times"). `true` once an abort
+/// succeeded and a later one found nothing left (or the last one succeeded).
+async fn abort_until_gone(
+    req: aws_sdk_s3::operation::abort_multipart_upload::builders::AbortMultipartUploadFluentBuilder,
+) -> bool {
+    let mut aborted = false;
+    for attempt in 0..5 {
+        if attempt > 0 {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
+        match req.clone().send().await {
+            Ok(_) => aborted = true,
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_upload()) => {
+                return true;
+            }
+            Err(e) => {
+                tracing::debug!(attempt, error = %e, "abort of a multipart upload failed; retrying");
+            }
+        }
+    }
+    aborted
 }
 
 impl S3Store {
