@@ -865,64 +865,15 @@ fn a_tiered_retention_keeps_every_point_it_selects_whole() {
         let model = Model::new(&clock, 5, 0, None);
         let store: Arc<dyn BlobStore> = model.clone();
         let tmp = tempfile::tempdir().unwrap();
-        let policy: blobsnap::retention::RetentionPolicy =
-            "last 2, every 10m for 1h, every 1h for 1d".parse().unwrap();
+        let policy_text = "last 2, every 10m for 1h, every 1h for 1d";
+        let policy: blobsnap::retention::RetentionPolicy = policy_text.parse().unwrap();
         let ctx = TaskContext {
             job_name: "model".into(),
             job_id: "1".into(),
             task_name: "Partition 0".into(),
         };
-        let dir = tmp.path().join("counts");
-        std::fs::create_dir_all(&dir).unwrap();
-        let spec = StoreSpec {
-            name: "counts".into(),
-            dir: dir.clone(),
-        };
-        let checkpoints: Arc<dyn CheckpointStore> = Arc::new(BlobCheckpointStore::new(
-            Arc::clone(&store),
-            JobScope::new("model", "1").unwrap(),
-        ));
-        let vclock: Arc<dyn Clock> = clock.clone();
-        let (mgr, last) = TaskCommitManager::start(
-            ctx.clone(),
-            Arc::clone(&checkpoints),
-            Arc::clone(&vclock),
-            policy.last,
-            false,
-        )
-        .await
-        .unwrap();
-        let backup = Arc::new(
-            BlobBackupManager::new(
-                Arc::clone(&store),
-                ctx.clone(),
-                std::slice::from_ref(&spec),
-                vclock,
-                BackupSettings {
-                    gc_grace: Duration::from_millis(GRACE_MS),
-                    retention: policy.last,
-                    tiered_retention: true,
-                    hash_cache: false,
-                    writer_lease: false,
-                    ..Default::default()
-                },
-            )
-            .unwrap(),
-        );
-        backup.init(last.as_ref()).await.unwrap();
-        let mgr = mgr
-            .with_retention_tiers(policy.tiers.clone())
-            .with_stores(vec![Arc::new(Files {
-                name: "counts",
-                dir: dir.clone(),
-            }) as Arc<dyn StoreEngine>])
-            .with_backends(
-                vec![Backend {
-                    name: FACTORY_NAME.into(),
-                    manager: backup,
-                }],
-                last,
-            );
+        let job = history_job(&store, &clock, tmp.path(), "1", policy_text, None).await;
+        let (mgr, dir) = (job.mgr, job.dir);
         let minutes = 180u64;
         for m in 0..minutes {
             // Each minute a "compaction": every file replaced by new ones.
