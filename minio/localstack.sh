@@ -108,7 +108,7 @@ start() {
   # (FILESYSTEM_ROOT; the default is a dir in the venv that every instance would share).
   ( cd "$STATE"
     CUSTOM_SSL_CERT_PATH=$STATE/tls/server.pem SKIP_SSL_CERT_DOWNLOAD=1 \
-    FILESYSTEM_ROOT=$STATE/fs GATEWAY_LISTEN=127.0.0.1:$PORT SERVICES=s3 GATEWAY_SERVER=hypercorn DNS_ADDRESS=0 \
+    DISABLE_EVENTS=1 FILESYSTEM_ROOT=$STATE/fs GATEWAY_LISTEN=127.0.0.1:$PORT SERVICES=s3 GATEWAY_SERVER=hypercorn DNS_ADDRESS=0 \
       EAGER_SERVICE_LOADING=1 setsid nohup "$VENV/bin/python" -m localstack.runtime.main \
       >"$STATE/localstack.log" 2>&1 </dev/null 8>&- 9>&- &
     echo $! >"$STATE/pid" )

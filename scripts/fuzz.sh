@@ -11,7 +11,8 @@
 # index, a marker, an id, a key, a scope), read-only; what libFuzzer learns goes to a scratch
 # corpus under /var/tmp. A crash leaves its input in fuzz/artifacts/<target>/ and fails.
 #
-# No sanitizer (the crate forbids `unsafe`): on the stable toolchain (RUSTC_BOOTSTRAP admits
+# No sanitizer (the crate denies `unsafe` outside its one FFI module, src/local/lazy/ffi.rs,
+# which the fuzzed readers never reach): on the stable toolchain (RUSTC_BOOTSTRAP admits
 # the instrumentation flags cargo-fuzz passes), in a target dir of its own (the build is
 # release with coverage instrumentation; RocksDB's C++ build makes the first one slow).
 set -euo pipefail

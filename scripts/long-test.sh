@@ -12,10 +12,13 @@
 #    point against LocalStack, 5 seeded runs each (BLOBSNAP_CRASH_POINTS=a,b repeats chosen
 #    points only);
 # 3. fuzzing: 10 minutes per target (checkpoint reader, index reader, marker/id/key/scope
-#    parsers) with the seeded mutational fuzzer and its counting allocator, then 10 more per
+#    parsers) with the seeded mutational fuzzer and its counting allocator (CI runs it on
+#    50,000 inputs per target instead), then 10 more per
 #    target coverage-guided (libFuzzer, scripts/fuzz.sh) from the seeds in fuzz/corpus/;
 # 4. the GC model: 10,000 randomized interleavings of commits (with retention cleanup and
-#    abandon-after-grace/2) and sweeps over a virtual-clock object store;
+#    abandon-after-grace/2) and sweeps over a virtual-clock object store, then 1,000,000
+#    steps of it through time (savepoints, a fork, tiered retention); the crash soak: 5
+#    rounds of SIGKILLs at every crash point, then one sweep leaves nothing past the grace;
 # 5. bounded resources: 100,000 small files and one 8 GiB file through backup and restore
 #    (peak RSS and open descriptors asserted; needs ~25 GiB free under /var/tmp);
 # 6. the property tests (index, checkpoint, marker and key parsers, diff) with 100x their

@@ -12,11 +12,13 @@
 #    (scripts/netns.sh, offline cargo): no test, server or library can reach an address off
 #    this machine. Inside it:
 # 3. starts LocalStack on a free loopback port;
-# 4. runs fmt, clippy (-D warnings) and `cargo test` — the unit tests, the format tests, the
-#    conformance suite and the backup suite (real RocksDB) against the local store and an
-#    in-process s3s-fs server — and the library example;
-# 5. runs every external-endpoint suite (conformance, backup, restore, restore crash,
-#    lifecycle, admin, ...) against LocalStack;
+# 4. runs fmt, clippy (-D warnings; the whole crate with its tests and benches, then the
+#    library alone without default features) and `cargo test` — the unit tests and every
+#    module of the `it` binary (formats, conformance, backup, restore, lifecycle, cli, ...)
+#    against the local store and an in-process s3s-fs server, plus the `secrets` binary — and
+#    the library example (examples/embed.rs, three runs checked by their output);
+# 5. runs every `external::` case of the test binaries (conformance, backup, restore,
+#    lifecycle, admin, faults, ...) against LocalStack;
 # 6. the same external suites against a single Garage node, then the node-loss test on a
 #    3-node Garage cluster (tests/garage_cluster.rs);
 # 7. the interoperability test with RocksDB 7.8 (ldb), the bounded-resources test, rustdoc;

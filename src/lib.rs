@@ -14,8 +14,9 @@
 //!
 //! From the ground up; a module imports only modules on lower floors.
 //!
-//! - [`error`], [`redact`], [`units`]: one [`Error`] with an actionable [`ErrorKind`]; secrets
-//!   scrubbed from logs; sizes and durations in settings.
+//! - [`error`], [`redact`], [`units`], [`telemetry`]: one [`Error`] with an actionable
+//!   [`ErrorKind`]; secrets scrubbed from logs; sizes and durations in settings; the catalog
+//!   of every metric the library publishes.
 //! - [`id`], [`digest`], [`crash`]: [`CheckpointId`](id::CheckpointId); SHA-256 / CRC32;
 //!   named crash and hold points for the tests.
 //! - [`blobstore`]: the [`BlobStore`](blobstore::BlobStore) trait, the local and S3 stores,
@@ -100,6 +101,7 @@ pub mod layout;
 pub mod local;
 pub mod redact;
 pub mod retention;
+pub mod telemetry;
 pub mod units;
 
 pub use error::{Error, ErrorKind, Result};

@@ -12,8 +12,9 @@
 //!    (exit 7) within the configured retry budget plus timeouts, not a hang; with the nodes
 //!    back, the same job resumes from its last committed checkpoint and ends right.
 //!
-//! Needs the `garage` binary (`minio/garage.sh install`); `#[ignore]`d and run by
-//! `scripts/test.sh`. Without garage it fails.
+//! Needs the `garage` binary: `minio/garage.sh start` builds it first where it is missing
+//! (`cargo install`, ~12.5 min, cached in ~/.cache/blobsnap/garage). `#[ignore]`d and run by
+//! `scripts/test.sh`.
 
 mod support;
 
@@ -305,7 +306,8 @@ async fn node_loss_on_a_three_node_cluster() {
         })
         .collect();
     assert!(!referenced_blocks.is_empty());
-    let deadline = Instant::now() + Duration::from_secs(180);
+    // A hang guard, not a speed target: the repair's pace is Garage's (the test prints it).
+    let deadline = Instant::now() + Duration::from_secs(900);
     loop {
         let on_two = block_files(&cluster.data_dir(2));
         let missing = referenced_blocks
@@ -350,9 +352,12 @@ async fn node_loss_on_a_three_node_cluster() {
     let scope = JobScope::new("wordcount", "1").unwrap();
     // The owner record is the job's, written once; the sweep never touches it.
     let owner = scope.owner_record().unwrap();
-    let left: std::collections::BTreeSet<String> = list_all(store.as_ref(), scope.scope())
-        .await
-        .unwrap()
+    let listed = list_all(store.as_ref(), scope.scope()).await.unwrap();
+    assert!(
+        listed.iter().any(|m| m.key == owner),
+        "the sweep left the owner record (scope.json)"
+    );
+    let left: std::collections::BTreeSet<String> = listed
         .into_iter()
         .filter(|m| m.key != owner)
         .map(|m| m.key.as_str().to_string())
@@ -379,8 +384,10 @@ async fn node_loss_on_a_three_node_cluster() {
         stderr.lines().rev().take(3).collect::<Vec<_>>().join(" | ")
     );
     assert_eq!(out.status.code(), Some(7), "exit 7 (transient): {stderr}");
+    // The exit code is the outcome; this bound only catches a hang (the retry budget and
+    // request timeouts of `settings` add up to well under it).
     assert!(
-        failed_after < Duration::from_secs(90),
+        failed_after < Duration::from_secs(600),
         "no hang: stopped {failed_after:?} after the nodes died"
     );
     cluster.restart(2);

@@ -250,6 +250,8 @@ impl Budget {
             ..limits
         };
         let clock = TokioClock(Instant::now());
+        // The window starts whole: its gauge shows that before the first throttle moves it.
+        metrics::gauge!("blobsnap_transfer_window").set(limits.transfers as f64);
         Budget {
             shared: Arc::new(Shared {
                 limits,

@@ -182,8 +182,16 @@ pub(crate) async fn run(
     let summaries = wordcount::run(&settings, blob_store, &admin, clock, on_commit).await?;
     let stored = wordcount::count_stores(&settings.state_dir, partitions)?;
     let expected = wordcount::count_input(&settings.input_dir, partitions)?;
-    let ok = stored == expected;
-    report(json, &summaries, &stored, ok);
+    // With a `lengths` store, its counts too (each partition from where its store started).
+    let lengths_ok = if settings.stores.iter().any(|s| s == "lengths") {
+        let (stored, expected) =
+            wordcount::check_lengths(&settings.state_dir, &settings.input_dir, partitions)?;
+        Some(stored == expected)
+    } else {
+        None
+    };
+    let ok = stored == expected && lengths_ok != Some(false);
+    report(json, &summaries, &stored, ok, lengths_ok);
     if !ok {
         return Err(Error::new(
                 ErrorKind::Corrupt,
@@ -199,6 +207,7 @@ fn report(
     summaries: &[blobsnap::job::TaskSummary],
     stored: &std::collections::BTreeMap<String, u64>,
     ok: bool,
+    lengths_ok: Option<bool>,
 ) {
     let mut top: Vec<(&String, &u64)> = stored.iter().collect();
     top.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
@@ -218,6 +227,7 @@ fn report(
                 "words": stored.len(),
                 "total": total,
                 "check": if ok { "ok" } else { "mismatch" },
+                "lengths-check": lengths_ok.map(|ok| if ok { "ok" } else { "mismatch" }),
             })
         );
     } else {
@@ -247,6 +257,12 @@ fn report(
             "check: {total} words in the stores {} an independent count of the input",
             if ok { "equal" } else { "DIFFER FROM" }
         );
+        if let Some(l) = lengths_ok {
+            println!(
+                "check: the word lengths in the lengths stores {} an independent count of the input from where each store started",
+                if l { "equal" } else { "DIFFER FROM" }
+            );
+        }
     }
 }
 
@@ -259,6 +275,8 @@ pub(crate) async fn serve_metrics(
     let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("metrics recorder: {e}")))?;
+    // Every metric's `# HELP` / `# TYPE`, and the unlabelled counters at 0.
+    blobsnap::telemetry::describe();
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| Error::new(ErrorKind::Io, format!("metrics endpoint {addr}: {e}")))?;

@@ -267,6 +267,7 @@ pub async fn run_task(
     on_commit: &CommitObserver,
 ) -> Result<TaskSummary> {
     let lease = WriterLease::new(&task_name(partition), settings.gc_grace);
+    crate::telemetry::register_task(&lease.task, &settings.stores);
     let job = JobScope::new(&settings.job_name, &settings.job_id)?;
     let r = run_task_leased(
         settings,

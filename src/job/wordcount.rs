@@ -39,19 +39,48 @@ impl Processor for WordCount {
             for w in message.line.split_whitespace() {
                 *by_len.entry(format!("{:04}", w.len())).or_default() += 1;
             }
-            add_counts(lengths, by_len.iter().map(|(k, n)| (k.as_str(), *n)))?;
+            // The first message a `lengths` store sees records where it starts counting (a
+            // store added to a running job starts empty at the offset the task resumed from),
+            // in the same batch as its counts: the independent check counts from there.
+            let started = lengths
+                .db()
+                .get(LENGTHS_FROM_KEY.as_bytes())
+                .map_err(|e| {
+                    crate::local::rocks::rocks_error("read the lengths store's start", &e)
+                })?
+                .is_some();
+            let this_offset = message
+                .next_offset
+                .saturating_sub(message.line.len() as u64 + 1);
+            add_counts(
+                lengths,
+                by_len.iter().map(|(k, n)| (k.as_str(), *n)),
+                (!started).then_some((LENGTHS_FROM_KEY, this_offset)),
+            )?;
         }
         let mut local: HashMap<&str, u64> = HashMap::new();
         for w in message.line.split_whitespace() {
             *local.entry(w).or_default() += 1;
         }
-        add_counts(db, local.into_iter())
+        add_counts(db, local.into_iter(), None)
     }
 }
 
-/// Add `counts` to the u64 counters of `db` in one write batch.
-fn add_counts<'a>(db: &RocksStore, counts: impl Iterator<Item = (&'a str, u64)>) -> Result<()> {
+/// The key of a `lengths` store that holds the input offset (u64 little endian) of the first
+/// message it counted: [`check_lengths`] counts the input from there.
+pub const LENGTHS_FROM_KEY: &str = "~counts-from";
+
+/// Add `counts` to the u64 counters of `db` in one write batch, with `set` (a key and its
+/// u64 value) put in the same batch.
+fn add_counts<'a>(
+    db: &RocksStore,
+    counts: impl Iterator<Item = (&'a str, u64)>,
+    set: Option<(&str, u64)>,
+) -> Result<()> {
     let mut batch = rocksdb::WriteBatch::default();
+    if let Some((k, v)) = set {
+        batch.put(k.as_bytes(), v.to_le_bytes());
+    }
     {
         for (w, n) in counts {
             let old = db
@@ -193,6 +222,51 @@ pub fn count_stores(state_dir: &Path, partitions: u32) -> Result<BTreeMap<String
         }
     }
     Ok(counts)
+}
+
+/// The `lengths` stores against an independent count of word lengths in the input, each
+/// partition counted from the offset its store started at ([`LENGTHS_FROM_KEY`]; a store that
+/// counted nothing yet counts nothing): `(stored, expected)`, summed over the partitions. The
+/// stores must be closed.
+pub fn check_lengths(
+    state_dir: &Path,
+    input_dir: &Path,
+    partitions: u32,
+) -> Result<(BTreeMap<String, u64>, BTreeMap<String, u64>)> {
+    let (mut stored, mut expected) = (BTreeMap::new(), BTreeMap::new());
+    for p in 0..partitions {
+        let dir = store_dir(state_dir, "lengths", &task_name(p))?;
+        let db = RocksStore::open("lengths", &dir)?;
+        let mut from = None;
+        for item in db.db().iterator(rocksdb::IteratorMode::Start) {
+            let (k, v) = item
+                .map_err(|e| Error::new(crate::ErrorKind::Io, format!("iterate lengths: {e}")))?;
+            if *k == *LENGTHS_FROM_KEY.as_bytes() {
+                from = Some(decode(&v)?);
+                continue;
+            }
+            let len = String::from_utf8(k.to_vec())
+                .map_err(|_| Error::corrupt("a word length that is not UTF-8"))?;
+            *stored.entry(len).or_insert(0) += decode(&v)?;
+        }
+        let Some(from) = from else { continue };
+        let path = input_dir.join(format!("{p}.txt"));
+        let text =
+            std::fs::read(&path).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+        let rest = usize::try_from(from)
+            .ok()
+            .and_then(|from| text.get(from..))
+            .ok_or_else(|| {
+                Error::corrupt(format!(
+                    "the lengths store of partition {p} starts at offset {from}, past its input's {} bytes",
+                    text.len()
+                ))
+            })?;
+        for w in String::from_utf8_lossy(rest).split_whitespace() {
+            *expected.entry(format!("{:04}", w.len())).or_insert(0) += 1;
+        }
+    }
+    Ok((stored, expected))
 }
 
 /// Run every task of the demo concurrently to the end of the input. First the job's

@@ -1,7 +1,7 @@
 //! The operator commands end to end: spawn the real binary against the local store, assert
 //! on `--json` output and exit codes.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::support;
@@ -541,29 +541,30 @@ async fn backup_a_closed_db_dedup_restore_ls_and_a_locked_db_is_refused(t: &Targ
     assert!(err.contains("locked"), "{err}");
 }
 
-/// Scrape the demo's Prometheus endpoint while it runs.
-/// `demo --metrics-addr 127.0.0.1:0` binds a free port and prints it; scraped while the demo
-/// is held at its third checkpoint write (`BLOBSNAP_HOLD_AT`: alive by construction, whatever
-/// the machine's speed; of three, two are one task's, so that task's first commit has ended
-/// and counted), it shows the commit, upload and request counters; released, the demo ends
-/// well.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metrics_endpoint_serves_counters_during_a_demo() {
-    use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
-    let tmp = tempfile::tempdir().unwrap();
-    let go = tmp.path().join("go");
+/// A demo with `--metrics-addr 127.0.0.1:0` (a free port, printed), held at its `n`-th
+/// checkpoint write (`BLOBSNAP_HOLD_AT`: alive by construction, whatever the machine's speed).
+/// Returns the process, the address and the file whose creation releases it.
+async fn held_demo_with_metrics(
+    dir: &Path,
+    nth: u32,
+    lines: u32,
+    envs: &[(&str, &str)],
+) -> (tokio::process::Child, String, PathBuf) {
+    use tokio::io::AsyncBufReadExt as _;
+    let go = dir.join(format!("go-{nth}"));
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
         .env("XDG_CACHE_HOME", cache_dir())
-        .env("BLOBSNAP_HOLD_AT", "commit.after-checkpoint@3")
+        .env("BLOBSNAP_HOLD_AT", format!("commit.after-checkpoint@{nth}"))
         .env("BLOBSNAP_HOLD_UNTIL", &go)
+        .envs(envs.iter().copied())
         .kill_on_drop(true)
         .args(["demo", "--dir"])
-        .arg(tmp.path().join("demo"))
+        .arg(dir.join("demo"))
         .args([
             "--partitions",
             "2",
             "--lines",
-            "6000",
+            &lines.to_string(),
             "--commit-every",
             "300",
             "--metrics-addr",
@@ -580,7 +581,7 @@ async fn metrics_endpoint_serves_counters_during_a_demo() {
             .next_line()
             .await
             .unwrap()
-            .expect("the demo prints its metrics address and reaches its second commit");
+            .expect("the demo prints its metrics address and reaches the hold point");
         if let Some(rest) = line.strip_prefix("demo: Prometheus metrics on http://") {
             addr = Some(rest.trim_end_matches("/metrics").to_string());
         }
@@ -591,28 +592,105 @@ async fn metrics_endpoint_serves_counters_during_a_demo() {
     let addr = addr.expect("the address came before the first commit");
     // Drain the rest of stderr so the demo never blocks on a full pipe.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+    (child, addr, go)
+}
+
+async fn http_get(addr: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
         .await
         .unwrap();
-    let mut scraped = String::new();
-    s.read_to_string(&mut scraped).await.unwrap();
+    let mut got = String::new();
+    s.read_to_string(&mut got).await.unwrap();
+    got
+}
+
+/// Whether `scraped` has a series of `name` and its `# HELP` and `# TYPE` lines.
+fn has_metric(scraped: &str, m: &blobsnap::telemetry::Metric) -> bool {
+    let kind = match m.kind {
+        blobsnap::telemetry::Kind::Counter => "counter",
+        blobsnap::telemetry::Kind::Gauge => "gauge",
+        // The exporter renders histograms as summaries unless given buckets.
+        blobsnap::telemetry::Kind::Histogram => "summary",
+    };
+    scraped.contains(&format!("# HELP {} {}", m.name, m.help))
+        && scraped.contains(&format!("# TYPE {} {kind}", m.name))
+        && scraped
+            .lines()
+            .any(|l| l.starts_with(m.name) && !l.starts_with('#'))
+}
+
+/// Scrape the demo's Prometheus endpoint while it runs: every metric of the library's catalog
+/// (the table of docs/metrics.md) is served with its `# HELP` and `# TYPE` lines. Held at its
+/// third checkpoint write (of three, two are one task's, so that task's first commit has
+/// ended and counted), a first run shows every counter (started at 0) and every gauge and
+/// histogram of commits, uploads and transfers; the same demo started again on a new host (its
+/// state dir gone, a budget of one transfer) shows the restore's and the wait for a transfer
+/// slot. One gauge no demo can show is named in the test: a warm standby's applied number.
+/// Another path is a 404; released, each run ends well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_endpoint_serves_every_metric_of_the_catalog() {
+    use blobsnap::telemetry::{Kind, METRICS};
+    let tmp = tempfile::tempdir().unwrap();
+    // Set only by a warm standby: no demo run shows it. The wait for a transfer slot shows in
+    // the second run, whose budget of one transfer makes the restore's downloads queue.
+    let not_here = [
+        "blobsnap_standby_applied_seq",
+        "blobsnap_limit_wait_seconds",
+    ];
+    let (mut child, addr, go) = held_demo_with_metrics(tmp.path(), 3, 6000, &[]).await;
+    let scraped = http_get(&addr, "/metrics").await;
     assert!(scraped.starts_with("HTTP/1.1 200"), "{scraped}");
-    for name in [
-        "blobsnap_commits_total",
-        "blobsnap_backup_bytes_uploaded_total",
-        "blobsnap_store_requests_total",
-        "blobsnap_commit_upload_seconds",
-        "blobsnap_last_commit_timestamp_seconds",
-    ] {
-        assert!(scraped.contains(name), "{name} missing from:\n{scraped}");
+    for m in METRICS {
+        let later = not_here.contains(&m.name) || m.name.starts_with("blobsnap_restore_");
+        if m.kind == Kind::Counter || !later {
+            assert!(
+                has_metric(&scraped, m),
+                "{} (with its HELP and TYPE) missing from:\n{scraped}",
+                m.name
+            );
+        }
     }
-    // Another path is a 404.
-    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
-    s.write_all(b"GET /other HTTP/1.0\r\n\r\n").await.unwrap();
-    let mut other = String::new();
-    s.read_to_string(&mut other).await.unwrap();
+    assert!(
+        scraped.contains("blobsnap_commits_total{task=\"Partition 0\"}")
+            && scraped.contains(
+                "blobsnap_backup_bytes_uploaded_total{task=\"Partition 0\",store=\"counts\"}"
+            ),
+        "per-task and per-store series: {scraped}"
+    );
+    let other = http_get(&addr, "/other").await;
     assert!(other.starts_with("HTTP/1.1 404"), "{other}");
+    std::fs::write(&go, b"go").unwrap();
+    let status = child.wait().await.unwrap();
+    assert!(status.success(), "{status:?}");
+
+    // A new host: the same job, its state dir gone, restores from the store first, then goes
+    // on through input that grew (the same lines, and as many again).
+    std::fs::remove_dir_all(tmp.path().join("demo/state")).unwrap();
+    let (mut child, addr, go) =
+        held_demo_with_metrics(tmp.path(), 1, 12000, &[("BLOBSNAP_MAX_TRANSFERS", "1")]).await;
+    let scraped = http_get(&addr, "/metrics").await;
+    for m in METRICS.iter().filter(|m| {
+        m.name.starts_with("blobsnap_restore_")
+            || m.name == "blobsnap_task_first_message_seconds"
+            || m.name == "blobsnap_limit_wait_seconds"
+    }) {
+        assert!(
+            has_metric(&scraped, m),
+            "{} missing after a restore:\n{scraped}",
+            m.name
+        );
+    }
+    let downloaded = scraped
+        .lines()
+        .filter(|l| l.starts_with("blobsnap_restore_bytes_downloaded_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>();
+    assert!(
+        downloaded > 0.0,
+        "the new host downloaded its state: {scraped}"
+    );
     std::fs::write(&go, b"go").unwrap();
     let status = child.wait().await.unwrap();
     assert!(status.success(), "{status:?}");

@@ -476,3 +476,29 @@ fn walk(v: &serde_json::Value, path: &mut String, f: &mut dyn FnMut(&str, &str))
         _ => {}
     }
 }
+
+/// The metrics table of `docs/metrics.md` is the library's catalog
+/// (`blobsnap::telemetry::METRICS`) as rendered by `markdown_table`.
+#[test]
+fn the_metrics_page_is_the_catalog() {
+    let path = repo().join("docs/metrics.md");
+    let page = std::fs::read_to_string(&path).unwrap();
+    let (open, close) = (
+        "<!-- metrics-table: generated -->\n",
+        "<!-- /metrics-table -->",
+    );
+    let start = page.find(open).expect("the page marks its table") + open.len();
+    let end = page[start..]
+        .find(close)
+        .expect("the table's end is marked")
+        + start;
+    let want = blobsnap::telemetry::markdown_table();
+    if std::env::var_os("BLOBSNAP_UPDATE_DOCS").is_some() {
+        std::fs::write(&path, format!("{}{want}{}", &page[..start], &page[end..])).unwrap();
+    } else {
+        assert!(
+            page[start..end] == want,
+            "docs/metrics.md's table is stale: BLOBSNAP_UPDATE_DOCS=1 cargo test --test it -- docs::"
+        );
+    }
+}

@@ -625,6 +625,7 @@ async fn sweep_leaves_exactly_the_referenced(
     what: &str,
 ) -> usize {
     let before = job_keys(store.as_ref()).await;
+    let owner_before = owner_record(store.as_ref(), what).await;
     let expected = support::referenced(store, "wordcount", partitions).await;
     let missing: Vec<_> = expected.difference(&before).collect();
     assert!(
@@ -646,7 +647,25 @@ async fn sweep_leaves_exactly_the_referenced(
         after, expected,
         "{what}: after a sweep with grace 0, exactly the referenced objects remain"
     );
+    // ... and the owner record (`scope.json`, left out of both sets) is there, unchanged.
+    assert_eq!(
+        owner_record(store.as_ref(), what).await,
+        owner_before,
+        "{what}: scope.json untouched"
+    );
     before.len() - after.len()
+}
+
+/// The bytes of the demo job's owner record (`scope.json`).
+async fn owner_record(store: &dyn BlobStore, what: &str) -> Vec<u8> {
+    let owner = JobScope::new("wordcount", "1")
+        .unwrap()
+        .owner_record()
+        .unwrap();
+    blobsnap::blobstore::get_bytes(store, &owner, 1 << 20)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: the scope's owner record: {e}"))
+        .to_vec()
 }
 
 /// Run `gc` with `BLOBSNAP_CRASH_AT=at`; it must die by SIGKILL there. Returns the demo job's
@@ -1642,29 +1661,67 @@ async fn two_processes_on_one_dir_the_second_is_refused() {
     };
     let cps =
         BlobCheckpointStore::new(Arc::clone(&store), JobScope::new("wordcount", "1").unwrap());
+    // The first is held right after its first checkpoint write (BLOBSNAP_HOLD_AT): it has
+    // its databases open and runs, by construction, while the second is tried.
+    let go = tmp.path().join("go");
     let mut first = demo()
+        .kill_on_drop(true)
+        .env("BLOBSNAP_HOLD_AT", "commit.after-checkpoint")
+        .env("BLOBSNAP_HOLD_UNTIL", &go)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    support::wait_first_commit(&cps, "Partition 0", &mut first).await;
-    let history_before = cps.history("Partition 0", usize::MAX).await.unwrap().len();
+    let first_err = wait_for_hold(&mut first, "commit.after-checkpoint").await;
     let second = demo().output().await.unwrap();
-    let a_running = first.try_wait().unwrap().is_none();
+    assert!(
+        first.try_wait().unwrap().is_none(),
+        "the first process, held, still runs"
+    );
     let err = String::from_utf8_lossy(&second.stderr);
     assert_eq!(second.status.code(), Some(6), "{err}");
     assert!(err.contains("in use by another task or process"), "{err}");
-    let a = first.wait_with_output().await.unwrap();
+    std::fs::write(&go, b"").unwrap();
+    let mut a = first.wait_with_output().await.unwrap();
+    a.stderr = first_err.await.unwrap().into_bytes();
     demo_counts_ok(&a);
-    assert!(
-        a_running,
-        "the first process was still running when the second was refused"
-    );
-    assert!(
-        cps.history("Partition 0", usize::MAX).await.unwrap().len() >= history_before,
-        "the refused process took nothing"
-    );
+    // The refused process claimed nothing: every checkpoint of both tasks is the first's
+    // (one writer per task, the one of its latest checkpoint).
+    for t in ["Partition 0", "Partition 1"] {
+        let writer = cps.latest(t).await.unwrap().expect("committed").writer;
+        let history = cps.history(t, usize::MAX).await.unwrap();
+        assert!(
+            history.iter().all(|c| c.writer == writer),
+            "{t}: a checkpoint of another writer: {history:?}"
+        );
+    }
     demo_counts_ok(&demo().output().await.unwrap());
+}
+
+/// Read `child`'s stderr until it reports reaching hold point `point`; fails if it ends first.
+/// Returns a task that collects the rest of its stderr (the whole log, for the checks after).
+async fn wait_for_hold(
+    child: &mut tokio::process::Child,
+    point: &str,
+) -> tokio::task::JoinHandle<String> {
+    use tokio::io::AsyncBufReadExt as _;
+    let mut err = tokio::io::BufReader::new(child.stderr.take().expect("stderr piped"));
+    let mut log = String::new();
+    loop {
+        let mut line = String::new();
+        let n = err.read_line(&mut line).await.unwrap();
+        assert!(n > 0, "the process ended before it reached {point}: {log}");
+        log.push_str(&line);
+        if line.contains(&format!("hold point {point} reached")) {
+            break;
+        }
+    }
+    tokio::spawn(async move {
+        use tokio::io::AsyncReadExt as _;
+        let mut rest = String::new();
+        let _ = err.read_to_string(&mut rest).await;
+        log + &rest
+    })
 }
 
 /// The body of the two-process zombie case, on any store that enforces create-only writes:
@@ -1867,7 +1924,42 @@ async fn adding_a_store_then_crashing_recovers() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    demo_counts_ok(&demo("counts,lengths").output().await.unwrap());
+    let v = demo_counts_ok(&demo("counts,lengths").output().await.unwrap());
+    // The added store's content, too: each partition's word lengths from the offset its store
+    // started at (after the first commit: the demo was held there and killed) to the end.
+    assert_eq!(v["lengths-check"], "ok", "{v}");
+    use blobsnap::job::wordcount::{check_lengths, LENGTHS_FROM_KEY};
+    let (state, input) = (dir.join("state"), dir.join("input"));
+    let mut starts = Vec::new();
+    for p in 0..2 {
+        let lengths =
+            blobsnap::job::store_dir(&state, "lengths", &blobsnap::job::task_name(p)).unwrap();
+        let db = RocksStore::open("lengths", &lengths).unwrap();
+        let from = db.db().get(LENGTHS_FROM_KEY.as_bytes()).unwrap();
+        starts.push(u64::from_le_bytes(from.unwrap().try_into().unwrap()));
+    }
+    assert!(
+        starts.iter().any(|&s| s > 0),
+        "the store was added mid-input: {starts:?}"
+    );
+    // The check has teeth: one length counted once more is a mismatch.
+    let (stored, expected) = check_lengths(&state, &input, 2).unwrap();
+    assert_eq!(stored, expected);
+    {
+        let lengths =
+            blobsnap::job::store_dir(&state, "lengths", &blobsnap::job::task_name(0)).unwrap();
+        let db = RocksStore::open("lengths", &lengths).unwrap();
+        let (k, v) = db
+            .db()
+            .iterator(rocksdb::IteratorMode::Start)
+            .next()
+            .unwrap()
+            .unwrap();
+        let n = u64::from_le_bytes((*v).try_into().unwrap());
+        db.db().put(&k, (n + 1).to_le_bytes()).unwrap();
+    }
+    let (stored, expected) = check_lengths(&state, &input, 2).unwrap();
+    assert_ne!(stored, expected, "a changed count is found");
     let store: Arc<dyn BlobStore> =
         Arc::new(blobsnap::blobstore::local::LocalStore::new(dir.join("store")).unwrap());
     let cps = BlobCheckpointStore::new(store, JobScope::new("wordcount", "1").unwrap());
@@ -2032,7 +2124,13 @@ async fn two_tasks_share_one_transfer_budget() {
     use blobsnap::blobstore::limit::{Budget, LimitStore};
     for size in [2usize, 1] {
         let tmp = tempfile::tempdir().unwrap();
-        let gauge = Arc::new(support::InFlight::default());
+        // Budget 2: the first transfers wait until two are in flight, so the peak of 2 is
+        // reached by construction (and a budget letting 3 through would show 3).
+        let gauge = Arc::new(if size == 2 {
+            support::InFlight::meeting(2)
+        } else {
+            support::InFlight::default()
+        });
         let measured = support::Hooked::measured(
             Arc::new(
                 blobsnap::blobstore::local::LocalStore::new(tmp.path().join("store")).unwrap(),
@@ -2050,6 +2148,17 @@ async fn two_tasks_share_one_transfer_budget() {
         std::fs::remove_dir_all(&settings.state_dir).unwrap();
         blobsnap::job::wordcount::generate_input(&settings.input_dir, 2, 2400, 7).unwrap();
         run_job(&settings, Arc::clone(&store)).await.unwrap();
+        // Both stores hold the right content: the words, and the word lengths from the start.
+        let wc = &blobsnap::job::wordcount::count_stores(&settings.state_dir, 2);
+        assert_eq!(
+            wc.as_ref().unwrap(),
+            &blobsnap::job::wordcount::count_input(&settings.input_dir, 2).unwrap()
+        );
+        let (stored, expected) =
+            blobsnap::job::wordcount::check_lengths(&settings.state_dir, &settings.input_dir, 2)
+                .unwrap();
+        assert!(!stored.is_empty());
+        assert_eq!(stored, expected, "the lengths store");
         assert!(gauge.transfers() > 50, "{} transfers", gauge.transfers());
         assert_eq!(
             gauge.peak(),

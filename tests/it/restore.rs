@@ -1044,13 +1044,36 @@ mod cases {
             .put(&key, PutBody::Bytes(bad.into()), PutOptions::default())
             .await
             .unwrap();
-        let e = restore(&fx, &dst, Some(&cp)).await.unwrap_err();
+        // Every GET of the corrupt blob is counted: it is fetched `max_attempts` (3) times in
+        // all, then the restore fails.
+        let gets_of_key = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counting = support::Hooked::new(Arc::clone(&fx.store), {
+            let (gets_of_key, key) = (Arc::clone(&gets_of_key), key.clone());
+            Box::new(move |k, _| {
+                if *k == key {
+                    gets_of_key.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+                None
+            })
+        });
+        let r = fx.restorer_on(Arc::new(counting), &dst, None);
+        r.init(Some(&cp)).await.unwrap();
+        let e = r.restore().await.unwrap_err();
+        drop(r);
         assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
         let msg = e.to_string();
         assert!(
             msg.contains(&sst) && msg.contains(key.as_str()),
             "names file and blob: {msg}"
         );
+        let max_attempts = RestoreSettings::default().max_attempts;
+        assert_eq!(max_attempts, 3, "the documented default");
+        assert_eq!(
+            gets_of_key.load(std::sync::atomic::Ordering::SeqCst),
+            max_attempts,
+            "a corrupt blob is fetched max_attempts times in all: {msg}"
+        );
+        assert!(msg.contains("after 3 attempts"), "{msg}");
         assert_eq!(snapshot_of(&dst.dir), before);
 
         fx.store
@@ -1197,6 +1220,23 @@ mod cases {
     /// being fetched, one at a time): `Cancelled`, the store dir exactly as it was, and the
     /// rerun reuses what the first one fetched (it downloads less than a full restore).
     pub async fn cancelled_mid_download_keeps_old_state_and_the_rerun_reuses_it(h: &Harness) {
+        mid_download_case(h, Stop::Token).await
+    }
+
+    /// The same, stopped by dropping the `restore()` future while a blob is being fetched
+    /// (what a caller's `select!` or timeout does): the store dir exactly as it was, the
+    /// store dir's lock released, and the rerun reuses what was staged before the drop.
+    pub async fn dropped_mid_download_keeps_old_state_and_the_rerun_reuses_it(h: &Harness) {
+        mid_download_case(h, Stop::Drop).await
+    }
+
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Stop {
+        Token,
+        Drop,
+    }
+
+    async fn mid_download_case(h: &Harness, stop: Stop) {
         let mut fx = Fx::new(h);
         let src = fx.spec("src");
         let db = RocksStore::open("counts", &src.dir).unwrap();
@@ -1240,15 +1280,20 @@ mod cases {
             .iter()
             .filter(|f| !f.file_name.ends_with(".sst") && !f.blobs.is_empty())
             .count() as u64;
-        let hooked = support::Hooked::new(
-            Arc::clone(&fx.store),
+        let second_sst = Arc::new(tokio::sync::Notify::new());
+        let hooked = support::Hooked::new(Arc::clone(&fx.store), {
+            let second_sst = Arc::clone(&second_sst);
             Box::new(move |_, n| {
                 if n == small + 1 {
-                    token.cancel();
+                    match stop {
+                        Stop::Token => token.cancel(),
+                        // A permit: the select below sees it even if it polls later.
+                        Stop::Drop => second_sst.notify_one(),
+                    }
                 }
                 None
-            }),
-        );
+            })
+        });
         let r = BlobRestoreManager::new(
             Arc::new(hooked),
             fx.task.clone(),
@@ -1257,8 +1302,22 @@ mod cases {
         )
         .unwrap();
         r.init(Some(&cp)).await.unwrap();
-        let e = r.restore().await.unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::Cancelled, "{e}");
+        match stop {
+            Stop::Token => {
+                let e = r.restore().await.unwrap_err();
+                assert_eq!(e.kind(), ErrorKind::Cancelled, "{e}");
+            }
+            Stop::Drop => {
+                // The second SST's GET has started when the permit is taken: the restore's
+                // future is dropped there, mid-download, and with it the manager.
+                tokio::select! {
+                    biased;
+                    _ = second_sst.notified() => {}
+                    res = r.restore() => panic!("the restore ended before the drop: {res:?}"),
+                }
+                drop(r);
+            }
+        }
         assert_eq!(snapshot_of(&dst.dir), before, "the old state is intact");
         let staging = blobsnap::blob::restore::staging_dir(&dst.dir).unwrap();
         let staged = snapshot_of(&staging)
@@ -1289,6 +1348,7 @@ store_suites!([
     a_blocked_lazy_compaction_does_not_stall_another_store,
     same_host_restart_proves_by_the_hash_cache,
     cancelled_mid_download_keeps_old_state_and_the_rerun_reuses_it,
+    dropped_mid_download_keeps_old_state_and_the_rerun_reuses_it,
     older_snapshot_junk_and_corrupt_local_file,
     no_snapshot_resets_the_store,
     bad_blobs_fail_and_leave_the_store_alone,
@@ -1333,6 +1393,11 @@ async fn hostile_index_corpus_writes_nothing_outside_the_target() {
     let outside = fx.tmp.path().join("outside");
     std::fs::create_dir_all(&outside).unwrap();
     std::fs::write(outside.join("precious"), b"do not touch").unwrap();
+    // An absolute name that points into this test's own `outside` dir (never a shared path
+    // such as /tmp, which another run could have left a file at).
+    static ABSOLUTE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let absolute = ABSOLUTE.get_or_init(|| outside.join("pwned").display().to_string());
+    assert!(Path::new(absolute).starts_with(&outside), "{absolute}");
     let dst = fx.spec("dst");
     std::fs::create_dir_all(&dst.dir).unwrap();
     std::fs::write(dst.dir.join("old"), b"old state").unwrap();
@@ -1353,7 +1418,8 @@ async fn hostile_index_corpus_writes_nothing_outside_the_target() {
             v["dir-index"]["files-present"][0]["file-name"] = "".into()
         }),
         ("absolute name", |v| {
-            v["dir-index"]["files-present"][0]["file-name"] = "/tmp/blobsnap-pwned".into()
+            v["dir-index"]["files-present"][0]["file-name"] =
+                ABSOLUTE.get().expect("set above").as_str().into()
         }),
         ("name with a slash", |v| {
             v["dir-index"]["files-present"][0]["file-name"] = "../outside/pwned".into()
@@ -1468,7 +1534,6 @@ async fn hostile_index_corpus_writes_nothing_outside_the_target() {
                 .exists(),
             "{what}: no staging left"
         );
-        assert!(!Path::new("/tmp/blobsnap-pwned").exists());
     }
 
     // The symlink trick: a valid index with a directory `sub`, a target where `sub` is a

@@ -473,8 +473,15 @@ impl Hooked {
         self
     }
 
-    fn transfer(&self) -> Option<Transfer> {
-        self.gauge.as_ref().map(|g| g.start())
+    /// Start a transfer on the gauge; `key`: of a single-object request (a batch delete
+    /// never waits for a meeting).
+    async fn transfer(&self, key: Option<&blobsnap::blobstore::BlobKey>) -> Option<Transfer> {
+        let g = self.gauge.as_ref()?;
+        let t = g.start();
+        if let Some(key) = key {
+            g.arrive(key).await;
+        }
+        Some(t)
     }
 
     fn map_meta(&self, m: blobsnap::blobstore::ObjectMeta) -> blobsnap::blobstore::ObjectMeta {
@@ -511,7 +518,7 @@ impl BlobStore for Hooked {
         body: blobsnap::blobstore::PutBody,
         opts: blobsnap::blobstore::PutOptions,
     ) -> blobsnap::Result<blobsnap::blobstore::PutResult> {
-        let _t = self.transfer();
+        let _t = self.transfer(Some(key)).await;
         self.inner.put(key, body, opts).await
     }
     async fn get(
@@ -528,7 +535,7 @@ impl BlobStore for Hooked {
         if let Some(e) = (self.hook)(key, n) {
             return Err(e);
         }
-        let Some(t) = self.transfer() else {
+        let Some(t) = self.transfer(Some(key)).await else {
             return self.inner.get(key, range).await;
         };
         // The transfer lasts until the body ends or is dropped.
@@ -546,14 +553,14 @@ impl BlobStore for Hooked {
         &self,
         key: &blobsnap::blobstore::BlobKey,
     ) -> blobsnap::Result<blobsnap::blobstore::ObjectMeta> {
-        let _t = self.transfer();
+        let _t = self.transfer(Some(key)).await;
         Ok(self.map_meta(self.inner.head(key).await?))
     }
     async fn delete_many(
         &self,
         keys: &[blobsnap::blobstore::BlobKey],
     ) -> blobsnap::Result<blobsnap::blobstore::DeleteFailures> {
-        let _t = self.transfer();
+        let _t = self.transfer(None).await;
         self.inner.delete_many(keys).await
     }
     fn list<'a>(
@@ -645,6 +652,10 @@ pub struct InFlight {
     now: Arc<std::sync::atomic::AtomicUsize>,
     peak: Arc<std::sync::atomic::AtomicUsize>,
     transfers: std::sync::atomic::AtomicU64,
+    /// [`meeting`](Self::meeting): 0 off.
+    meet_at: usize,
+    met: std::sync::atomic::AtomicBool,
+    notify: tokio::sync::Notify,
 }
 
 /// One transfer of an [`InFlight`] store, counted until dropped.
@@ -665,6 +676,45 @@ impl InFlight {
     /// Transfers made so far.
     pub fn transfers(&self) -> u64 {
         self.transfers.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// A gauge whose first blob transfers (keys under `/blobs/`: a job's uploads and
+    /// downloads, which run side by side; its setup reads and writes one at a time) wait
+    /// until `n` transfers are in flight at once, then none waits: a layer that admits `n` is
+    /// then seen admitting `n` by construction, not by the luck of scheduling. A hang guard
+    /// ends the meeting after 60 s (the peak then says what happened).
+    pub fn meeting(n: usize) -> Self {
+        InFlight {
+            meet_at: n,
+            ..Default::default()
+        }
+    }
+
+    /// Called by a transfer after it started: waits for the meeting, if one is set and has
+    /// not happened.
+    async fn arrive(&self, key: &blobsnap::blobstore::BlobKey) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.meet_at == 0 || self.met.load(SeqCst) || !key.as_str().contains("/blobs/") {
+            return;
+        }
+        let notified = self.notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if self.now.load(SeqCst) >= self.meet_at {
+            self.met.store(true, SeqCst);
+            self.notify.notify_waiters();
+            return;
+        }
+        if self.met.load(SeqCst) {
+            return;
+        }
+        if tokio::time::timeout(std::time::Duration::from_secs(60), notified)
+            .await
+            .is_err()
+        {
+            self.met.store(true, SeqCst);
+            self.notify.notify_waiters();
+        }
     }
 
     fn start(&self) -> Transfer {

@@ -8,6 +8,12 @@ use aws_sdk_s3::types::{
 
 use super::*;
 
+/// The merges of this process take turns: see `S3Store::merge_abort_multipart_rule`.
+static MERGES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// PUTs a merge makes before it gives up confirming its rule (with a growing pause between).
+const MERGE_ATTEMPTS: u32 = 5;
+
 impl S3Store {
     /// The id of blobsnap's abort-incomplete-multipart rule for the objects under `under`.
     fn rule_id(&self, under: &str) -> String {
@@ -88,6 +94,15 @@ impl S3Store {
 
     /// Merge (never replace) a lifecycle rule that aborts the incomplete multipart uploads
     /// under `under` (a scope inside the store's prefix) a day after they began.
+    ///
+    /// A bucket's lifecycle configuration is one document that S3 can only replace whole, with
+    /// no conditional write: the merge is a read-modify-write. Two merges of one process take
+    /// turns (a process-wide async mutex), and every merge reads the document back after its PUT and merges
+    /// again if its rule is not there (another process replaced the document in between), up
+    /// to 5 PUTs. What S3 cannot give is a merge that no writer in *another*
+    /// process overwrites after this read-back; such a lost rule costs only the early abort
+    /// of stale uploads (the sweep removes them after its grace) and the next
+    /// `create_resources` puts it back.
     pub async fn merge_abort_multipart_rule(&self, under: &str) -> Result<()> {
         let s3 = self;
         if !s3.config().lifecycle {
@@ -95,16 +110,42 @@ impl S3Store {
             return Ok(());
         }
         let id = self.rule_id(under);
-        let Some(mut rules) = self.lifecycle_rules().await? else {
-            tracing::warn!(bucket = %s3.config().bucket, "the server does not implement lifecycle rules: stale multipart uploads are only removed by the sweep");
-            return Ok(());
-        };
-        if rules.iter().any(|r| r.id() == Some(id.as_str())) {
-            return Ok(());
+        // The one lock of this module, held across the read, the PUT and the read-back: it
+        // guards no memory, only the order of this process's rewrites of one remote document;
+        // nothing else is taken under it.
+        let _turn = MERGES.lock().await;
+        for attempt in 0..=MERGE_ATTEMPTS {
+            let Some(rules) = self.lifecycle_rules().await? else {
+                tracing::warn!(bucket = %s3.config().bucket, "the server does not implement lifecycle rules: stale multipart uploads are only removed by the sweep");
+                return Ok(());
+            };
+            if rules.iter().any(|r| r.id() == Some(id.as_str())) {
+                return Ok(());
+            }
+            if attempt == MERGE_ATTEMPTS {
+                break;
+            }
+            if attempt > 0 {
+                tracing::info!(bucket = %s3.config().bucket, rule = %id, attempt, "the lifecycle rule is not in the configuration read back (another writer replaced it, or the server shows it late): merging again");
+                tokio::time::sleep(std::time::Duration::from_millis(200 << attempt)).await;
+            }
+            self.put_merged_rule(rules, &id, under).await?;
         }
+        tracing::warn!(bucket = %s3.config().bucket, rule = %id, "the abort-incomplete-multipart rule is not in the bucket's lifecycle configuration after {MERGE_ATTEMPTS} merges (another writer keeps replacing it): stale multipart uploads are removed by the sweep meanwhile, and the next create_resources merges it again");
+        Ok(())
+    }
+
+    /// PUT `rules` with the abort-incomplete-multipart rule `id` for `under` added.
+    async fn put_merged_rule(
+        &self,
+        mut rules: Vec<LifecycleRule>,
+        id: &str,
+        under: &str,
+    ) -> Result<()> {
+        let s3 = self;
         let prefix = format!("{}{}", s3.config().prefix, under);
         let rule = LifecycleRule::builder()
-            .id(&id)
+            .id(id)
             .filter(LifecycleRuleFilter::builder().prefix(prefix).build())
             .status(ExpirationStatus::Enabled)
             .abort_incomplete_multipart_upload(

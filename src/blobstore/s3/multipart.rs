@@ -4,14 +4,21 @@
 use super::*;
 
 /// Aborts a multipart upload whose future was dropped before it completed or failed (its
-/// error path aborts inline), until the server says it is gone ([`abort_until_gone`]). The abort is spawned on the runtime the drop happens in; with
-/// none (a runtime shutting down), the sweep's abort of stale uploads and the bucket's
-/// abort-incomplete-multipart rule are the backstop.
+/// error path aborts inline), until the server says it is gone ([`abort_until_gone`]). Armed
+/// before CreateMultipartUpload is sent: a put dropped while that request is out (the server
+/// may have made the upload, the client never learns its id) aborts every upload of its key
+/// the server lists ([`abort_uploads_of`]; blob keys are content-addressed and name their
+/// checkpoint, so no other writer uploads the same key). The abort is spawned on the runtime
+/// the drop happens in; with none (a runtime shutting down), the sweep's abort of stale
+/// uploads and the bucket's abort-incomplete-multipart rule are the backstop.
 struct AbortOnDrop {
     client: Client,
     bucket: String,
     key: String,
-    upload_id: String,
+    /// `None` until CreateMultipartUpload answered.
+    upload_id: Option<String>,
+    /// Whether the server lists multipart uploads (`S3Config::multipart_listing`).
+    listing: bool,
     armed: bool,
 }
 
@@ -21,16 +28,30 @@ impl Drop for AbortOnDrop {
             return;
         }
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(key = %self.key, upload_id = %self.upload_id, "a dropped multipart upload could not be aborted (no runtime); the sweep will");
+            tracing::warn!(key = %self.key, upload_id = ?self.upload_id, "a dropped multipart upload could not be aborted (no runtime); the sweep will");
             return;
         };
-        let req = self
-            .client
+        let (client, bucket, key) = (self.client.clone(), self.bucket.clone(), self.key.clone());
+        let Some(upload_id) = self.upload_id.clone() else {
+            if !self.listing {
+                tracing::warn!(key = %self.key, "a put dropped while its multipart upload was being created: the server cannot list uploads, so the sweep will abort it if it was made");
+                return;
+            }
+            rt.spawn(async move {
+                let aborted = abort_uploads_of(&client, &bucket, &key).await;
+                tracing::debug!(
+                    key,
+                    aborted,
+                    "aborted the uploads of a put dropped while its upload was being created"
+                );
+            });
+            return;
+        };
+        let req = client
             .abort_multipart_upload()
-            .bucket(&self.bucket)
-            .key(&self.key)
-            .upload_id(&self.upload_id);
-        let (key, upload_id) = (self.key.clone(), self.upload_id.clone());
+            .bucket(&bucket)
+            .key(&key)
+            .upload_id(&upload_id);
         rt.spawn(async move {
             if abort_until_gone(req).await {
                 tracing::debug!(
@@ -47,6 +68,43 @@ impl Drop for AbortOnDrop {
             }
         });
     }
+}
+
+/// Abort every multipart upload of exactly `key` the server lists, in 3 rounds a second apart
+/// (a CreateMultipartUpload still on its way when the first listing ran shows in a later one).
+/// Returns how many uploads were aborted.
+async fn abort_uploads_of(client: &Client, bucket: &str, key: &str) -> usize {
+    let mut aborted = 0;
+    for round in 0..3 {
+        if round > 0 {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
+        let listed = match client
+            .list_multipart_uploads()
+            .bucket(bucket)
+            .prefix(key)
+            .send()
+            .await
+        {
+            Ok(out) => out.uploads.unwrap_or_default(),
+            Err(e) => {
+                tracing::debug!(key, error = %e, "listing the uploads of a dropped put failed");
+                continue;
+            }
+        };
+        for up in listed.iter().filter(|u| u.key() == Some(key)) {
+            let Some(id) = up.upload_id() else { continue };
+            let req = client
+                .abort_multipart_upload()
+                .bucket(bucket)
+                .key(key)
+                .upload_id(id);
+            if abort_until_gone(req).await {
+                aborted += 1;
+            }
+        }
+    }
+    aborted
 }
 
 /// Abort a multipart upload until the server says it is gone (`NoSuchUpload`), at most 5
@@ -99,25 +157,36 @@ impl S3Store {
                 .server_side_encryption(ServerSideEncryption::AwsKms)
                 .set_ssekms_key_id(key_id.clone()),
         };
-        let created = create
-            .send()
-            .await
-            .map_err(|e| classify(self.what("create multipart upload", key), e))?;
-        let upload_id = created.upload_id.ok_or_else(|| {
-            Error::transient(format!(
-                "{}: the server returned no upload id",
-                self.what("create multipart upload", key)
-            ))
-        })?;
         // A future dropped mid-upload (a sibling's error in a `try_join_all`, a cancelled
-        // commit) aborts its upload too: the guard spawns the abort on this runtime.
+        // commit) aborts its upload too: the guard spawns the abort on this runtime. It is
+        // armed before the create is sent (a drop while it is out aborts by listing).
         let mut guard = AbortOnDrop {
             client: self.client.clone(),
             bucket: self.config.bucket.clone(),
             key: key.to_string(),
-            upload_id: upload_id.clone(),
+            upload_id: None,
+            listing: self.config.multipart_listing,
             armed: true,
         };
+        let created = create.send().await.map_err(|e| {
+            // The create failed: no upload to abort, or one the sweep takes.
+            classify(self.what("create multipart upload", key), e)
+        });
+        let created = match created {
+            Ok(c) => c,
+            Err(e) => {
+                guard.armed = false;
+                return Err(e);
+            }
+        };
+        let Some(upload_id) = created.upload_id else {
+            guard.armed = false;
+            return Err(Error::transient(format!(
+                "{}: the server returned no upload id",
+                self.what("create multipart upload", key)
+            )));
+        };
+        guard.upload_id = Some(upload_id.clone());
         let result = self
             .upload_parts_and_complete(key, &upload_id, path, len, opts)
             .await;
