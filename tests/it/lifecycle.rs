@@ -626,31 +626,7 @@ async fn sweep_leaves_exactly_the_referenced(
 ) -> usize {
     let before = job_keys(store.as_ref()).await;
     let owner_before = owner_record(store.as_ref(), what).await;
-    // A sweep with grace 0 keeps what is not older than its cutoff, the server's clock read
-    // by a probe: on a server whose times have whole seconds, an orphan written in the
-    // second of the sweep is young, by design. Wait for the server's clock to pass the newest
-    // object of the job (an event on that clock; the bound only catches a stopped clock).
-    let job = JobScope::new("wordcount", "1").unwrap();
-    let newest = list_all(store.as_ref(), job.scope())
-        .await
-        .unwrap()
-        .into_iter()
-        .filter_map(|m| m.last_modified)
-        .max();
-    if let Some(newest) = newest {
-        let since = std::time::Instant::now();
-        while blobsnap::blob::gc::server_now(store.as_ref(), &job)
-            .await
-            .unwrap()
-            <= newest
-        {
-            assert!(
-                since.elapsed() < std::time::Duration::from_secs(60),
-                "{what}: the server's clock does not pass its newest object's time"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        }
-    }
+    server_clock_past_newest(store.as_ref(), what).await;
     let expected = support::referenced(store, "wordcount", partitions).await;
     let missing: Vec<_> = expected.difference(&before).collect();
     assert!(
@@ -679,6 +655,29 @@ async fn sweep_leaves_exactly_the_referenced(
         "{what}: scope.json untouched"
     );
     before.len() - after.len()
+}
+
+/// A sweep with grace 0 keeps what is not older than its cutoff, the server's clock read by
+/// a probe: on a server whose times have whole seconds, an orphan written in the second of
+/// the sweep is young, by design. Wait until the server's clock has passed the newest object
+/// of the demo job (an event on that clock; the bound only catches a stopped clock).
+async fn server_clock_past_newest(store: &dyn BlobStore, what: &str) {
+    let job = JobScope::new("wordcount", "1").unwrap();
+    let newest = list_all(store, job.scope())
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|m| m.last_modified)
+        .max();
+    let Some(newest) = newest else { return };
+    let since = std::time::Instant::now();
+    while blobsnap::blob::gc::server_now(store, &job).await.unwrap() <= newest {
+        assert!(
+            since.elapsed() < std::time::Duration::from_secs(60),
+            "{what}: the server's clock does not pass its newest object's time"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }
 
 /// The bytes of the demo job's owner record (`scope.json`).
@@ -1014,6 +1013,9 @@ async fn crash_matrix(ms: &MatrixStore, root: &std::path::Path, points: &[&str],
                         "commit.before-checkpoint not reached"
                     );
                     assert!(!crash_run(&leg, leg.demo_for(&dir, point), None).await);
+                    // The orphans must be older than the sweep's grace-0 cutoff to be deleted
+                    // (and the point reached).
+                    server_clock_past_newest(store.as_ref(), point).await;
                     let gc = ["gc", "--job", "wordcount", "--grace-secs", "0", "--force"]
                         .map(String::from)
                         .to_vec();

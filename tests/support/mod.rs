@@ -405,27 +405,6 @@ pub fn files_but_logs(dir: &std::path::Path) -> std::collections::BTreeMap<Strin
         .collect()
 }
 
-/// Wait until `task` of the job behind `cps` has a committed checkpoint, while `child` (the
-/// process expected to commit it) still runs; panics after 60 s or if it ends first.
-pub async fn wait_first_commit(
-    cps: &BlobCheckpointStore,
-    task: &str,
-    child: &mut tokio::process::Child,
-) {
-    let started = std::time::Instant::now();
-    while cps.history(task, 1).await.unwrap().is_empty() {
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(60),
-            "the first process never committed"
-        );
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "the first process ended before its first commit was seen"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-}
-
 /// What a [`Hooked`] store's hook sees of each GET: the key and how many GETs of keys under
 /// `/blobs/` came before this one.
 pub type GetHook =
