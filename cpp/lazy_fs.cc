@@ -4,7 +4,11 @@
 // restore that is still only in the blob store) is fetched, verified whole and renamed into
 // place before RocksDB opens it; its existence and size are answered from the restore's
 // index; a hard link of it (a RocksDB checkpoint) is recorded, not made; a deletion drops it.
-// Every other file goes straight to the default file system.
+// A remote blob file (`*.blob`) opened without direct reads is fetched at its first read
+// instead: a read of its footer alone (what RocksDB's purge asks of an obsolete blob file
+// before deleting it) is answered by a ranged read of the blob, so a blob file the live DB
+// compacted away is never downloaded whole. Every other file goes straight to the default
+// file system.
 //
 // Registered in RocksDB's object registry under the name "blobsnap-lazy" by an explicit call
 // from Rust (blobsnap_lazyfs_install), so that the options string "env=blobsnap-lazy" selects
@@ -16,7 +20,9 @@
 #include <mutex>
 #include <string>
 
+#include "rocksdb/db.h"
 #include "rocksdb/env.h"
+#include "rocksdb/sst_file_manager.h"
 #include "rocksdb/file_system.h"
 #include "rocksdb/utilities/object_registry.h"
 
@@ -34,10 +40,13 @@ struct blobsnap_lazyfs_callbacks {
   int32_t (*drop)(const char* path, size_t len);
   // `src` was renamed to `dst` (a file or a directory): remote entries under it follow.
   void (*renamed)(const char* src, size_t src_len, const char* dst, size_t dst_len);
+  // 1: `path` is remote and its `n` bytes at `offset` (its last ones, n at most 64) were
+  // read from its blob into `buf`. 0: not served (fetch the file and read it locally).
+  int32_t (*read_tail)(const char* path, size_t len, uint64_t offset, size_t n, char* buf);
 };
 }
-// Five function pointers, as src/local/lazy/ffi.rs declares (and asserts) them.
-static_assert(sizeof(blobsnap_lazyfs_callbacks) == 5 * sizeof(void*),
+// Six function pointers, as src/local/lazy/ffi.rs declares (and asserts) them.
+static_assert(sizeof(blobsnap_lazyfs_callbacks) == 6 * sizeof(void*),
               "blobsnap_lazyfs_callbacks must match src/local/lazy/ffi.rs");
 
 namespace {
@@ -47,12 +56,104 @@ using ROCKSDB_NAMESPACE::FileOptions;
 using ROCKSDB_NAMESPACE::FileSystem;
 using ROCKSDB_NAMESPACE::FileSystemWrapper;
 using ROCKSDB_NAMESPACE::FSRandomAccessFile;
+using ROCKSDB_NAMESPACE::FSReadRequest;
 using ROCKSDB_NAMESPACE::FSSequentialFile;
 using ROCKSDB_NAMESPACE::IODebugContext;
 using ROCKSDB_NAMESPACE::IOOptions;
 using ROCKSDB_NAMESPACE::IOStatus;
+using ROCKSDB_NAMESPACE::Slice;
 
 blobsnap_lazyfs_callbacks g_callbacks;  // set once, before the factory can be reached
+
+// Make `f` local if it is remote (defined below).
+IOStatus Fetch(const std::string& f);
+
+// A remote blob file opened for reading, not yet fetched. A read of at most its last
+// kMaxTail bytes while nothing else was read is served from the blob (a ranged read,
+// through `read_tail`): RocksDB's purge reads only the footer (32 bytes) of an obsolete blob
+// file before it deletes it. Any other read (and a tail read the blob store cannot serve)
+// fetches the file, verified whole, opens it on the base file system and reads it there;
+// every later call goes to that file. The open is guarded by `mu_`, which is never held
+// across a callback (the fetch runs before it is taken; concurrent fetches of one file wait
+// for the same download in blobsnap).
+class DeferredFile : public FSRandomAccessFile {
+ public:
+  static constexpr size_t kMaxTail = 64;
+
+  // `base` is the lazy file system's target, the default file system: it outlives every file.
+  DeferredFile(FileSystem* base, std::string path, FileOptions options, uint64_t size)
+      : base_(base), path_(std::move(path)), options_(std::move(options)), size_(size) {}
+
+  IOStatus Read(uint64_t offset, size_t n, const IOOptions& o, Slice* result, char* scratch,
+                IODebugContext* dbg) const override {
+    if (Opened() == nullptr && n > 0 && n <= kMaxTail && offset + n == size_ &&
+        g_callbacks.read_tail(path_.data(), path_.size(), offset, n, scratch) == 1) {
+      *result = Slice(scratch, n);
+      return IOStatus::OK();
+    }
+    FSRandomAccessFile* file = nullptr;
+    IOStatus s = Open(&file);
+    if (!s.ok()) return s;
+    return file->Read(offset, n, o, result, scratch, dbg);
+  }
+
+  IOStatus MultiRead(FSReadRequest* reqs, size_t num_reqs, const IOOptions& o,
+                     IODebugContext* dbg) override {
+    FSRandomAccessFile* file = nullptr;
+    IOStatus s = Open(&file);
+    if (!s.ok()) return s;
+    return file->MultiRead(reqs, num_reqs, o, dbg);
+  }
+
+  IOStatus Prefetch(uint64_t offset, size_t n, const IOOptions& o,
+                    IODebugContext* dbg) override {
+    FSRandomAccessFile* file = nullptr;
+    IOStatus s = Open(&file);
+    if (!s.ok()) return s;
+    return file->Prefetch(offset, n, o, dbg);
+  }
+
+  IOStatus InvalidateCache(size_t offset, size_t length) override {
+    FSRandomAccessFile* file = Opened();
+    return file == nullptr ? IOStatus::OK() : file->InvalidateCache(offset, length);
+  }
+
+  IOStatus GetFileSize(uint64_t* result) override {
+    *result = size_;
+    return IOStatus::OK();
+  }
+
+ private:
+  FSRandomAccessFile* Opened() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return file_.get();
+  }
+
+  IOStatus Open(FSRandomAccessFile** out) const {
+    if (FSRandomAccessFile* f = Opened()) {
+      *out = f;
+      return IOStatus::OK();
+    }
+    IOStatus s = Fetch(path_);  // no lock held: blocks until the file is in place
+    if (!s.ok()) return s;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!file_) {
+      std::unique_ptr<FSRandomAccessFile> f;
+      s = base_->NewRandomAccessFile(path_, options_, &f, nullptr);
+      if (!s.ok()) return s;
+      file_ = std::move(f);
+    }
+    *out = file_.get();
+    return IOStatus::OK();
+  }
+
+  FileSystem* base_;
+  std::string path_;
+  FileOptions options_;
+  uint64_t size_;
+  mutable std::mutex mu_;
+  mutable std::unique_ptr<FSRandomAccessFile> file_;
+};
 
 class LazyFs : public FileSystemWrapper {
  public:
@@ -72,6 +173,12 @@ class LazyFs : public FileSystemWrapper {
   IOStatus NewRandomAccessFile(const std::string& f, const FileOptions& o,
                                std::unique_ptr<FSRandomAccessFile>* r,
                                IODebugContext* dbg) override {
+    uint64_t size = 0;
+    if (!o.use_direct_reads && IsBlobFile(f) &&
+        g_callbacks.remote_size(f.data(), f.size(), &size) == 1) {
+      r->reset(new DeferredFile(target(), f, o, size));
+      return IOStatus::OK();
+    }
     IOStatus s = Fetch(f);
     if (!s.ok()) return s;
     return FileSystemWrapper::NewRandomAccessFile(f, o, r, dbg);
@@ -112,22 +219,28 @@ class LazyFs : public FileSystemWrapper {
   }
 
  private:
-  // 0: local now. -1: failed for good (plain IOError: a corrupt or missing blob, a closed
-  // store). -2: failed for now (a retryable IOError: RocksDB reschedules a compaction that
-  // needed the file instead of stopping the DB's writes).
-  static IOStatus Fetch(const std::string& f) {
-    char msg[512];
-    msg[0] = '\0';
-    int32_t rc = g_callbacks.fetch(f.data(), f.size(), msg, sizeof msg);
-    if (rc != 0) {
-      msg[sizeof msg - 1] = '\0';
-      IOStatus s = IOStatus::IOError("blobsnap lazy restore: " + f, msg);
-      if (rc == -2) s.SetRetryable(true);
-      return s;
-    }
-    return IOStatus::OK();
+  static bool IsBlobFile(const std::string& f) {
+    static const std::string kSuffix = ".blob";
+    return f.size() > kSuffix.size() &&
+           f.compare(f.size() - kSuffix.size(), kSuffix.size(), kSuffix) == 0;
   }
 };
+
+// 0: local now. -1: failed for good (plain IOError: a corrupt or missing blob, a closed
+// store). -2: failed for now (a retryable IOError: RocksDB reschedules a compaction that
+// needed the file instead of stopping the DB's writes).
+IOStatus Fetch(const std::string& f) {
+  char msg[512];
+  msg[0] = '\0';
+  int32_t rc = g_callbacks.fetch(f.data(), f.size(), msg, sizeof msg);
+  if (rc != 0) {
+    msg[sizeof msg - 1] = '\0';
+    IOStatus s = IOStatus::IOError("blobsnap lazy restore: " + f, msg);
+    if (rc == -2) s.SetRetryable(true);
+    return s;
+  }
+  return IOStatus::OK();
+}
 
 // The one Env over LazyFs, alive for the whole process (RocksDB's registry hands out a raw
 // pointer to a static object and never frees it).
@@ -139,6 +252,13 @@ Env* LazyEnv() {
 }
 
 }  // namespace
+
+// The layout of the C API's DB handle (`struct rocksdb_t { DB* rep; }`, db/c.cc): its one
+// member is the DB. rust-rocksdb hands the handle out (`AsRawPtr`);
+// blobsnap_lazyfs_tracked_bytes reads the DB through this mirror of it.
+struct blobsnap_c_db {
+  ROCKSDB_NAMESPACE::DB* rep;
+};
 
 extern "C" {
 
@@ -171,6 +291,19 @@ void blobsnap_lazyfs_widen_pools(int32_t low, int32_t high) {
     env->IncBackgroundThreadsIfNeeded(low, Env::Priority::LOW);
     env->IncBackgroundThreadsIfNeeded(high, Env::Priority::HIGH);
   } catch (...) {
+  }
+}
+
+// The bytes the DB's SstFileManager accounts for (0 without one, or when C++ threw).
+uint64_t blobsnap_lazyfs_tracked_bytes(void* handle) {
+  try {
+    auto* db = static_cast<blobsnap_c_db*>(handle);
+    if (db == nullptr || db->rep == nullptr) return 0;
+    std::shared_ptr<ROCKSDB_NAMESPACE::SstFileManager> sfm =
+        db->rep->GetDBOptions().sst_file_manager;
+    return sfm ? sfm->GetTotalSize() : 0;
+  } catch (...) {
+    return 0;
   }
 }
 

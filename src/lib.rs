@@ -48,7 +48,9 @@
 //! restore needs RocksDB to use a file system of ours, which rust-rocksdb cannot express, so
 //! a small C++ `FileSystemWrapper` (`cpp/lazy_fs.cc`, built against the bundled RocksDB's
 //! headers) is registered with RocksDB under the Env name `blobsnap-lazy` and calls back into
-//! Rust; that registration call and the five callbacks are the crate's only FFI. The module's
+//! Rust; that registration call, its six callbacks, and three calls on RocksDB itself
+//! (widening the default thread pools, `SetDBOptions` through the C API, reading the
+//! SstFileManager's total) are the crate's only FFI. The module's
 //! docs give the safety argument; a test fails if any other file allows `unsafe_code`.
 //!
 //! The `blobsnap` command is `src/main.rs` (parse, runtime, exit codes) and `src/cli/`, one

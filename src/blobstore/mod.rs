@@ -37,7 +37,9 @@ use bytes::Bytes;
 use futures::stream::BoxStream;
 
 pub use key::{escape_segment, unescape_segment, BlobKey, Scope, MAX_KEY_LEN};
-pub use transfer::{download_to_file, get_bytes, hash_object, DownloadOptions, DownloadStats};
+pub use transfer::{
+    download_to_file, get_bytes, get_range_bytes, hash_object, DownloadOptions, DownloadStats,
+};
 
 use crate::digest::Sha256;
 use crate::error::Result;

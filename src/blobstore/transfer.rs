@@ -69,6 +69,26 @@ pub async fn get_bytes(store: &dyn BlobStore, key: &BlobKey, max_len: u64) -> Re
     }
 }
 
+/// Read `range` of an object into memory: the object's whole size and the range's bytes. A
+/// served range other than the one asked for, or a longer body, is `Corrupt`; a shorter body
+/// is `Transient`.
+pub async fn get_range_bytes(
+    store: &dyn BlobStore,
+    key: &BlobKey,
+    range: std::ops::Range<u64>,
+) -> Result<(u64, Bytes)> {
+    let got = store.get(key, Some(range.clone())).await?;
+    if got.range != range {
+        return Err(Error::corrupt(format!(
+            "object {key}: asked for bytes {range:?}, served {:?}",
+            got.range
+        )));
+    }
+    let size = got.meta.size;
+    let bytes = collect_body(key, got, &range).await?;
+    Ok((size, bytes))
+}
+
 /// Attempts of [`get_bytes`] at a body that ends early.
 const BODY_ATTEMPTS: u32 = 5;
 

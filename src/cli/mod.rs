@@ -22,6 +22,7 @@ mod standby;
 mod usage;
 mod verify;
 
+use blobsnap::ErrorKind;
 use clap::{Parser, Subcommand};
 
 use args::{AdminAction, ShowAction, StoreArgs};
@@ -114,6 +115,16 @@ pub(crate) enum Command {
         #[command(subcommand)]
         action: ShowAction,
     },
+    /// Print a completion script for SHELL on stdout, e.g. `blobsnap completions bash >
+    /// ~/.local/share/bash-completion/completions/blobsnap`, or for zsh `blobsnap completions
+    /// zsh > "${fpath[1]}/_blobsnap"`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Print blobsnap's man page (roff) on stdout: `blobsnap man | man -l -`, or install it
+    /// with `blobsnap man > ~/.local/share/man/man1/blobsnap.1`.
+    Man,
 }
 
 /// `blobsnap --version`: the version, the bundled RocksDB (a database it writes is that
@@ -143,6 +154,21 @@ pub(crate) struct Cli {
     pub(crate) command: Command,
 }
 
+/// Write `bytes` to stdout; a closed pipe ends the process quietly (as `println!` does, see
+/// main.rs), any other failure is an I/O error naming `what`.
+fn print_bytes(bytes: &[u8], what: &str) -> blobsnap::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(141),
+        Err(e) => Err(blobsnap::Error::new(
+            ErrorKind::Io,
+            format!("write {what} to stdout: {e}"),
+        )),
+    }
+}
+
 /// Run the command the arguments name.
 pub(crate) async fn run(cli: Cli) -> blobsnap::Result<()> {
     match cli.command {
@@ -169,5 +195,19 @@ pub(crate) async fn run(cli: Cli) -> blobsnap::Result<()> {
         Command::Index {
             action: ShowAction::Show { file },
         } => show::index(&file),
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "blobsnap", &mut out);
+            print_bytes(&out, "the completion script")
+        }
+        Command::Man => {
+            let cmd = <Cli as clap::CommandFactory>::command();
+            let mut out = Vec::new();
+            clap_mangen::Man::new(cmd).render(&mut out).map_err(|e| {
+                blobsnap::Error::new(ErrorKind::Io, format!("render the man page: {e}"))
+            })?;
+            print_bytes(&out, "the man page")
+        }
     }
 }

@@ -260,6 +260,14 @@ impl RocksStore {
         Ok(true)
     }
 
+    /// The bytes of SST and blob files RocksDB's SstFileManager accounts for in this
+    /// database (what its space limits and compaction reservations see). On a lazily
+    /// restored store the remote files count from the open on: RocksDB tracks every file its
+    /// MANIFEST names, at the MANIFEST's size, whether or not it is on disk yet.
+    pub fn tracked_file_bytes(&self) -> u64 {
+        crate::local::lazy::tracked_bytes(&self.db)
+    }
+
     /// The database.
     pub fn db(&self) -> &rocksdb::DB {
         &self.db

@@ -2016,6 +2016,86 @@ async fn output_to_a_closed_pipe_ends_quietly() {
     assert!(!err.contains("panicked"), "{err}");
 }
 
+/// `blobsnap completions SHELL` prints a script the shell accepts, generated from the
+/// command's own definitions (every subcommand is offered), and `blobsnap man` a man page
+/// naming every subcommand; both end quietly on a closed pipe; an unknown shell is a usage
+/// error (exit 2).
+#[test]
+fn completions_and_the_man_page_are_generated_from_the_commands() {
+    let blobsnap = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let subcommands = [
+        "demo",
+        "restore",
+        "checkpoints",
+        "savepoint",
+        "usage",
+        "completions",
+    ];
+    let bash = blobsnap(&["completions", "bash"]);
+    assert!(bash.status.success(), "{bash:?}");
+    let script = String::from_utf8(bash.stdout).unwrap();
+    for sub in subcommands {
+        assert!(script.contains(sub), "bash completion offers {sub}");
+    }
+    // Bash loads it and registers the completion of `blobsnap`.
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("blobsnap.bash");
+    std::fs::write(&file, &script).unwrap();
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!("source {} && complete -p blobsnap", file.display()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("blobsnap"),
+        "{out:?}"
+    );
+    for (shell, mark) in [
+        ("zsh", "#compdef blobsnap"),
+        ("fish", "complete -c blobsnap"),
+    ] {
+        let out = blobsnap(&["completions", shell]);
+        assert!(out.status.success(), "{shell}: {out:?}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            text.contains(mark),
+            "{shell}: {}",
+            &text[..text.len().min(200)]
+        );
+    }
+    let man = blobsnap(&["man"]);
+    assert!(man.status.success(), "{man:?}");
+    let page = String::from_utf8(man.stdout).unwrap();
+    assert!(
+        page.starts_with(".ie") || page.contains(".TH blobsnap"),
+        "{}",
+        &page[..page.len().min(200)]
+    );
+    for sub in subcommands {
+        assert!(page.contains(sub), "the man page names {sub}");
+    }
+    let bad = blobsnap(&["completions", "tcsh"]);
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+    // A reader that closes the pipe first.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+        .arg("man")
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(141), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
 /// Manual backups through time (issue 32 §2): four backups of a changing database, `forget
 /// --keep 2` (a dry run first: nothing removed), `gc --name` frees what only the forgotten
 /// ones held (`usage` then shows no leak), and the newest backup still restores the

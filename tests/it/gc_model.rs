@@ -1162,14 +1162,19 @@ struct HistoryCounts {
     savepoints_removed: u64,
     removals_refused: u64,
     swept: u64,
+    forks: u64,
+    forks_of_forks: u64,
 }
 
 /// The GC model through time (issue 32 §5): a source job with tiered retention and a fork of
 /// one of its savepoints commit (new files, repeated contents, whole "compactions"), make and
 /// remove savepoints (the source's refused while the fork pins them), and sweep each job with
-/// its grace, in a seeded random order on the virtual clock. After every step every retained
-/// checkpoint and savepoint of both jobs is whole — the fork's borrowed blobs included.
-/// `BLOBSNAP_GC_MODEL_STEPS` steps (default 600; the long-test command: 1,000,000).
+/// its grace, in a seeded random order on the virtual clock. Six more forks start at evenly
+/// spaced steps, each from a savepoint of a random job (a fork of a fork borrows through its
+/// source's declarations), so live pins exist throughout a long run, not only at its start.
+/// After every step every retained checkpoint and savepoint of every job is whole — the
+/// forks' borrowed blobs included. `BLOBSNAP_GC_MODEL_STEPS` steps (default 600; the
+/// long-test command: 1,000,000).
 #[test]
 fn savepoints_forks_and_tiers_never_lose_a_referenced_blob() {
     let steps: u64 = std::env::var("BLOBSNAP_GC_MODEL_STEPS")
@@ -1230,10 +1235,33 @@ fn savepoints_forks_and_tiers_never_lose_a_referenced_blob() {
             .await
             .unwrap();
         let fork = history_job(&store, &clock, tmp.path(), "2", "2", Some("model/1/base")).await;
-        let jobs = [&source, &fork];
+        c.forks += 1;
+        const IDS: [&str; 8] = ["1", "2", "3", "4", "5", "6", "7", "8"];
+        let mut jobs = vec![source, fork];
+        let fork_every = (steps / 7).max(1);
         let mut names = 0u64;
         for step in 0..steps {
-            let job = jobs[rng.random_range(0..2usize)];
+            if step > 0 && step % fork_every == 0 && jobs.len() < IDS.len() {
+                // A new fork of a savepoint of a random job (when that job has one).
+                let from = &jobs[rng.random_range(0..jobs.len())];
+                let scope = JobScope::new("model", from.id).unwrap();
+                let all = blobsnap::blob::savepoint::list(store.as_ref(), &scope)
+                    .await
+                    .unwrap();
+                if !all.is_empty() {
+                    let name = &all[rng.random_range(0..all.len())].name;
+                    let source = format!("model/{}/{name}", from.id);
+                    let id = IDS[jobs.len()];
+                    if from.id != "1" {
+                        c.forks_of_forks += 1;
+                    }
+                    let fork =
+                        history_job(&store, &clock, tmp.path(), id, "2", Some(&source)).await;
+                    jobs.push(fork);
+                    c.forks += 1;
+                }
+            }
+            let job = &jobs[rng.random_range(0..jobs.len())];
             let action = rng.random_range(0..100u32);
             clock.0.fetch_add(rng.random_range(0..2_000), Relaxed);
             match action {
@@ -1298,7 +1326,7 @@ fn savepoints_forks_and_tiers_never_lose_a_referenced_blob() {
                     c.swept += execute_sweep(store.as_ref(), &plan).await.unwrap();
                 }
             }
-            for id in ["1", "2"] {
+            for id in jobs.iter().map(|j| j.id) {
                 if let Err(v) = job_intact(&store, id).await {
                     panic!("step {step}: a referenced object was lost: {v}");
                 }
@@ -1312,5 +1340,9 @@ fn savepoints_forks_and_tiers_never_lose_a_referenced_blob() {
     assert!(
         counts.savepoints_removed > 0 && counts.removals_refused > 0,
         "savepoints were removed, and refused while a fork pinned them: {counts:?}"
+    );
+    assert!(
+        counts.forks >= 4 && counts.forks_of_forks >= 1,
+        "forks started through the run, one of them from a fork: {counts:?}"
     );
 }

@@ -610,7 +610,9 @@ impl BlobRestoreManager {
                 .map_err(|e| e.context(format!("restore store {}", spec.name)))?;
         }
         let lazy = match self.settings.lazy {
-            Some(bg) if !remote.is_empty() => Some((bg, remote, self.fetcher(scope))),
+            Some(bg) if !remote.is_empty() => {
+                Some((bg, remote, (self.fetcher(scope), self.tail_reader(scope))))
+            }
             _ => None,
         };
         let mut swap = self.swaps.begin(&spec.name);
@@ -640,7 +642,9 @@ impl BlobRestoreManager {
                 remember(&cache, &dir, &restored);
             }
             match lazy {
-                Some((bg, remote, fetch)) => crate::local::lazy::register(&dir, remote, fetch, bg)?,
+                Some((bg, remote, (fetch, tail))) => {
+                    crate::local::lazy::register(&dir, remote, fetch, Some(tail), bg)?;
+                }
                 None => crate::local::lazy::close(&dir),
             }
             Ok(())
@@ -767,6 +771,40 @@ impl BlobRestoreManager {
                             .map_err(Error::io_with(format!("chmod {}", tmp.display())))?;
                     }
                     Ok(())
+                })
+            },
+        )
+    }
+}
+
+impl BlobRestoreManager {
+    /// Reads a range of a remote file's blob (a blob file's footer, for RocksDB's purge of
+    /// an obsolete blob file the lazy restore has not fetched), checking the blob's size.
+    fn tail_reader(&self, scope: &BlobScopes) -> crate::local::lazy::TailFn {
+        let (store, scope) = (Arc::clone(&self.blob_store), scope.clone());
+        Arc::new(
+            move |entry: FileIndex,
+                  range: std::ops::Range<u64>|
+                  -> futures::future::BoxFuture<'static, Result<bytes::Bytes>> {
+                let (store, scope) = (Arc::clone(&store), scope.clone());
+                Box::pin(async move {
+                    let blob = &entry
+                        .blobs
+                        .first()
+                        .ok_or_else(|| {
+                            Error::corrupt(format!("index entry {} has no blob", entry.file_name))
+                        })?
+                        .blob_id;
+                    let key = scope.key(blob)?;
+                    let (size, bytes) =
+                        crate::blobstore::get_range_bytes(store.as_ref(), &key, range).await?;
+                    if size != entry.file_metadata.size {
+                        return Err(Error::corrupt(format!(
+                            "lazy restore: file {} (blob {key}) is {size} bytes in the store, the index says {}",
+                            entry.file_name, entry.file_metadata.size
+                        )));
+                    }
+                    Ok(bytes)
                 })
             },
         )

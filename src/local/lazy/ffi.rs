@@ -6,7 +6,7 @@
 //! file system. RocksDB itself selects an Env by name from an options string (`env=…`,
 //! through its object registry), which rust-rocksdb does expose
 //! (`Options::get_options_from_string`); registering our Env under a name takes one call
-//! into C++, and the Env's answers come back through five `extern "C"` callbacks. Both
+//! into C++, and the Env's answers come back through six `extern "C"` callbacks. Both
 //! directions cross the FFI boundary, which Rust cannot check. One more call widens the
 //! default Env's thread pools (`IncBackgroundThreadsIfNeeded`, which the C API lacks).
 //!
@@ -19,7 +19,9 @@
 //!   registry copies what it keeps into `PathBuf`s). A null pointer is answered "not mine".
 //! - The out-parameters (`size`, the message buffer of `msg_cap` bytes) point at the C++
 //!   caller's stack; they are written only when non-null, the message at most `msg_cap - 1`
-//!   bytes plus a NUL.
+//!   bytes plus a NUL. `read_tail`'s `buf` is RocksDB's scratch buffer of at least `n` bytes
+//!   (`FSRandomAccessFile::Read`'s contract); `n` is checked against a small cap before it is
+//!   used, and exactly `n` bytes are written, only when the answer is 1.
 //! - No panic crosses into C++: every callback runs under `catch_unwind`; a panic answers
 //!   "not mine" (the file system goes on) or, for a fetch, an I/O error. No C++ exception
 //!   crosses into Rust: `blobsnap_lazyfs_install` catches everything and returns nonzero.
@@ -30,6 +32,9 @@
 //!   the duration of the call; the key and value arrays point at `CString`s that outlive the
 //!   call (RocksDB copies what it keeps); an error string RocksDB allocates is copied and
 //!   released with `rocksdb_free`.
+//! - [`tracked_bytes`] passes the same borrowed handle to C++, which reads the DB out of it by
+//!   the C API's own definition of the handle (`struct rocksdb_t { DB* rep; }`, db/c.cc of
+//!   the bundled RocksDB, repeated in cpp/lazy_fs.cc), and catches every exception.
 
 #![allow(unsafe_code)]
 
@@ -45,6 +50,7 @@ struct Callbacks {
     link: extern "C" fn(*const c_char, usize, *const c_char, usize) -> i32,
     drop: extern "C" fn(*const c_char, usize) -> i32,
     renamed: extern "C" fn(*const c_char, usize, *const c_char, usize),
+    read_tail: extern "C" fn(*const c_char, usize, u64, usize, *mut c_char) -> i32,
 }
 
 // The C side is built with exceptions; `blobsnap_lazyfs_install` catches every one and
@@ -52,6 +58,14 @@ struct Callbacks {
 extern "C" {
     fn blobsnap_lazyfs_install(callbacks: *const Callbacks, size: usize) -> i32;
     fn blobsnap_lazyfs_widen_pools(low: i32, high: i32);
+    fn blobsnap_lazyfs_tracked_bytes(db: *mut std::ffi::c_void) -> u64;
+}
+
+/// The bytes `db`'s SstFileManager accounts for (its tracked SST and blob files).
+pub(crate) fn tracked_bytes(db: &rocksdb::DB) -> u64 {
+    use rocksdb::AsRawPtr as _;
+    // SAFETY: see the module docs: `db` is live for the call; C++ catches every exception.
+    unsafe { blobsnap_lazyfs_tracked_bytes(db.as_raw_ptr().cast()) }
 }
 
 /// `SetDBOptions(options)` on the open `db` (for example `max_open_files`, which resizes the
@@ -102,9 +116,9 @@ pub(super) fn widen_pools(low: i32, high: i32) {
     unsafe { blobsnap_lazyfs_widen_pools(low, high) }
 }
 
-// The struct is declared twice (here and in cpp/lazy_fs.cc): both sides pin its layout, five
+// The struct is declared twice (here and in cpp/lazy_fs.cc): both sides pin its layout, six
 // function pointers (C++ static_asserts the same size, and checks the size passed at install).
-const _: () = assert!(std::mem::size_of::<Callbacks>() == 5 * std::mem::size_of::<usize>());
+const _: () = assert!(std::mem::size_of::<Callbacks>() == 6 * std::mem::size_of::<usize>());
 
 static CALLBACKS: Callbacks = Callbacks {
     remote_size: on_remote_size,
@@ -112,6 +126,7 @@ static CALLBACKS: Callbacks = Callbacks {
     link: on_link,
     drop: on_drop,
     renamed: on_renamed,
+    read_tail: on_read_tail,
 };
 
 /// Register the `blobsnap-lazy` Env with RocksDB (once per process).
@@ -221,4 +236,29 @@ extern "C" fn on_renamed(src: *const c_char, src_len: usize, dst: *const c_char,
             super::renamed(s, d);
         }
     });
+}
+
+extern "C" fn on_read_tail(
+    ptr: *const c_char,
+    len: usize,
+    offset: u64,
+    n: usize,
+    buf: *mut c_char,
+) -> i32 {
+    guarded(0, || {
+        if buf.is_null() || n == 0 || n > super::MAX_TAIL {
+            return 0;
+        }
+        let Some(p) = path(ptr, len) else { return 0 };
+        let Some(bytes) = super::read_tail(p, offset, n) else {
+            return 0;
+        };
+        if bytes.len() != n {
+            return 0;
+        }
+        // SAFETY: `buf` is the caller's scratch of at least `n` bytes (checked non-null and
+        // `n` capped above); exactly `n` bytes are written.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr().cast::<c_char>(), buf, n) };
+        1
+    })
 }

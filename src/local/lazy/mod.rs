@@ -16,7 +16,11 @@
 //!   every other reader refuses it ([`check_complete`]); each file, once fetched, is
 //!   hard-linked into the checkpoint dirs that recorded it, and a dir lacking nothing loses
 //!   its list;
-//! - deleting it (the live DB compacted it away) drops it: the background download skips it.
+//! - deleting it (the live DB compacted it away) drops it: the background download skips it;
+//! - a remote blob file (`*.blob`) is fetched at its first read rather than at its open, and a
+//!   read of its footer alone — what RocksDB's purge asks of an obsolete blob file before it
+//!   deletes it — is answered by a ranged read of its blob ([`read_tail`]): a blob file the
+//!   live DB compacted away is dropped without being downloaded.
 //!
 //! Meanwhile a background download fetches every remote file, verified, at a bounded rate and
 //! concurrency, until the store is complete ([`status`], [`wait_complete`]). What is durable
@@ -107,6 +111,19 @@ impl Drop for PoolShare {
 /// SHA-256) and fsynced; called on the lazy restore's own runtime.
 pub type FetchFn = Arc<dyn Fn(FileIndex, PathBuf) -> BoxFuture<'static, Result<()>> + Send + Sync>;
 
+/// Reads `range` of one remote file's blob (its footer, at most [`MAX_TAIL`] bytes), checked
+/// against the entry's size; called on the lazy restore's own runtime. The bytes are not
+/// verified (a file's SHA-256 covers it whole): they only decide whether RocksDB's purge may
+/// delete an obsolete blob file, never what a read returns.
+pub type TailFn = Arc<
+    dyn Fn(FileIndex, std::ops::Range<u64>) -> BoxFuture<'static, Result<bytes::Bytes>>
+        + Send
+        + Sync,
+>;
+
+/// The most bytes at a remote file's end [`TailFn`] is asked for (a blob file's footer is 32).
+pub const MAX_TAIL: usize = 64;
+
 /// How the background download of a lazily restored store runs.
 #[derive(Clone, Copy, Debug)]
 pub struct Background {
@@ -180,6 +197,8 @@ pub struct LazyProgress {
     pub bytes_background: AtomicU64,
     /// Files dropped (deleted by RocksDB while remote) and so never fetched.
     pub files_dropped: AtomicU64,
+    /// Footers of remote blob files read from their blobs (a ranged read) instead of a fetch.
+    pub tail_reads: AtomicU64,
 }
 
 /// Where a lazily restored store stands.
@@ -201,12 +220,15 @@ pub struct LazyStatus {
     pub bytes_background: u64,
     /// Files dropped before they were fetched.
     pub files_dropped: u64,
+    /// Footers of remote blob files read with a ranged read of their blobs, not a fetch.
+    pub tail_reads: u64,
 }
 
 struct LazyStore {
     dir: PathBuf,
     files: BTreeMap<String, Arc<Remote>>,
     fetch: FetchFn,
+    tail: Option<TailFn>,
     cancel: CancellationToken,
     progress: LazyProgress,
     done: tokio::sync::watch::Sender<bool>,
@@ -246,6 +268,7 @@ impl LazyStore {
         s.files_background = p.files_background.load(Ordering::Relaxed);
         s.bytes_background = p.bytes_background.load(Ordering::Relaxed);
         s.files_dropped = p.files_dropped.load(Ordering::Relaxed);
+        s.tail_reads = p.tail_reads.load(Ordering::Relaxed);
         s
     }
 }
@@ -335,12 +358,14 @@ pub fn absolute(dir: &Path) -> Result<PathBuf> {
 }
 
 /// Register the store at `dir` as lazily restored: `files` (immutable files of the snapshot,
-/// not in `dir`) are remote, fetched by `fetch`; starts their background download. Replaces
-/// (and stops) an earlier registration of the same dir. Installs the lazy file system.
+/// not in `dir`) are remote, fetched by `fetch` (and their footers read by `tail`, when
+/// given); starts their background download. Replaces (and stops) an earlier registration of
+/// the same dir. Installs the lazy file system.
 pub fn register(
     dir: &Path,
     files: Vec<FileIndex>,
     fetch: FetchFn,
+    tail: Option<TailFn>,
     background: Background,
 ) -> Result<()> {
     ffi::install();
@@ -364,6 +389,7 @@ pub fn register(
         dir: dir.clone(),
         files,
         fetch,
+        tail,
         cancel: CancellationToken::new(),
         progress,
         done,
@@ -483,6 +509,11 @@ pub(crate) fn set_db_options(
     options: &[(&str, &str)],
 ) -> std::result::Result<(), String> {
     ffi::set_db_options(db, options)
+}
+
+/// The bytes the open `db`'s SstFileManager accounts for.
+pub(crate) fn tracked_bytes(db: &rocksdb::DB) -> u64 {
+    ffi::tracked_bytes(db)
 }
 
 /// Whether `dir` is a lazily restored store with files still remote (open it with
@@ -649,6 +680,57 @@ fn fetch_now(path: &Path) -> std::result::Result<(), (ErrorKind, String)> {
                 st = wait(&remote, st);
             }
         }
+    }
+}
+
+/// The `n` last bytes of `path` (from `offset`, its size less `n`) when it is a remote file of
+/// a store registered with a [`TailFn`], read from its blob without fetching the file; `None`
+/// when it is not (then RocksDB's read fetches it whole, as any other read does) or the
+/// ranged read failed.
+fn read_tail(path: &Path, offset: u64, n: usize) -> Option<bytes::Bytes> {
+    if ACTIVE.load(Ordering::Acquire) == 0 || n == 0 || n > MAX_TAIL {
+        return None;
+    }
+    let (store, remote) = find(&registry(), path)?;
+    let tail = store.tail.clone()?;
+    let size = remote.entry.file_metadata.size;
+    if offset.checked_add(n as u64) != Some(size)
+        || !remote.is_remote()
+        || store.cancel.is_cancelled()
+        || refuse_current_thread().is_err()
+    {
+        return None;
+    }
+    let rt = runtime().ok()?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (entry, cancel) = (remote.entry.clone(), store.cancel.clone());
+    rt.spawn(async move {
+        let r = tokio::select! {
+            r = tail(entry, offset..size) => r,
+            () = cancel.cancelled() => Err(Error::new(ErrorKind::Cancelled, "the store was closed")),
+        };
+        let _ = tx.send(r);
+    });
+    let got = match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(|| rx.recv())
+        }
+        _ => rx.recv(),
+    };
+    match got {
+        Ok(Ok(bytes)) if bytes.len() == n => {
+            store.progress.tail_reads.fetch_add(1, Ordering::Relaxed);
+            Some(bytes)
+        }
+        Ok(Ok(bytes)) => {
+            tracing::warn!(file = %path.display(), got = bytes.len(), n, "lazy restore: a footer read returned the wrong length; fetching the file");
+            None
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(file = %path.display(), error = %e, "lazy restore: footer read failed; fetching the file");
+            None
+        }
+        Err(_) => None,
     }
 }
 
@@ -1173,6 +1255,7 @@ mod tests {
             &dir,
             vec![entry("000001.sst", 10), entry("000002.sst", 20)],
             gated_fetch(release_rx, started_tx),
+            None,
             Background {
                 downloads: 2,
                 max_rate: 0,
@@ -1252,6 +1335,7 @@ mod tests {
             &dir,
             vec![entry("000001.sst", 10)],
             gated_fetch(release_rx, started_tx),
+            None,
             Background {
                 downloads: 1,
                 max_rate: 0,
@@ -1314,6 +1398,7 @@ mod tests {
                         .map(|(i, n)| entry(n, i as u64 + 1))
                         .collect(),
                     fetch,
+                    None,
                     Background {
                         downloads: 2,
                         max_rate: 0,
