@@ -74,30 +74,60 @@ impl BlobCheckpointStore {
         key: &BlobKey,
     ) -> Result<CommittedCheckpoint> {
         let bytes = get_bytes(self.store.as_ref(), key, MAX_CHECKPOINT_BYTES as u64).await?;
-        let doc: Document = serde_json::from_slice(&bytes)
-            .map_err(|e| Error::corrupt(format!("checkpoint {key}: {e}")))?;
-        if doc.format != FORMAT {
-            return Err(Error::corrupt(format!(
-                "checkpoint {key}: blobsnap-checkpoint format {} (this blobsnap reads {FORMAT})",
-                doc.format
-            )));
-        }
-        if doc.seq != seq {
+        let c = parse_record(&bytes)
+            .map_err(|e| e.context(format!("checkpoint {key} of task {task}")))?;
+        if c.seq != seq {
             return Err(Error::corrupt(format!(
                 "checkpoint {key} says it is number {}, its key says {seq}",
-                doc.seq
+                c.seq
             )));
         }
-        let raw = serde_json::to_vec(&doc.checkpoint)
-            .map_err(|e| Error::corrupt(format!("checkpoint {key}: {e}")))?;
-        let checkpoint = Checkpoint::from_json(&raw)
-            .map_err(|e| e.context(format!("checkpoint {key} of task {task}")))?;
-        Ok(CommittedCheckpoint {
-            seq,
-            writer: doc.writer,
-            checkpoint,
-        })
+        Ok(c)
     }
+}
+
+/// Whether `bytes` look like a stored checkpoint record (a JSON object with a
+/// `blobsnap-checkpoint` field) rather than a bare checkpoint.
+pub fn is_record(bytes: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(bytes)
+        .ok()
+        .is_some_and(|v| v.get("blobsnap-checkpoint").is_some())
+}
+
+/// Parse one stored checkpoint record (what `checkpoints/<task>/<seq>.json` holds: its format,
+/// number, writer and the checkpoint in Samza's JSON). `Corrupt` names what is wrong.
+pub fn parse_record(bytes: &[u8]) -> Result<CommittedCheckpoint> {
+    let doc: Document = serde_json::from_slice(bytes)
+        .map_err(|e| Error::corrupt(format!("checkpoint record: {e}")))?;
+    if doc.format != FORMAT {
+        return Err(Error::corrupt(format!(
+            "blobsnap-checkpoint format {} (this blobsnap reads {FORMAT})",
+            doc.format
+        )));
+    }
+    let raw = serde_json::to_vec(&doc.checkpoint)
+        .map_err(|e| Error::corrupt(format!("checkpoint record: {e}")))?;
+    let checkpoint = Checkpoint::from_json(&raw)
+        .map_err(|e| e.context(format!("checkpoint record number {}", doc.seq)))?;
+    Ok(CommittedCheckpoint {
+        seq: doc.seq,
+        writer: doc.writer,
+        checkpoint,
+    })
+}
+
+/// A stored checkpoint record's JSON, as [`BlobCheckpointStore`] writes it (the checkpoint
+/// normalized).
+pub fn record_to_json(c: &CommittedCheckpoint) -> Result<Vec<u8>> {
+    let checkpoint: serde_json::Value = serde_json::from_slice(&c.checkpoint.to_json()?)
+        .map_err(|e| Error::invalid(format!("checkpoint JSON: {e}")))?;
+    serde_json::to_vec(&Document {
+        format: FORMAT,
+        seq: c.seq,
+        writer: c.writer.clone(),
+        checkpoint,
+    })
+    .map_err(|e| Error::invalid(format!("checkpoint record: {e}")))
 }
 
 #[async_trait]

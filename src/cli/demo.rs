@@ -153,6 +153,7 @@ pub(crate) async fn run(
     )
     .await?
     .with_gc_grace(settings.gc_grace);
+    refuse_a_shorter_input(&settings, &blob_store, lines).await?;
     wordcount::generate_input(&settings.input_dir, partitions, lines, 42)?;
     eprintln!(
         "demo: {partitions} partitions x {lines} lines in {}, blob store {blob_store}",
@@ -199,6 +200,41 @@ pub(crate) async fn run(
             ));
     }
     Ok(())
+}
+
+/// The demo's input is generated: each partition's lines come from a seed of its own, so a
+/// rerun with more lines (or partitions) extends the same input, and the committed offsets
+/// and counts still describe its beginning. Fewer lines than the input the job committed
+/// against would end every check in a mismatch that looks like corrupt state: refused
+/// (`InvalidInput`, before anything runs), naming the change.
+async fn refuse_a_shorter_input(
+    settings: &blobsnap::job::JobSettings,
+    blob_store: &Arc<dyn blobsnap::blobstore::BlobStore>,
+    lines: u64,
+) -> blobsnap::Result<()> {
+    let Some((_, old_lines, _)) = blobsnap::job::wordcount::input_params(&settings.input_dir)
+    else {
+        return Ok(());
+    };
+    if lines >= old_lines {
+        return Ok(());
+    }
+    let job = blobsnap::layout::JobScope::new(&settings.job_name, &settings.job_id)?;
+    if blobsnap::blob::history::task_names(blob_store.as_ref(), &job)
+        .await?
+        .is_empty()
+    {
+        return Ok(());
+    }
+    Err(Error::new(
+        ErrorKind::InvalidInput,
+        format!(
+            "the demo's input changed: {} holds {old_lines} lines per partition, this run asks for {lines}, and job {}/{} has committed offsets and counts of the longer input (its check would fail as if the state were corrupt). Run with --lines {old_lines} or more (the same lines and more), or use a new --dir",
+            settings.input_dir.display(),
+            settings.job_name,
+            settings.job_id
+        ),
+    ))
 }
 
 /// Print what the demo's tasks did and the check of their counts.

@@ -105,7 +105,9 @@ pub(crate) enum Command {
     /// snapshots keep, and a monthly estimate at list prices (`[cost]` in the settings
     /// overrides them), read from the job's retained checkpoints and indexes.
     Cost(cost::CostArgs),
-    /// Parse a CheckpointV2/V1 JSON document (ours or Samza's) and print it normalized.
+    /// Parse a CheckpointV2/V1 JSON document (ours or Samza's), or a checkpoint record as
+    /// blobsnap stores it (`checkpoints/<task>/<seq>.json`: number, writer, checkpoint), and
+    /// print it normalized.
     Checkpoint {
         #[command(subcommand)]
         action: ShowAction,

@@ -3,8 +3,19 @@
 use super::args::read_input;
 use blobsnap::checkpoint::Checkpoint;
 
+/// A CheckpointV2/V1 document (ours or Samza's), or one of blobsnap's stored checkpoint
+/// records (`checkpoints/<task>/<seq>.json`: number, writer, checkpoint), printed normalized.
 pub(crate) fn checkpoint(file: &str) -> blobsnap::Result<()> {
-    let cp = Checkpoint::from_json(&read_input(file)?)?;
+    let bytes = read_input(file)?;
+    if blobsnap::checkpoint::is_record(&bytes) {
+        let record = blobsnap::checkpoint::parse_record(&bytes)?;
+        println!(
+            "{}",
+            String::from_utf8_lossy(&blobsnap::checkpoint::record_to_json(&record)?)
+        );
+        return Ok(());
+    }
+    let cp = Checkpoint::from_json(&bytes)?;
     println!("{}", String::from_utf8_lossy(&cp.to_json()?));
     Ok(())
 }

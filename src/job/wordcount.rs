@@ -158,8 +158,21 @@ const WORDS: &[&str] = &[
     "verify",
 ];
 
+/// The parameters the input in `dir` was generated with by [`generate_input`]: partitions,
+/// lines per partition, seed (`None`: no input there, or an unreadable stamp).
+pub fn input_params(dir: &Path) -> Option<(u32, u64, u64)> {
+    let text = std::fs::read_to_string(dir.join("PARAMS")).ok()?;
+    let mut it = text.split_whitespace();
+    let partitions = it.next()?.parse().ok()?;
+    let lines = it.next()?.parse().ok()?;
+    let seed = it.next()?.parse().ok()?;
+    Some((partitions, lines, seed))
+}
+
 /// Write `partitions` input files of `lines` lines each under `dir` (once: an existing input
-/// with the same parameters is kept, so a restarted run reads the same data).
+/// with the same parameters is kept, so a restarted run reads the same data). Each
+/// partition's lines come from a generator seeded by `seed` and the partition alone: more
+/// lines (or partitions) extend the same input.
 pub fn generate_input(dir: &Path, partitions: u32, lines: u64, seed: u64) -> Result<()> {
     use rand::{Rng as _, SeedableRng as _};
     let stamp = dir.join("PARAMS");

@@ -2096,6 +2096,95 @@ fn completions_and_the_man_page_are_generated_from_the_commands() {
     assert!(!err.contains("panicked"), "{err}");
 }
 
+/// Messages that tell the truth (issue 35 §2): `checkpoint show` reads blobsnap's own stored
+/// checkpoint record (what `checkpoints/<task>/<seq>.json` holds: number, writer and the
+/// checkpoint) as well as a bare CheckpointV2, and names what is wrong with a damaged one;
+/// the demo rerun over a shorter input says its input changed (exit 5, nothing run) instead
+/// of reporting corrupt state, while a longer one (the same lines and more) resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoint_show_reads_stored_records_and_a_changed_demo_input_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = local_target(tmp.path());
+    let dir = tmp.path().join("demo").display().to_string();
+    let demo = |lines: &'static str| {
+        let dir = dir.clone();
+        move || {
+            vec![
+                "demo".to_string(),
+                "--dir".into(),
+                dir.clone(),
+                "--partitions".into(),
+                "1".into(),
+                "--lines".into(),
+                lines.into(),
+            ]
+        }
+    };
+    let args = demo("400")();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, v, err) = run(&t, &args).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["check"], "ok", "{v}");
+
+    // The latest stored record of the task, as the store holds it.
+    let job = JobScope::new("wordcount", "1").unwrap();
+    let cps = blobsnap::checkpoint::BlobCheckpointStore::new(Arc::clone(&t.store), job.clone());
+    let latest = blobsnap::checkpoint::CheckpointStore::latest(&cps, "Partition 0")
+        .await
+        .unwrap()
+        .unwrap();
+    let key = job.checkpoint_key("Partition 0", latest.seq).unwrap();
+    let bytes = blobsnap::blobstore::get_bytes(t.store.as_ref(), &key, 1 << 20)
+        .await
+        .unwrap();
+    let record = tmp.path().join("record.json");
+    std::fs::write(&record, &bytes).unwrap();
+    let (code, v, err) = run(&t, &["checkpoint", "show", record.to_str().unwrap()]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["seq"], latest.seq, "{v}");
+    assert_eq!(v["writer"], latest.writer.as_str(), "{v}");
+    let id = latest.checkpoint.as_v2().unwrap().id.to_string();
+    assert_eq!(v["checkpoint"]["checkpoint-id"], id.as_str(), "{v}");
+    // A bare CheckpointV2 still shows as before.
+    let bare = tmp.path().join("bare.json");
+    std::fs::write(&bare, latest.checkpoint.to_json().unwrap()).unwrap();
+    let (code, v, err) = run(&t, &["checkpoint", "show", bare.to_str().unwrap()]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["checkpoint-id"], id.as_str(), "{v}");
+    // A record whose checkpoint is damaged: corrupt, naming the field.
+    let mut doc: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    doc["checkpoint"]["checkpoint-id"] = "not-an-id".into();
+    std::fs::write(&record, serde_json::to_vec(&doc).unwrap()).unwrap();
+    let (code, _, err) = run(&t, &["checkpoint", "show", record.to_str().unwrap()]).await;
+    assert_eq!(code, Some(4), "{err}");
+    assert!(err.contains("not-an-id"), "{err}");
+
+    // The same demo over a shorter input: refused before anything runs, naming the change.
+    let args = demo("200")();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, _, err) = run(&t, &args).await;
+    assert_eq!(code, Some(5), "{err}");
+    assert!(
+        err.contains("input changed") && err.contains("400") && err.contains("200"),
+        "{err}"
+    );
+    let after = blobsnap::checkpoint::CheckpointStore::latest(&cps, "Partition 0")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(after.seq, latest.seq, "nothing was committed");
+    // A longer one extends the same lines: the job resumes and its check holds.
+    let args = demo("600")();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, v, err) = run(&t, &args).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["check"], "ok", "{v}");
+    assert_eq!(
+        v["tasks"][0]["processed"], 200,
+        "resumed after line 400: {v}"
+    );
+}
+
 /// Manual backups through time (issue 32 §2): four backups of a changing database, `forget
 /// --keep 2` (a dry run first: nothing removed), `gc --name` frees what only the forgotten
 /// ones held (`usage` then shows no leak), and the newest backup still restores the
