@@ -70,11 +70,33 @@ pub(crate) async fn run(
             blobsnap::blob::restore::RestoreSettings::default(),
             job.deployment_id.clone(),
         ));
+    // A task that has not committed (or a typo): say so now, with the tasks that have, and
+    // again every minute while it stays so.
+    let scope = blobsnap::layout::JobScope::new(&job.name, &job.id)?;
+    let others = blobsnap::blob::history::task_names(blob_store.as_ref(), &scope).await?;
+    let waiting = {
+        let known = if others.is_empty() {
+            "no task of the job has committed yet".to_string()
+        } else {
+            format!(
+                "tasks with checkpoints: {}",
+                others.iter().cloned().collect::<Vec<_>>().join(", ")
+            )
+        };
+        format!(
+            "standby {}: the task has no checkpoint yet in job {}/{} ({known}); waiting for its first commit, polling every {} ms",
+            args.task, job.name, job.id, args.poll_ms.max(10)
+        )
+    };
+    let last_said = std::sync::Mutex::new(None::<std::time::Instant>);
     let stop =
         super::signal::stop_on_signal("the standby stops between polls; its copy stays consistent");
     let until = args.until_seq;
     let task = args.task.clone();
     let stop_at = stop.clone();
+    // Stopped at `--until-seq` (exit 0) rather than by a signal (exit 10, as every command).
+    let reached = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reached_at = Arc::clone(&reached);
     let on_update = move |u: &StandbyUpdate| match u {
         StandbyUpdate::Applied {
             seq,
@@ -97,13 +119,25 @@ pub(crate) async fn run(
                 );
             }
             if until.is_some_and(|u| *seq >= u) {
+                reached_at.store(true, std::sync::atomic::Ordering::Release);
                 stop_at.cancel();
             }
         }
         StandbyUpdate::Skipped { seq, message, .. } => {
             eprintln!("standby {task}: checkpoint #{seq} not applied: {message}");
         }
-        StandbyUpdate::Unchanged { .. } => {}
+        StandbyUpdate::Unchanged {
+            latest: Some(_), ..
+        } => {}
+        StandbyUpdate::Unchanged { latest: None, .. } => {
+            let mut last = last_said
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if last.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(60)) {
+                eprintln!("{waiting}");
+                *last = Some(std::time::Instant::now());
+            }
+        }
     };
     let clock: Arc<dyn blobsnap::backend::Clock> = Arc::new(blobsnap::backend::SystemClock);
     follow(
@@ -115,8 +149,18 @@ pub(crate) async fn run(
         &StandbySettings {
             poll: std::time::Duration::from_millis(args.poll_ms.max(10)),
         },
-        stop,
+        stop.clone(),
         &on_update,
     )
-    .await
+    .await?;
+    if stop.is_cancelled() && !reached.load(std::sync::atomic::Ordering::Acquire) {
+        return Err(blobsnap::Error::new(
+            blobsnap::ErrorKind::Cancelled,
+            format!(
+                "standby of {:?} stopped by a signal; its standby dirs hold the last checkpoint it applied",
+                args.task
+            ),
+        ));
+    }
+    Ok(())
 }

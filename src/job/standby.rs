@@ -56,11 +56,13 @@ pub enum StandbyUpdate {
         /// Bytes reused from what the standby held.
         bytes_reused: u64,
     },
-    /// A poll found nothing new: the standby dirs hold checkpoint `seq` (`None`: the task has
-    /// not committed yet).
+    /// A poll found nothing new: the standby dirs hold checkpoint `seq` (`None`: none yet).
     Unchanged {
         /// The checkpoint held.
         seq: Option<u64>,
+        /// The task's newest checkpoint number as listed (`None`: the task has no checkpoint
+        /// yet — it has not committed, or the name is not one of the job's tasks).
+        latest: Option<u64>,
     },
     /// Checkpoint number `seq` could not be applied this time (a snapshot deleted under the
     /// standby, the task restoring from the standby dir, a server that did not answer); the
@@ -148,7 +150,10 @@ pub async fn follow(
                     Err(e) => return Err(e.context(format!("standby of task {task:?}"))),
                 }
             }
-            Ok(_) => on_update(&StandbyUpdate::Unchanged { seq: applied }),
+            Ok(latest) => on_update(&StandbyUpdate::Unchanged {
+                seq: applied,
+                latest,
+            }),
             Err(e) if retriable(&e) => {
                 tracing::warn!(task, error = %e, "standby: could not list the task's checkpoints; polling again");
             }

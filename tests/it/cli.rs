@@ -1268,6 +1268,44 @@ async fn the_standby_command_follows_the_demo_and_a_failover_links_from_it() {
         objects,
         "the standby wrote nothing to the blob store"
     );
+    // A task that has no checkpoint (here a typo): said at once, with the tasks that have;
+    // the standby keeps waiting (it is stopped by a signal, exit 10).
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+        .args(&t.args)
+        .args([
+            "standby",
+            "--dir",
+            &b_dir,
+            "--poll-ms",
+            "20",
+            "--task",
+            "Partition 9",
+        ])
+        .env("XDG_CACHE_HOME", cache_dir())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines =
+        tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(child.stderr.take().unwrap()));
+    let said = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        while let Some(l) = lines.next_line().await.unwrap() {
+            if l.contains("no checkpoint yet") {
+                return l;
+            }
+        }
+        panic!("the standby ended without saying the task has no checkpoint");
+    })
+    .await
+    .expect("said within 60 s");
+    assert!(
+        said.contains("Partition 9") && said.contains("tasks with checkpoints: Partition 0"),
+        "{said}"
+    );
+    let pid = rustix::process::Pid::from_raw(child.id().unwrap() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let status = child.wait().await.unwrap();
+    assert_eq!(status.code(), Some(10), "stopped by the signal");
+
     let standby = b.join("state/counts/Partition_0.blobsnap-standby");
     assert!(standby.join("RESTORED").is_file(), "{}", standby.display());
     assert!(
