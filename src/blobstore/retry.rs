@@ -82,6 +82,53 @@ impl RetryPolicy {
     }
 }
 
+/// Tell the operator, at most every [`NOTICE_EVERY`] for the whole process, that an operation
+/// keeps failing transiently and until when it is retried: a server that does not answer (a
+/// dead endpoint, a refused connection) is reported within about a second, not when the
+/// budget is spent. Quiet for the first two attempts, which a routine throttle or a dropped
+/// connection ends.
+fn notice_retrying(
+    policy: &RetryPolicy,
+    what: &dyn std::fmt::Display,
+    attempt: u32,
+    start: tokio::time::Instant,
+    e: &Error,
+) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    static BASE: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    if attempt < 3 {
+        return;
+    }
+    let now = BASE
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
+        + 1;
+    let last = LAST.load(Ordering::Relaxed);
+    if last != 0 && now < last + NOTICE_EVERY.as_millis() as u64 {
+        return;
+    }
+    if LAST
+        .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+        .is_err()
+    {
+        return;
+    }
+    let left = Duration::from_millis(policy.budget_ms).saturating_sub(start.elapsed());
+    // Wall-clock time for the operator (the message only; nothing decides by it).
+    let now = crate::backend::Clock::now_millis(&crate::backend::SystemClock);
+    let until = crate::blob::history::utc(now.saturating_add(left.as_millis() as u64));
+    tracing::warn!(
+        "{what}: attempt {attempt} failed ({e}); retrying until {until} ({}s of the {}s retry budget left)",
+        left.as_secs(),
+        policy.budget_ms / 1000
+    );
+}
+
+/// How often [`notice_retrying`] speaks at most.
+const NOTICE_EVERY: Duration = Duration::from_secs(15);
+
 /// Run `op` until it succeeds, fails with a non-transient error, or the policy's budget or
 /// attempt limit is spent. The error that ends the loop gets an "after N attempts" context.
 pub async fn retry<T, F, Fut>(policy: &RetryPolicy, what: &str, mut op: F) -> Result<T>
@@ -107,6 +154,7 @@ where
                     )));
                 }
                 tracing::debug!(what, attempt, delay_ms = delay.as_millis() as u64, error = %e, "retrying");
+                notice_retrying(policy, &what, attempt, start, &e);
                 metrics::counter!("blobsnap_store_retries_total").increment(1);
                 tokio::time::sleep(delay).await;
             }
@@ -218,6 +266,7 @@ impl<S: BlobStore> BlobStore for RetryStore<S> {
                 Err(e) if e.kind() != ErrorKind::Transient => return Err(e),
                 Err(e) => {
                     ambiguous = true;
+                    notice_retrying(&self.policy, &format_args!("put {key}"), attempt, start, &e);
                     if !self.backoff(attempt, start).await {
                         return Err(
                             e.context(format!("put {key}: gave up after {attempt} attempts"))
@@ -253,6 +302,13 @@ impl<S: BlobStore> BlobStore for RetryStore<S> {
                 Ok(f) => f,
                 Err(e) if !e.is_transient() => return Err(e),
                 Err(e) => {
+                    notice_retrying(
+                        &self.policy,
+                        &format_args!("delete {} keys", pending.len()),
+                        attempt,
+                        start,
+                        &e,
+                    );
                     if !self.backoff(attempt, start).await {
                         return Err(e.context(format!(
                             "delete {} keys: gave up after {attempt} attempts",
@@ -284,6 +340,10 @@ impl<S: BlobStore> BlobStore for RetryStore<S> {
             started: tokio::time::Instant,
         }
         let scope = scope.clone();
+        let name = match scope.to_string() {
+            s if s.is_empty() => "the whole store".to_string(),
+            s => s,
+        };
         let policy = self.policy;
         let state = State {
             stream: self.inner.list(&scope),
@@ -292,7 +352,7 @@ impl<S: BlobStore> BlobStore for RetryStore<S> {
             started: tokio::time::Instant::now(),
         };
         futures::stream::try_unfold(state, move |mut st| {
-            let scope = scope.clone();
+            let (scope, name) = (scope.clone(), name.clone());
             async move {
                 loop {
                     match st.stream.next().await {
@@ -314,10 +374,17 @@ impl<S: BlobStore> BlobStore for RetryStore<S> {
                                     > Duration::from_millis(policy.budget_ms)
                             {
                                 return Err(e.context(format!(
-                                    "list {scope}: gave up after {} failures",
+                                    "list {name}: gave up after {} failures",
                                     st.failures
                                 )));
                             }
+                            notice_retrying(
+                                &policy,
+                                &format_args!("list {name}"),
+                                st.failures,
+                                st.started,
+                                &e,
+                            );
                             tokio::time::sleep(delay).await;
                             st.stream = self.inner.list(&scope);
                         }

@@ -2223,6 +2223,51 @@ async fn checkpoint_show_reads_stored_records_and_a_changed_demo_input_is_named(
     );
 }
 
+/// An endpoint that does not answer is reported within seconds — what is retried and until
+/// when — not after the retry budget's two silent minutes (issue 35 §2): `ls` against a
+/// loopback port where nothing listens says so on stderr at its third attempt (about a second
+/// in; the 60 s bound only turns a silence into a failure).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_endpoint_is_reported_within_seconds() {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+        .args([
+            "--bucket",
+            "blobsnap-test",
+            "--s3-endpoint",
+            "http://127.0.0.1:9",
+            "--s3-path-style",
+            "--s3-region",
+            "us-east-1",
+            "ls",
+        ])
+        .env("AWS_ACCESS_KEY_ID", "dead")
+        .env("AWS_SECRET_ACCESS_KEY", "endpoint")
+        .env("XDG_CACHE_HOME", cache_dir())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines =
+        tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(child.stderr.take().unwrap()));
+    let said = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        while let Some(l) = lines.next_line().await.unwrap() {
+            if l.contains("retrying until") {
+                return l;
+            }
+        }
+        panic!("ls ended without saying it was retrying");
+    })
+    .await
+    .expect("reported within 60 s");
+    assert!(
+        said.contains("list the whole store")
+            && said.contains("could not reach the server")
+            && said.contains("retry budget left"),
+        "{said}"
+    );
+    child.kill().await.unwrap();
+}
+
 /// Manual backups through time (issue 32 §2): four backups of a changing database, `forget
 /// --keep 2` (a dry run first: nothing removed), `gc --name` frees what only the forgotten
 /// ones held (`usage` then shows no leak), and the newest backup still restores the
