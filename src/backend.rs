@@ -268,6 +268,15 @@ pub struct RestoreSummary {
     pub files_reused: u64,
     /// Their bytes.
     pub bytes_reused: u64,
+    /// Of the reused files, those taken from a warm standby's copy.
+    pub files_from_standby: u64,
+    /// Their bytes.
+    pub bytes_from_standby: u64,
+    /// Of the downloaded files, those a lazy restore left remote when it returned (fetched
+    /// on demand or in the background since).
+    pub files_left_remote: u64,
+    /// Their bytes.
+    pub bytes_left_remote: u64,
 }
 
 /// Creates and validates a backend's external resources (Samza's `StateBackendAdmin`).

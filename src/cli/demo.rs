@@ -237,6 +237,33 @@ async fn refuse_a_shorter_input(
     ))
 }
 
+/// What a store's restore did, in words: downloaded, reused (from a warm standby among
+/// them), and what a lazy restore left to fetch after the store opened.
+fn restore_line(store: &str, r: &blobsnap::backend::RestoreSummary) -> String {
+    let mut line = format!(
+        "store {store} restored: downloaded {} files / {:.2} MiB, reused {} files / {:.2} MiB",
+        r.files_downloaded,
+        mib(r.bytes_downloaded),
+        r.files_reused,
+        mib(r.bytes_reused)
+    );
+    if r.files_from_standby > 0 {
+        line.push_str(&format!(
+            " ({} files / {:.2} MiB from the warm standby)",
+            r.files_from_standby,
+            mib(r.bytes_from_standby)
+        ));
+    }
+    if r.files_left_remote > 0 {
+        line.push_str(&format!(
+            "; lazily: {} files / {:.2} MiB of the download came after the store opened (on demand or in the background)",
+            r.files_left_remote,
+            mib(r.bytes_left_remote)
+        ));
+    }
+    line
+}
+
 /// Print what the demo's tasks did and the check of their counts.
 fn report(
     json: bool,
@@ -259,6 +286,13 @@ fn report(
                     "commits-skipped": s.commits_skipped, "commits-failed": s.commits_failed,
                     "sweeps": s.sweeps, "swept": s.swept,
                     "fell-back-to": s.fell_back_to,
+                    "restored": s.restored.iter().map(|(store, r)| (store.clone(), serde_json::json!({
+                        "files": r.files, "bytes": r.bytes,
+                        "files-downloaded": r.files_downloaded, "bytes-downloaded": r.bytes_downloaded,
+                        "files-reused": r.files_reused, "bytes-reused": r.bytes_reused,
+                        "files-from-standby": r.files_from_standby, "bytes-from-standby": r.bytes_from_standby,
+                        "files-left-remote": r.files_left_remote, "bytes-left-remote": r.bytes_left_remote,
+                    }))).collect::<serde_json::Map<_, _>>(),
                 })).collect::<Vec<_>>(),
                 "words": stored.len(),
                 "total": total,
@@ -278,6 +312,9 @@ fn report(
                     s.commits_failed,
                     s.sweeps
                 );
+            for (store, r) in s.restored.iter().filter(|(_, r)| r.files > 0) {
+                println!("{}: {}", s.task, restore_line(store, r));
+            }
             if let Some(f) = &s.fell_back_to {
                 println!(
                     "{}: RESTORE FALLBACK: the last checkpoint did not restore; restored {f}",

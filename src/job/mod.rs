@@ -212,6 +212,9 @@ pub struct TaskSummary {
     /// ([`JobSettings::restore_fallback`]): the checkpoint id restored, and why the newer ones
     /// were skipped.
     pub fell_back_to: Option<String>,
+    /// What the task's restore did, by store: downloaded, reused (from a warm standby among
+    /// them), and left remote by a lazy restore.
+    pub restored: std::collections::BTreeMap<String, crate::backend::RestoreSummary>,
 }
 
 /// The task name of partition `p`.
@@ -513,7 +516,7 @@ async fn run_task_leased(
         None => last,
     };
 
-    let (last, fell_back_to) =
+    let (last, fell_back_to, restored) =
         restore_task(settings, backend, &ctx, &specs, &clock, &checkpoints, last).await?;
     crate::crash::point("task.after-restore");
 
@@ -537,6 +540,7 @@ async fn run_task_leased(
         task: task.clone(),
         resumed_from,
         fell_back_to,
+        restored,
         ..Default::default()
     };
     let sweep = SweepCtx {
@@ -729,9 +733,13 @@ async fn attach_backup(
     Ok((Arc::new(commits), backup))
 }
 
+/// What a task's restore did, store by store.
+type Restored = std::collections::BTreeMap<String, crate::backend::RestoreSummary>;
+
 /// Restore the task's stores from `last`; with `restore_fallback`, a `Corrupt` or
 /// `NotFound` snapshot makes it try the older retained checkpoints. Returns the checkpoint
-/// restored (the base of the next commit) and, after a fallback, a note of it.
+/// restored (the base of the next commit), after a fallback a note of it, and what the
+/// restore did.
 async fn restore_task(
     settings: &JobSettings,
     backend: &Arc<dyn StateBackendFactory>,
@@ -740,17 +748,22 @@ async fn restore_task(
     clock: &Arc<dyn Clock>,
     checkpoints: &Arc<dyn CheckpointStore>,
     last: Option<crate::checkpoint::Checkpoint>,
-) -> Result<(Option<crate::checkpoint::Checkpoint>, Option<String>)> {
+) -> Result<(
+    Option<crate::checkpoint::Checkpoint>,
+    Option<String>,
+    Restored,
+)> {
     let restore = |from: Option<crate::checkpoint::Checkpoint>| {
         let (ctx, specs, clock) = (ctx.clone(), specs.to_vec(), Arc::clone(clock));
         async move {
             let restorer = backend.restore_manager(&ctx, &specs, clock)?;
             restorer.init(from.as_ref()).await?;
-            restorer.restore().await
+            restorer.restore().await?;
+            Ok::<_, Error>(restorer.last_restore())
         }
     };
     match restore(last.clone()).await {
-        Ok(()) => Ok((last, None)),
+        Ok(restored) => Ok((last, None, restored)),
         Err(e)
             if settings.restore_fallback
                 && matches!(
@@ -758,14 +771,14 @@ async fn restore_task(
                     crate::ErrorKind::Corrupt | crate::ErrorKind::NotFound
                 ) =>
         {
-            let (c, why) =
+            let (c, why, restored) =
                 restore_fallback(&ctx.task_name, checkpoints, last.as_ref(), e, &restore).await?;
             let note = format!(
                 "{} ({why})",
                 c.as_v2()
                     .map_or_else(|| "?".to_string(), |v| v.id.to_string())
             );
-            Ok((Some(c), Some(note)))
+            Ok((Some(c), Some(note), restored))
         }
         Err(e) => Err(e),
     }
@@ -787,16 +800,16 @@ fn resumed_offset(last: Option<&crate::checkpoint::Checkpoint>, ssp: &Ssp) -> Re
 
 /// The last checkpoint did not restore (`first_error`): try the older retained ones, newest
 /// first, and return the first that restores, with a note of what was skipped.
-async fn restore_fallback<F, Fut>(
+async fn restore_fallback<F, Fut, R>(
     task: &str,
     checkpoints: &Arc<dyn CheckpointStore>,
     failed: Option<&crate::checkpoint::Checkpoint>,
     first_error: Error,
     restore: &F,
-) -> Result<(crate::checkpoint::Checkpoint, String)>
+) -> Result<(crate::checkpoint::Checkpoint, String, R)>
 where
     F: Fn(Option<crate::checkpoint::Checkpoint>) -> Fut,
-    Fut: std::future::Future<Output = Result<()>>,
+    Fut: std::future::Future<Output = Result<R>>,
 {
     let failed_id = failed.and_then(|c| c.as_v2()).map(|c| c.id);
     tracing::error!(
@@ -819,7 +832,7 @@ where
         }
         let id = v2.id;
         match restore(Some(c.checkpoint.clone())).await {
-            Ok(()) => {
+            Ok(restored) => {
                 metrics::counter!("blobsnap_restore_fallbacks_total", "task" => task.to_string())
                     .increment(1);
                 tracing::error!(
@@ -828,7 +841,7 @@ where
                     skipped = ?skipped,
                     "RESTORE FALLBACK: restored the older checkpoint {id}; resuming from its offsets"
                 );
-                return Ok((c.checkpoint, skipped.join("; ")));
+                return Ok((c.checkpoint, skipped.join("; "), restored));
             }
             Err(e)
                 if matches!(

@@ -1325,6 +1325,40 @@ async fn the_standby_command_follows_the_demo_and_a_failover_links_from_it() {
         serde_json::json!(a_offset(&a)),
         "{v}"
     );
+    // The demo says where its store came from: all of it from the standby's copy (nothing
+    // was committed since the standby applied the last checkpoint).
+    let r = &v["tasks"][0]["restored"]["counts"];
+    assert!(r["files"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(r["files-from-standby"], r["files-reused"], "{v}");
+    assert_eq!(r["files-reused"], r["files"], "{v}");
+    assert_eq!(r["files-downloaded"], 0, "{v}");
+
+    // Host c restores lazily: the demo says what came after the store opened.
+    let c = tmp.path().join("c");
+    let (code, v, err) = run(
+        &t,
+        &[
+            "demo",
+            "--dir",
+            &c.display().to_string(),
+            "--partitions",
+            "1",
+            "--lines",
+            "3000",
+            "--restore-mode",
+            "lazy",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["check"], "ok", "{v}");
+    let r = &v["tasks"][0]["restored"]["counts"];
+    let remote = r["files-left-remote"].as_u64().unwrap();
+    assert!(
+        remote > 0 && remote <= r["files-downloaded"].as_u64().unwrap(),
+        "{v}"
+    );
+    assert_eq!(r["files-from-standby"], 0, "{v}");
 }
 
 /// One demo run of 3,000 lines on one partition in `dir`.

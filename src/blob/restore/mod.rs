@@ -604,6 +604,10 @@ impl BlobRestoreManager {
         // restore here (NotFound / Corrupt), where `restore-fallback` can act, not at the
         // task's first read of it.
         let remote: Vec<FileIndex> = remote.into_iter().map(|f| f.entry).collect();
+        if let Some(t) = lock(&self.plans)?.get_mut(&spec.name) {
+            t.files_left_remote = remote.len() as u64;
+            t.bytes_left_remote = remote.iter().map(|f| f.file_metadata.size).sum();
+        }
         if self.settings.lazy.is_some() {
             self.prove_remote(scope, &remote)
                 .await
@@ -940,6 +944,10 @@ impl TaskRestoreManager for BlobRestoreManager {
                     bytes_downloaded: t.bytes_to_download,
                     files_reused: t.files_reused,
                     bytes_reused: t.bytes_reused,
+                    files_from_standby: t.files_from_standby,
+                    bytes_from_standby: t.bytes_from_standby,
+                    files_left_remote: t.files_left_remote,
+                    bytes_left_remote: t.bytes_left_remote,
                 };
                 (store, summary)
             })

@@ -76,6 +76,15 @@ pub struct PlanTotals {
     pub files_hashed: u64,
     /// Their bytes.
     pub bytes_hashed: u64,
+    /// Reused files taken from a warm standby's copy (counted in `files_reused` too).
+    pub files_from_standby: u64,
+    /// Their bytes.
+    pub bytes_from_standby: u64,
+    /// Of the files to download, those a lazy restore left remote (fetched on demand or in
+    /// the background after the restore returned); set by the restore's execution.
+    pub files_left_remote: u64,
+    /// Their bytes.
+    pub bytes_left_remote: u64,
 }
 
 /// What restoring one store will do.
@@ -303,6 +312,11 @@ pub fn plan_store(
     sources: Sources<'_>,
 ) -> Result<RestorePlan> {
     let inventory = Inventory::of(spec, sources.standby)?;
+    let standby = if sources.standby {
+        Some(standby_dir(&spec.dir)?)
+    } else {
+        None
+    };
     let caches = sources.caches;
     let proved = |p: &Path| caches.iter().find_map(|c| proved_by_cache(c, p));
     let mut proofs: HashMap<PathBuf, Option<Sha256>> = HashMap::new();
@@ -350,6 +364,14 @@ pub fn plan_store(
         if let Source::Local(p) = &f.source {
             if let Some(st) = stamps.get(p) {
                 plan.proof_stamps.insert(p.clone(), *st);
+            }
+        }
+    }
+    if let Some(sd) = &standby {
+        for f in &plan.files {
+            if matches!(&f.source, Source::Local(p) if p.starts_with(sd)) {
+                plan.totals.files_from_standby += 1;
+                plan.totals.bytes_from_standby += f.entry.file_metadata.size;
             }
         }
     }
