@@ -38,7 +38,8 @@ use futures::stream::BoxStream;
 
 pub use key::{escape_segment, unescape_segment, BlobKey, Scope, MAX_KEY_LEN};
 pub use transfer::{
-    download_to_file, get_bytes, get_range_bytes, hash_object, DownloadOptions, DownloadStats,
+    download_to_file, download_to_file_counted, get_bytes, get_range_bytes, hash_object,
+    DownloadOptions, DownloadStats,
 };
 
 use crate::digest::Sha256;

@@ -11,6 +11,7 @@
 
 use std::os::unix::fs::FileExt as _;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -128,6 +129,7 @@ async fn write_range(
     range: &std::ops::Range<u64>,
     file: &Arc<std::fs::File>,
     dest: &Path,
+    landed: &Landed<'_>,
 ) -> Result<()> {
     let want = range.end - range.start;
     let mut at = range.start;
@@ -160,6 +162,7 @@ async fn write_range(
             let buf = pending.split().freeze();
             let len = buf.len() as u64;
             flush(buf, at).await?;
+            landed.add(len);
             at += len;
         }
         if done {
@@ -206,13 +209,47 @@ pub async fn download_to_file(
     dest: &Path,
     opts: DownloadOptions,
 ) -> Result<DownloadStats> {
+    download_to_file_counted(store, key, dest, opts, &AtomicU64::new(0)).await
+}
+
+/// [`download_to_file`], adding to `landed` the bytes written to `dest` as they land (a
+/// progress bar's count, within the file); a download that fails takes what it added back
+/// out, so a retried file is never counted twice.
+pub async fn download_to_file_counted(
+    store: &dyn BlobStore,
+    key: &BlobKey,
+    dest: &Path,
+    opts: DownloadOptions,
+    landed: &AtomicU64,
+) -> Result<DownloadStats> {
     let size = opts.expected_size;
-    let stats = if opts.part_size > 0 && size > opts.part_size {
-        download_ranges(store, key, dest, opts).await?
-    } else {
-        download_stream(store, key, dest, opts).await?
+    let counter = Landed {
+        total: landed,
+        mine: AtomicU64::new(0),
     };
-    Ok(stats)
+    let stats = if opts.part_size > 0 && size > opts.part_size {
+        download_ranges(store, key, dest, opts, &counter).await
+    } else {
+        download_stream(store, key, dest, opts, &counter).await
+    };
+    if stats.is_err() {
+        landed.fetch_sub(counter.mine.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+    stats
+}
+
+/// The bytes one download has written: added to a shared count as they land, and kept, so
+/// that a failed download can take its share back out.
+struct Landed<'a> {
+    total: &'a AtomicU64,
+    mine: AtomicU64,
+}
+
+impl Landed<'_> {
+    fn add(&self, n: u64) {
+        self.mine.fetch_add(n, Ordering::Relaxed);
+        self.total.fetch_add(n, Ordering::Relaxed);
+    }
 }
 
 async fn download_stream(
@@ -220,6 +257,7 @@ async fn download_stream(
     key: &BlobKey,
     dest: &Path,
     opts: DownloadOptions,
+    landed: &Landed<'_>,
 ) -> Result<DownloadStats> {
     let got = store.get(key, None).await?;
     check_size(key, got.meta.size, opts.expected_size)?;
@@ -239,6 +277,7 @@ async fn download_stream(
         file.write_all(&chunk)
             .await
             .map_err(|e| Error::io(format!("write {}", dest.display()), e))?;
+        landed.add(chunk.len() as u64);
     }
     if hasher.len() < opts.expected_size {
         return Err(Error::transient(format!(
@@ -263,6 +302,7 @@ async fn download_ranges(
     key: &BlobKey,
     dest: &Path,
     opts: DownloadOptions,
+    count: &Landed<'_>,
 ) -> Result<DownloadStats> {
     let size = opts.expected_size;
     // Read as well as written: the follower hashes the landed prefix back from it.
@@ -293,7 +333,7 @@ async fn download_ranges(
             async move {
                 let got = store.get(key, Some(range.clone())).await?;
                 check_size(key, got.meta.size, size)?;
-                write_range(key, got, &range, &file, dest).await?;
+                write_range(key, got, &range, &file, dest, count).await?;
                 Ok::<_, Error>(i)
             }
         })

@@ -1473,6 +1473,101 @@ store_suites!([
     cancelled_restore_keeps_old_state,
 ]);
 
+/// Progress advances by bytes within a file (issue 35 §2: `restore`'s bar used to move only
+/// when a whole file had landed): a 4 MiB blob whose body is held after its first MiB shows
+/// between 1 and 4 MiB landed while held — streamed, and in 1 MiB ranges — and exactly its
+/// size once done; a download that fails verification takes its bytes back out, so a retried
+/// file is never counted twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn download_progress_counts_bytes_within_a_file() {
+    use blobsnap::blobstore::{download_to_file_counted, DownloadOptions};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let h = support::local().await;
+    let data: Vec<u8> = (0..4u32 << 20).map(|i| (i * 7 % 251) as u8).collect();
+    let sha = Sha256::of(&data);
+    let key = h.scope.key("progress").unwrap();
+    h.store
+        .put(
+            &key,
+            PutBody::Bytes(data.clone().into()),
+            PutOptions::create_only(sha),
+        )
+        .await
+        .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    for part_size in [0, 1 << 20] {
+        let release = Arc::new(tokio::sync::Notify::new());
+        let held: Arc<dyn BlobStore> = Arc::new(
+            support::Hooked::new(Arc::clone(&h.store), Box::new(|_, _| None))
+                .with_body_hold(1 << 20, Arc::clone(&release)),
+        );
+        let landed = Arc::new(AtomicU64::new(0));
+        let dest = tmp.path().join(format!("dl-{part_size}"));
+        let opts = DownloadOptions {
+            expected_size: data.len() as u64,
+            expected_sha256: Some(sha),
+            part_size,
+            concurrency: 2,
+        };
+        let task = {
+            let (held, key, dest, landed) = (
+                Arc::clone(&held),
+                key.clone(),
+                dest.clone(),
+                Arc::clone(&landed),
+            );
+            tokio::spawn(async move {
+                download_to_file_counted(held.as_ref(), &key, &dest, opts, &landed).await
+            })
+        };
+        // Wait (at most 60 s) until the first MiB has landed, then look while it is held.
+        let t0 = std::time::Instant::now();
+        while landed.load(Ordering::Relaxed) < 1 << 20 {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(60),
+                "nothing landed"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let mid = landed.load(Ordering::Relaxed);
+        assert!(
+            mid < data.len() as u64 && !task.is_finished(),
+            "part size {part_size}: {mid} bytes counted while the body is held"
+        );
+        release.notify_waiters();
+        // Each held body waits for one notification; keep releasing until the download ends.
+        while !task.is_finished() {
+            release.notify_waiters();
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        task.await.unwrap().unwrap();
+        assert_eq!(
+            landed.load(Ordering::Relaxed),
+            data.len() as u64,
+            "part size {part_size}"
+        );
+        assert_eq!(std::fs::read(&dest).unwrap(), data);
+    }
+    // A download that fails verification counts nothing in the end.
+    let landed = AtomicU64::new(0);
+    let e = download_to_file_counted(
+        h.store.as_ref(),
+        &key,
+        &tmp.path().join("bad"),
+        DownloadOptions {
+            expected_size: data.len() as u64,
+            expected_sha256: Some(Sha256::of(b"something else")),
+            part_size: 0,
+            concurrency: 1,
+        },
+        &landed,
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+    assert_eq!(landed.load(Ordering::Relaxed), 0);
+}
+
 /// A corpus of hostile indexes — `..`, `.`, empty, absolute and slashed names, NUL, duplicate
 /// names (files, directories, a file and a directory), a blob outside the store's scope,
 /// gigantic and negative sizes, negative offsets — each published under its correct hash key

@@ -420,6 +420,7 @@ pub struct Hooked {
     meta: Option<Box<MetaHook>>,
     gauge: Option<Arc<InFlight>>,
     blob_gets: std::sync::atomic::AtomicU64,
+    hold: Option<(u64, Arc<tokio::sync::Notify>)>,
 }
 
 /// What a [`Hooked`] store does to the metadata HEAD and LIST return (a server whose clock is
@@ -435,7 +436,15 @@ impl Hooked {
             meta: None,
             gauge: None,
             blob_gets: Default::default(),
+            hold: None,
         }
+    }
+
+    /// Hold every GET's body once `after` bytes of it have passed, until `release` is
+    /// notified (then the rest flows).
+    pub fn with_body_hold(mut self, after: u64, release: Arc<tokio::sync::Notify>) -> Self {
+        self.hold = Some((after, release));
+        self
     }
 
     /// `inner` with no GET hook, measured by `gauge`.
@@ -514,12 +523,30 @@ impl BlobStore for Hooked {
         if let Some(e) = (self.hook)(key, n) {
             return Err(e);
         }
-        let Some(t) = self.transfer(Some(key)).await else {
-            return self.inner.get(key, range).await;
+        use futures::StreamExt as _;
+        let t = self.transfer(Some(key)).await;
+        let mut got = self.inner.get(key, range).await?;
+        if let Some((after, release)) = self.hold.clone() {
+            let body = std::mem::replace(&mut got.body, futures::stream::empty().boxed());
+            got.body = futures::stream::unfold(
+                (body, 0u64, after, release),
+                |(mut body, passed, after, release)| async move {
+                    if passed >= after && after != u64::MAX {
+                        release.notified().await;
+                        let chunk = body.next().await?;
+                        return Some((chunk, (body, passed, u64::MAX, release)));
+                    }
+                    let chunk = body.next().await?;
+                    let n = chunk.as_ref().map_or(0, |c| c.len() as u64);
+                    Some((chunk, (body, passed + n, after, release)))
+                },
+            )
+            .boxed();
+        }
+        let Some(t) = t else {
+            return Ok(got);
         };
         // The transfer lasts until the body ends or is dropped.
-        use futures::StreamExt as _;
-        let mut got = self.inner.get(key, range).await?;
         let body = std::mem::replace(&mut got.body, futures::stream::empty().boxed());
         got.body = futures::stream::unfold((body, t), |(mut body, t)| async move {
             let chunk = body.next().await?;

@@ -17,7 +17,7 @@
 //! blob. The stores of a task restore at once; each fetches its small files first, then its
 //! largest first, and the process's transfer budget (FIFO) shares the wire among the stores
 //! and tasks restoring together. A ranged download is hashed in order and flushed while its
-//! later ranges are still arriving ([`download_to_file`]). When the tree is complete: a `RESTORED` marker (checkpoint id, index key), fsync of
+//! later ranges are still arriving ([`download_to_file`](crate::blobstore::download_to_file)). When the tree is complete: a `RESTORED` marker (checkpoint id, index key), fsync of
 //! the staging tree bottom-up, `renameat2(RENAME_EXCHANGE)` of staging and store dir, fsync of
 //! the parent, removal of the old tree. Where the filesystem lacks EXCHANGE, two renames with an
 //! intent file, rolled forward by the next restore. A crash at any point leaves the old store
@@ -39,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{load_snapshot, BlobScopes, Expected, LoadedSnapshot, FACTORY_NAME};
 use crate::backend::{StoreSpec, TaskContext, TaskRestoreManager};
-use crate::blobstore::{download_to_file, BlobStore, DownloadOptions};
+use crate::blobstore::{download_to_file_counted, BlobStore, DownloadOptions};
 use crate::checkpoint::{Checkpoint, CheckpointId};
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::FileIndex;
@@ -577,12 +577,17 @@ impl BlobRestoreManager {
                 let progress = Arc::clone(progress);
                 let staging = staging.clone();
                 async move {
-                    self.download_one(scope, &staging, &f).await?;
+                    // A blob's bytes are counted as they land (a failed attempt takes its
+                    // share back out); a file carried inline counts once written.
+                    self.download_one(scope, &staging, &f, &progress.bytes_fetched)
+                        .await?;
                     crate::crash::point("restore.mid-download");
                     progress.files_fetched.fetch_add(1, Ordering::Relaxed);
-                    progress
-                        .bytes_fetched
-                        .fetch_add(f.entry.file_metadata.size, Ordering::Relaxed);
+                    if f.entry.inline_data.is_some() {
+                        progress
+                            .bytes_fetched
+                            .fetch_add(f.entry.file_metadata.size, Ordering::Relaxed);
+                    }
                     Ok::<_, Error>(())
                 }
             })
@@ -674,6 +679,7 @@ impl BlobRestoreManager {
         scope: &BlobScopes,
         staging: &Path,
         f: &PlannedFile,
+        landed: &AtomicU64,
     ) -> Result<()> {
         let dest = staging.join(&f.path);
         let tmp = dest.with_file_name(format!(
@@ -693,7 +699,7 @@ impl BlobRestoreManager {
                 .await
                 .map_err(|e| Error::task("write inline file", e))??;
             }
-            None => self.fetch_blob(scope, f, &tmp).await?,
+            None => self.fetch_blob(scope, f, &tmp, landed).await?,
         }
         if let Some(mode) = f.entry.file_metadata.mode() {
             use std::os::unix::fs::PermissionsExt as _;
@@ -706,7 +712,13 @@ impl BlobRestoreManager {
 
     /// Download `f`'s blob into `tmp`, verified and fsynced, retrying a corrupt or transient
     /// download a bounded number of times (`tmp` is removed on a final failure).
-    async fn fetch_blob(&self, scope: &BlobScopes, f: &PlannedFile, tmp: &Path) -> Result<()> {
+    async fn fetch_blob(
+        &self,
+        scope: &BlobScopes,
+        f: &PlannedFile,
+        tmp: &Path,
+        landed: &AtomicU64,
+    ) -> Result<()> {
         fetch_verified(
             self.blob_store.as_ref(),
             scope,
@@ -714,6 +726,7 @@ impl BlobRestoreManager {
             &f.entry,
             tmp,
             &self.settings,
+            landed,
         )
         .await
     }
@@ -768,7 +781,16 @@ impl BlobRestoreManager {
                     (Arc::clone(&store), scope.clone(), settings.clone());
                 Box::pin(async move {
                     let name = entry.file_name.clone();
-                    fetch_verified(store.as_ref(), &scope, &name, &entry, &tmp, &settings).await?;
+                    fetch_verified(
+                        store.as_ref(),
+                        &scope,
+                        &name,
+                        &entry,
+                        &tmp,
+                        &settings,
+                        &AtomicU64::new(0),
+                    )
+                    .await?;
                     if let Some(mode) = entry.file_metadata.mode() {
                         use std::os::unix::fs::PermissionsExt as _;
                         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
@@ -825,7 +847,8 @@ fn is_lazy_candidate(f: &PlannedFile) -> bool {
 
 /// Download the blob of `entry` (the file `path` of a store in `scope`) into `tmp`, verified
 /// (size and SHA-256) and fsynced, retrying a corrupt or transient download up to
-/// `settings.max_attempts` times; `tmp` is removed on a final failure.
+/// `settings.max_attempts` times; `tmp` is removed on a final failure. `landed` counts the
+/// bytes written as they land (a failed attempt takes its share back out).
 async fn fetch_verified(
     blob_store: &dyn BlobStore,
     scope: &BlobScopes,
@@ -833,6 +856,7 @@ async fn fetch_verified(
     entry: &FileIndex,
     tmp: &Path,
     settings: &RestoreSettings,
+    landed: &AtomicU64,
 ) -> Result<()> {
     let blob = &entry
         .blobs
@@ -852,7 +876,7 @@ async fn fetch_verified(
         if settings.cancel.is_cancelled() {
             return Err(Error::new(ErrorKind::Cancelled, "restore cancelled"));
         }
-        match download_to_file(blob_store, &key, tmp, opts).await {
+        match download_to_file_counted(blob_store, &key, tmp, opts, landed).await {
             Ok(_) => return Ok(()),
             Err(e) if e.kind() == ErrorKind::Corrupt && attempt < settings.max_attempts => {
                 tracing::warn!(file = %path, %key, attempt, error = %e, "downloaded blob failed verification; fetching it again");
