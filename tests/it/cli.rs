@@ -2091,7 +2091,7 @@ async fn output_to_a_closed_pipe_ends_quietly() {
 /// `blobsnap completions SHELL` prints a script the shell accepts, generated from the
 /// command's own definitions (every subcommand is offered), and `blobsnap man` a man page
 /// naming every subcommand; both end quietly on a closed pipe; an unknown shell is a usage
-/// error (exit 2).
+/// error (exit 2); help is wrapped to the terminal's width.
 #[test]
 fn completions_and_the_man_page_are_generated_from_the_commands() {
     let blobsnap = |args: &[&str]| {
@@ -2152,6 +2152,20 @@ fn completions_and_the_man_page_are_generated_from_the_commands() {
     for sub in subcommands {
         assert!(page.contains(sub), "the man page names {sub}");
     }
+    // Help text is wrapped to the terminal's width (COLUMNS where it is not a terminal).
+    for columns in ["60", "100"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+            .args(["restore", "--help"])
+            .env("COLUMNS", columns)
+            .output()
+            .unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        let widest = text.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+        assert!(
+            widest <= columns.parse().unwrap() && widest > 40,
+            "COLUMNS={columns}: a line of {widest}"
+        );
+    }
     let bad = blobsnap(&["completions", "tcsh"]);
     assert_eq!(bad.status.code(), Some(2), "{bad:?}");
     // A reader that closes the pipe first.
@@ -2197,6 +2211,14 @@ async fn checkpoint_show_reads_stored_records_and_a_changed_demo_input_is_named(
     let (code, v, err) = run(&t, &args).await;
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(v["check"], "ok", "{v}");
+    // A job's first run is not a string of warnings: no "resetting it to empty" (that is for
+    // a store added to a job that committed), the local-store warning once.
+    assert!(!err.contains("resetting it to empty"), "{err}");
+    assert_eq!(
+        err.matches("using the local blob store").count(),
+        1,
+        "{err}"
+    );
 
     // The latest stored record of the task, as the store holds it.
     let job = JobScope::new("wordcount", "1").unwrap();

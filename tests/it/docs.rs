@@ -146,6 +146,9 @@ fn subcommands(help: &str) -> Vec<String> {
             if !l.starts_with("  ") {
                 break;
             }
+            if l.starts_with("   ") {
+                continue; // a description wrapped onto the next line
+            }
             if let Some(name) = l.split_whitespace().next() {
                 if name != "help" {
                     out.push(name.to_string());

@@ -187,6 +187,10 @@ pub struct BlobRestoreManager {
     /// (dropping the future cannot stop it), so a cancel waits for the ones begun and says
     /// which stores were replaced ([`SwapLedger`]).
     swaps: Arc<SwapLedger>,
+    /// Whether [`init`](TaskRestoreManager::init) was given a checkpoint naming a snapshot of
+    /// any store: a store without one then was added since (worth a warning); without any the
+    /// task has committed no state yet (its first run, or only its claim: a line at info).
+    had_checkpoint: std::sync::atomic::AtomicBool,
 }
 
 /// What the swaps of a restore have done (see `BlobRestoreManager::swaps`).
@@ -296,6 +300,7 @@ impl BlobRestoreManager {
             caches,
             standby_locks: Mutex::new(HashMap::new()),
             swaps: Arc::default(),
+            had_checkpoint: Default::default(),
         })
     }
 
@@ -473,8 +478,13 @@ impl BlobRestoreManager {
         crate::crash::point("restore.after-plan");
         lock(&self.plans)?.insert(spec.name.clone(), plan.totals);
         if loaded.is_none() {
-            tracing::warn!(task = %self.task.task_name, store = %spec.name,
-                "no snapshot for this store in the checkpoint: resetting it to empty");
+            if self.had_checkpoint.load(Ordering::Acquire) {
+                tracing::warn!(task = %self.task.task_name, store = %spec.name,
+                    "no snapshot for this store in the checkpoint: resetting it to empty");
+            } else {
+                tracing::info!(task = %self.task.task_name, store = %spec.name,
+                    "no checkpoint yet: starting empty");
+            }
         }
 
         // Room for what is downloaded or copied (hard links cost nothing).
@@ -937,6 +947,10 @@ impl TaskRestoreManager for BlobRestoreManager {
             loaded.insert(spec.name.clone(), entry);
         }
         *lock(&self.loaded)? = Some(loaded);
+        let any_marker = v2
+            .and_then(|c| c.state_checkpoint_markers.get(FACTORY_NAME))
+            .is_some_and(|m| !m.is_empty());
+        self.had_checkpoint.store(any_marker, Ordering::Release);
         Ok(())
     }
 
