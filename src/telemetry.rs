@@ -114,6 +114,7 @@ pub const METRICS: &[Metric] = &[
     m("blobsnap_store_throttled_total", Counter, NONE, "SlowDown / 503 answers (each halves the transfer window)."),
     m("blobsnap_transfers_in_flight", Gauge, NONE, "Transfers on the wire now (the process's one budget)."),
     m("blobsnap_transfer_window", Gauge, NONE, "Transfers the budget admits now (halved on throttling, grown back on success)."),
+    m("blobsnap_urgent_transfers_total", Counter, NONE, "Transfers that found the window full and took the urgent lane (a lazy store's fetch RocksDB waited for)."),
     m("blobsnap_limit_wait_seconds", Histogram, &["limit"], "Time a transfer waited for a slot of a limit."),
 ];
 

@@ -20,6 +20,13 @@
 //!   successes) back up to `max-transfers`. One task's `SlowDown` slows every task down, as the
 //!   store asked, not only the request that got it.
 //!
+//! **An urgent lane.** A request made inside [`urgent`] — a lazily restored store's fetch that
+//! RocksDB is waiting for — takes a transfer permit if one is free and otherwise one of
+//! [`URGENT_LANE`] permits of its own, so it never queues behind the background download or
+//! the uploads that hold the window (it still pays the bandwidth and request rates, which are
+//! the operator's hard limits). At most `max-transfers + URGENT_LANE` transfers are then in
+//! flight.
+//!
 //! The rate limits are token buckets (GCRA, the `governor` crate) on a clock of tokio's
 //! `Instant`, so tests on tokio's paused clock drive them; waiters queue in FIFO order, so no
 //! task starves another. Time spent waiting is published per limit
@@ -221,6 +228,8 @@ const CUT_AT_MOST_EVERY: Duration = Duration::from_secs(1);
 struct Shared {
     limits: Limits,
     permits: Arc<Semaphore>,
+    /// The urgent lane's own permits ([`URGENT_LANE`]).
+    urgent: Arc<Semaphore>,
     window: Mutex<Window>,
     in_flight: AtomicUsize,
     peak: AtomicUsize,
@@ -229,6 +238,24 @@ struct Shared {
     requests: Option<Rate>,
     waited_nanos: [AtomicU64; 4],
     throttled: AtomicU64,
+}
+
+/// Permits of the urgent lane (see the module docs), beyond `max-transfers`.
+pub const URGENT_LANE: usize = 2;
+
+tokio::task_local! {
+    static URGENT: ();
+}
+
+/// Run `f` in the urgent lane: its requests do not queue behind the others' transfers (a lazy
+/// restore's fetch that RocksDB waits for; see the module docs).
+pub async fn urgent<F: std::future::Future>(f: F) -> F::Output {
+    URGENT.scope((), f).await
+}
+
+/// Whether the current task runs in [`urgent`].
+fn is_urgent() -> bool {
+    URGENT.try_with(|()| ()).is_ok()
 }
 
 /// The process's one budget of transfers, bandwidth and requests, shared by every clone.
@@ -256,6 +283,7 @@ impl Budget {
             shared: Arc::new(Shared {
                 limits,
                 permits: Arc::new(Semaphore::new(limits.transfers)),
+                urgent: Arc::new(Semaphore::new(URGENT_LANE)),
                 window: Mutex::new(Window {
                     size: limits.transfers as f64,
                     withheld: 0,
@@ -347,10 +375,26 @@ impl Budget {
 
     async fn acquire(&self) -> Result<Permit> {
         let started = Instant::now();
-        let permit = Arc::clone(&self.shared.permits)
-            .acquire_owned()
-            .await
-            .map_err(|_| Error::new(ErrorKind::Cancelled, "the transfer budget was closed"))?;
+        let closed = |_| Error::new(ErrorKind::Cancelled, "the transfer budget was closed");
+        let (permit, urgent) = if is_urgent() {
+            match Arc::clone(&self.shared.permits).try_acquire_owned() {
+                Ok(p) => (p, false),
+                Err(_) => {
+                    metrics::counter!("blobsnap_urgent_transfers_total").increment(1);
+                    let p = Arc::clone(&self.shared.urgent)
+                        .acquire_owned()
+                        .await
+                        .map_err(closed)?;
+                    (p, true)
+                }
+            }
+        } else {
+            let p = Arc::clone(&self.shared.permits)
+                .acquire_owned()
+                .await
+                .map_err(closed)?;
+            (p, false)
+        };
         self.record_wait(Limit::Transfers, started.elapsed());
         let now = self.shared.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         self.shared.peak.fetch_max(now, Ordering::Relaxed);
@@ -358,6 +402,7 @@ impl Budget {
         Ok(Permit {
             permit: Some(permit),
             budget: self.clone(),
+            urgent,
         })
     }
 
@@ -429,6 +474,8 @@ impl Budget {
 struct Permit {
     permit: Option<OwnedSemaphorePermit>,
     budget: Budget,
+    /// Of the urgent lane (outside the AIMD window's accounting).
+    urgent: bool,
 }
 
 impl Drop for Permit {
@@ -436,6 +483,9 @@ impl Drop for Permit {
         let shared = &self.budget.shared;
         let now = shared.in_flight.fetch_sub(1, Ordering::Relaxed) - 1;
         metrics::gauge!("blobsnap_transfers_in_flight").set(now as f64);
+        if self.urgent {
+            return;
+        }
         let mut w = self.budget.lock_window();
         if w.owed > 0 {
             if let Some(p) = self.permit.take() {
@@ -592,6 +642,61 @@ mod tests {
 
     fn within(measured: f64, target: f64, tolerance: f64) -> bool {
         (measured - target).abs() <= target * tolerance
+    }
+
+    /// A request in the urgent lane does not queue behind the transfers that fill the window:
+    /// with a window of 1 held by a GET whose body is not read, a plain GET waits and an
+    /// urgent one completes; the plain one completes once the window frees. The lane's own
+    /// permits bound the urgent ones too.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_urgent_lane_passes_a_full_window() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let budget = Budget::new(1);
+        let store = Arc::new(LimitStore::new(
+            LocalStore::new(tmp.path()).expect("local store"),
+            budget.clone(),
+        ));
+        store
+            .put(
+                &key("x"),
+                PutBody::Bytes(Bytes::from_static(b"bytes")),
+                PutOptions::default(),
+            )
+            .await
+            .expect("put");
+        // The window's one permit, held by a body nobody reads.
+        let held = store.get(&key("x"), None).await.expect("get");
+        let plain = {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move { drain(store.as_ref(), &key("x")).await })
+        };
+        // The urgent lane: bounded by its own permits, never by the window.
+        let urgent_reads = (0..2 * URGENT_LANE).map(|_| {
+            let store = Arc::clone(&store);
+            tokio::spawn(urgent(
+                async move { drain(store.as_ref(), &key("x")).await },
+            ))
+        });
+        for r in urgent_reads {
+            let n = tokio::time::timeout(Duration::from_secs(60), r)
+                .await
+                .expect("an urgent GET does not wait for the window")
+                .expect("task");
+            assert_eq!(n, 5);
+        }
+        assert!(!plain.is_finished(), "the plain GET waits for the window");
+        assert_eq!(budget.in_flight(), 1, "urgent permits are given back");
+        drop(held);
+        let n = tokio::time::timeout(Duration::from_secs(60), plain)
+            .await
+            .expect("the plain GET runs once the window frees")
+            .expect("task");
+        assert_eq!(n, 5);
+        assert_eq!(
+            budget.window(),
+            1,
+            "the urgent lane leaves the window alone"
+        );
     }
 
     /// A download limit holds within ±10 % over a simulated minute, with two readers (two

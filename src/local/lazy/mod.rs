@@ -4,7 +4,8 @@
 //! RocksDB's `blobsnap-lazy` Env (a file system wrapper, `cpp/lazy_fs.cc`, reached through
 //! `ffi`), which asks this registry before RocksDB touches a file:
 //!
-//! - opening a remote file fetches it first, with priority, verified whole (size and SHA-256)
+//! - opening a remote file fetches it first, with priority (the urgent lane of the process's
+//!   transfer budget, [`crate::blobstore::limit::urgent`]), verified whole (size and SHA-256)
 //!   and renamed into place before RocksDB reads a byte; a fetch that fails is an I/O error
 //!   inside RocksDB (the read fails, the task stops), never wrong data;
 //! - its existence and size are answered from the index entry (no fetch);
@@ -662,7 +663,9 @@ fn fetch_now(path: &Path) -> std::result::Result<(), (ErrorKind, String)> {
                 *st = FileState::Fetching;
                 started = true;
                 let (store, remote) = (Arc::clone(&store), Arc::clone(&remote));
-                rt.spawn(async move {
+                // RocksDB waits for it: the urgent lane of the process's transfer budget, so it
+                // never queues behind the background download or the uploads.
+                rt.spawn(crate::blobstore::limit::urgent(async move {
                     let size = remote.entry.file_metadata.size;
                     if fetch_one(&store, &remote).await {
                         store
@@ -674,7 +677,7 @@ fn fetch_now(path: &Path) -> std::result::Result<(), (ErrorKind, String)> {
                             .bytes_on_demand
                             .fetch_add(size, Ordering::Relaxed);
                     }
-                });
+                }));
             }
             FileState::Fetching => {
                 st = wait(&remote, st);
@@ -704,13 +707,13 @@ fn read_tail(path: &Path, offset: u64, n: usize) -> Option<bytes::Bytes> {
     let rt = runtime().ok()?;
     let (tx, rx) = std::sync::mpsc::channel();
     let (entry, cancel) = (remote.entry.clone(), store.cancel.clone());
-    rt.spawn(async move {
+    rt.spawn(crate::blobstore::limit::urgent(async move {
         let r = tokio::select! {
             r = tail(entry, offset..size) => r,
             () = cancel.cancelled() => Err(Error::new(ErrorKind::Cancelled, "the store was closed")),
         };
         let _ = tx.send(r);
-    });
+    }));
     let got = match tokio::runtime::Handle::try_current() {
         Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
             tokio::task::block_in_place(|| rx.recv())
