@@ -876,6 +876,18 @@ fn plan_blobs<'a>(
     let mut deduplicated = 0u64;
     // What the retained files already carry inline counts against the index's budget.
     let mut inline_left = INLINE_BUDGET.saturating_sub(retained_inline_bytes(dd));
+    // A file carried inline that came back unchanged (RocksDB's OPTIONS file, the same for the
+    // DB's whole open life) would be sent again in every later index: from its first repeat
+    // on it is a blob of its own (one PUT, once), which later snapshots share for free.
+    for f in retained_inline(dd) {
+        let sha = f.digest.sha256;
+        if blob_of.contains_key(&sha) {
+            deduplicated += 1;
+            continue;
+        }
+        blob_of.insert(sha, StoreScope::blob_id(id, sha));
+        to_put.push(f);
+    }
     for f in dd.added_files() {
         // Only mutable files (MANIFEST, OPTIONS, CURRENT, a WAL): they change at almost every
         // commit, so a blob of their own would cost a PUT each time. An SST or blob file is
@@ -897,12 +909,39 @@ fn plan_blobs<'a>(
     (blob_of, to_put, to_inline, deduplicated)
 }
 
-/// Bytes of the files `dd` retains that carry their content inline (their entries keep it).
+/// Inline files at least this large that a snapshot retains unchanged become blobs of their
+/// own from their first repeat on (one PUT, once; later snapshots name the blob); smaller
+/// ones (CURRENT, IDENTITY) cost less inline than a PUT.
+pub const SHARE_INLINE_FROM: u64 = 4 << 10;
+
+/// The files `dd` retains (same name and content as the committed snapshot) whose entries
+/// carry their content inline and are at least [`SHARE_INLINE_FROM`] bytes.
+fn retained_inline<'a>(dd: &'a DirDiff<'a>) -> Vec<&'a LocalFile> {
+    fn collect<'a>(d: &'a DirDiff<'a>, out: &mut Vec<&'a LocalFile>) {
+        out.extend(
+            d.files_retained
+                .iter()
+                .filter(|(local, prev)| {
+                    prev.inline_data.is_some() && local.digest.size >= SHARE_INLINE_FROM
+                })
+                .map(|(local, _)| *local),
+        );
+        for sub in d.sub_dirs_added.iter().chain(&d.sub_dirs_retained) {
+            collect(sub, out);
+        }
+    }
+    let mut out = Vec::new();
+    collect(dd, &mut out);
+    out
+}
+
+/// Bytes of the files `dd` retains that keep carrying their content inline (their entries
+/// keep it; the larger ones become blobs, see `retained_inline`).
 fn retained_inline_bytes(dd: &DirDiff<'_>) -> u64 {
     let here: u64 = dd
         .files_retained
         .iter()
-        .filter(|(_, prev)| prev.inline_data.is_some())
+        .filter(|(local, prev)| prev.inline_data.is_some() && local.digest.size < SHARE_INLINE_FROM)
         .map(|(_, prev)| prev.file_metadata.size)
         .sum();
     dd.sub_dirs_added
@@ -921,6 +960,13 @@ fn build_dir(
 ) -> Result<DirIndex> {
     let mut files = Vec::with_capacity(d.files_added.len() + d.files_retained.len());
     for (local, prev) in &d.files_retained {
+        // An inline file shared as a blob from its first repeat on (see `plan_blobs`).
+        if prev.inline_data.is_some() && local.digest.size >= SHARE_INLINE_FROM {
+            if let Some(blob) = blob_of.get(&local.digest.sha256) {
+                files.push(file_index(local, blob.clone()));
+                continue;
+            }
+        }
         let mut fi = (*prev).clone();
         fi.file_metadata = local.metadata.clone();
         files.push(fi);

@@ -371,6 +371,7 @@ impl StoreArgs {
             || self.bucket.is_some()
             || self.config.is_some()
             || std::env::var_os("BLOBSNAP_STORE").is_some()
+            || std::env::var_os("BLOBSNAP_LOCAL_DIR").is_some()
     }
 }
 
@@ -458,10 +459,16 @@ pub(crate) fn store_settings(args: &StoreArgs) -> blobsnap::Result<Settings> {
         settings.s3.path_style = true;
     }
     args.apply_limits(&mut settings)?;
-    if settings.store.kind == StoreKind::Local && args.local.is_none() && args.config.is_none() {
+    // A local store needs its dir named (a flag, the settings file, or BLOBSNAP_LOCAL_DIR),
+    // never the relative default: a typo'd environment would otherwise write to ./blobsnap-store.
+    if settings.store.kind == StoreKind::Local
+        && args.local.is_none()
+        && args.config.is_none()
+        && std::env::var_os("BLOBSNAP_LOCAL_DIR").is_none()
+    {
         return Err(Error::new(
             ErrorKind::InvalidInput,
-            "no blob store given: use --local DIR, --bucket B (S3), --config FILE or BLOBSNAP_STORE",
+            "no blob store given: use --local DIR, --bucket B (S3) or --config FILE, or in the environment BLOBSNAP_LOCAL_DIR=DIR (with BLOBSNAP_STORE=local, the default) or BLOBSNAP_STORE=s3 with BLOBSNAP_S3_BUCKET=B",
         ));
     }
     Ok(settings)

@@ -818,7 +818,10 @@ mod cases {
     /// Small files travel inline (issue 19 §1): a commit that adds one SST makes exactly two
     /// requests, the SST's PUT and the index's — the changed MANIFEST (and every file under
     /// 64 KiB) rides in the index, format-version 2 — and the snapshot restores the store's
-    /// keys. With `inline_below = 0` every file is a blob and the index keeps Samza's v1 shape.
+    /// keys. An inline file of at least 4 KiB that comes back unchanged (RocksDB's OPTIONS) is
+    /// a blob of its own from its first repeat on (one PUT, once; issue 32 §4: it was sent
+    /// again in every index), named by every later index without a request. With
+    /// `inline_below = 0` every file is a blob and the index keeps Samza's v1 shape.
     pub async fn small_files_travel_inline(h: &Harness) {
         use blobsnap::backend::TaskRestoreManager as _;
         use blobsnap::blob::restore::{BlobRestoreManager, RestoreSettings};
@@ -833,28 +836,59 @@ mod cases {
         let db = RocksStore::open("counts", &spec.dir).unwrap();
         write_keys(&db, 0, 2000, 1);
         commit_rocks(&mut fx, &mgr, &db).await;
+        let requests_of = |d: &blobsnap::blobstore::counting::CountSnapshot| {
+            d.put.calls
+                + d.get.calls
+                + d.head.calls
+                + d.delete.calls
+                + d.list.calls
+                + d.multipart.calls
+        };
+        // The second commit: the new SST, the OPTIONS file's first repeat (now a blob), the
+        // index.
         write_keys(&db, 2000, 1000, 2);
         let before = fx.counters.snapshot();
-        let (id2, m2, s2) = commit_rocks(&mut fx, &mgr, &db).await;
+        let (_, m2, s2) = commit_rocks(&mut fx, &mgr, &db).await;
         let d = fx.counters.snapshot().since(&before);
-        let requests = d.put.calls
-            + d.get.calls
-            + d.head.calls
-            + d.delete.calls
-            + d.list.calls
-            + d.multipart.calls;
-        assert_eq!((d.put.calls, requests), (2, 2), "{}: {d:?}", h.name);
-        assert_eq!((s2.blobs_uploaded, s2.requests), (1, 2), "{s2:?}");
-        assert!(s2.files_inline >= 1, "the new MANIFEST went inline: {s2:?}");
+        assert_eq!((d.put.calls, requests_of(&d)), (3, 3), "{}: {d:?}", h.name);
+        assert_eq!((s2.blobs_uploaded, s2.requests), (2, 3), "{s2:?}");
         let idx2 = fx.index("counts", &m2).await;
-        assert_eq!(idx2.format_version, blobsnap::index::FORMAT_INLINE);
-        for (path, f) in idx2.present_files() {
+        let options_blob = |idx: &blobsnap::index::SnapshotIndex| {
+            let (_, f) = idx
+                .present_files()
+                .into_iter()
+                .find(|(p, _)| p.starts_with("OPTIONS-"))
+                .expect("an OPTIONS file");
+            assert!(f.file_metadata.size >= blobsnap::blob::backup::SHARE_INLINE_FROM);
+            assert!(f.inline_data.is_none(), "OPTIONS is a blob: {f:?}");
+            f.blobs[0].blob_id.clone()
+        };
+        let shared = options_blob(&idx2);
+        // The third: two uploads, the SST's PUT and the index's, and nothing read (the
+        // retention of 2 then lets the first snapshot go: one LIST and one batch delete).
+        write_keys(&db, 3000, 1000, 4);
+        let before = fx.counters.snapshot();
+        let (id3, m3, s3) = commit_rocks(&mut fx, &mgr, &db).await;
+        let d = fx.counters.snapshot().since(&before);
+        assert_eq!(
+            (d.put.calls, requests_of(&d) - d.delete.calls - d.list.calls),
+            (2, 2),
+            "{}: {d:?}",
+            h.name
+        );
+        assert_eq!((s3.blobs_uploaded, s3.requests), (1, 2), "{s3:?}");
+        assert!(s3.files_inline >= 1, "the new MANIFEST went inline: {s3:?}");
+        let idx3 = fx.index("counts", &m3).await;
+        assert_eq!(idx3.format_version, blobsnap::index::FORMAT_INLINE);
+        assert_eq!(options_blob(&idx3), shared, "the same blob, no new PUT");
+        for (path, f) in idx3.present_files() {
             let small = f.file_metadata.size < blobsnap::blob::backup::INLINE_BELOW
-                && !path.ends_with(".sst");
+                && !path.ends_with(".sst")
+                && !path.starts_with("OPTIONS-");
             assert_eq!(f.inline_data.is_some(), small, "{path}: {f:?}");
             assert_eq!(f.blobs.is_empty(), small, "{path}");
         }
-        fx.check_blobs("counts", &idx2).await;
+        fx.check_blobs("counts", &idx3).await;
         // It restores: the inline files are written from the index, verified.
         let dst = StoreSpec {
             name: "counts".into(),
@@ -867,12 +901,12 @@ mod cases {
             RestoreSettings::default(),
         )
         .unwrap();
-        r.init(Some(&checkpoint_of(id2, "counts", &m2)))
+        r.init(Some(&checkpoint_of(id3, "counts", &m3)))
             .await
             .unwrap();
         r.restore().await.unwrap();
         let keys = |db: &RocksStore| db.db().iterator(rocksdb::IteratorMode::Start).count();
-        assert_eq!(keys(&RocksStore::open("counts", &dst.dir).unwrap()), 3000);
+        assert_eq!(keys(&RocksStore::open("counts", &dst.dir).unwrap()), 4000);
 
         // Samza's shape on request: no inline file, format-version 1, no `inline-data` field.
         let v1 = StoreSpec {

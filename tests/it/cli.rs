@@ -2324,6 +2324,61 @@ async fn a_dead_endpoint_is_reported_within_seconds() {
     child.kill().await.unwrap();
 }
 
+/// The environment names a store the way the error says it does (issue 35 §2): with no
+/// store given the error names `BLOBSNAP_LOCAL_DIR` (and `BLOBSNAP_STORE=local` alone is not
+/// enough: it would be the relative default), and `BLOBSNAP_LOCAL_DIR` then works.
+#[test]
+fn the_environment_names_a_store_as_the_error_says() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    std::fs::create_dir_all(&store).unwrap();
+    let ls = |env: &[(&str, &std::ffi::OsStr)]| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"));
+        for k in [
+            "BLOBSNAP_STORE",
+            "BLOBSNAP_LOCAL_DIR",
+            "BLOBSNAP_CONFIG",
+            "BLOBSNAP_S3_BUCKET",
+        ] {
+            c.env_remove(k);
+        }
+        c.current_dir(tmp.path())
+            .arg("ls")
+            .envs(env.iter().copied());
+        c.output().unwrap()
+    };
+    for env in [
+        vec![],
+        vec![("BLOBSNAP_STORE", std::ffi::OsStr::new("local"))],
+    ] {
+        let out = ls(&env);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(5), "{env:?}: {err}");
+        assert!(
+            err.contains("BLOBSNAP_LOCAL_DIR=DIR") && err.contains("--local DIR"),
+            "{env:?}: {err}"
+        );
+    }
+    assert!(
+        !tmp.path().join("blobsnap-store").exists(),
+        "no default dir made"
+    );
+    for env in [
+        vec![("BLOBSNAP_LOCAL_DIR", store.as_os_str())],
+        vec![
+            ("BLOBSNAP_STORE", std::ffi::OsStr::new("local")),
+            ("BLOBSNAP_LOCAL_DIR", store.as_os_str()),
+        ],
+    ] {
+        let out = ls(&env);
+        assert!(
+            out.status.success(),
+            "{env:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 /// Manual backups through time (issue 32 §2): four backups of a changing database, `forget
 /// --keep 2` (a dry run first: nothing removed), `gc --name` frees what only the forgotten
 /// ones held (`usage` then shows no leak), and the newest backup still restores the

@@ -20,7 +20,7 @@
 //! - deleting it (the live DB compacted it away) drops it: the background download skips it;
 //! - a remote blob file (`*.blob`) is fetched at its first read rather than at its open, and a
 //!   read of its footer alone — what RocksDB's purge asks of an obsolete blob file before it
-//!   deletes it — is answered by a ranged read of its blob ([`read_tail`]): a blob file the
+//!   deletes it — is answered by a ranged read of its blob (a [`TailFn`]): a blob file the
 //!   live DB compacted away is dropped without being downloaded.
 //!
 //! Meanwhile a background download fetches every remote file, verified, at a bounded rate and
