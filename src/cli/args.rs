@@ -365,6 +365,33 @@ pub(crate) async fn open_admin(
 
 /// `$XDG_CACHE_HOME/blobsnap`, else `~/.cache/blobsnap`, else a temp dir.
 impl StoreArgs {
+    /// The store flags this command was given, shell-quoted, for a command line the user can
+    /// paste (the environment and the settings file it names stay as they are).
+    pub(crate) fn as_flags(&self) -> String {
+        let mut out: Vec<String> = Vec::new();
+        let mut flag = |name: &str, value: Option<String>| {
+            if let Some(v) = value {
+                out.push(format!("--{name} {}", shell_quote(&v)));
+            }
+        };
+        flag(
+            "config",
+            self.config.as_ref().map(|p| p.display().to_string()),
+        );
+        flag(
+            "local",
+            self.local.as_ref().map(|p| p.display().to_string()),
+        );
+        flag("bucket", self.bucket.clone());
+        flag("s3-endpoint", self.s3_endpoint.clone());
+        flag("s3-region", self.s3_region.clone());
+        flag("s3-prefix", self.s3_prefix.clone());
+        if self.s3_path_style {
+            out.push("--s3-path-style".into());
+        }
+        out.join(" ")
+    }
+
     /// Whether the flags, the settings file or the environment name a blob store.
     pub(crate) fn names_a_store(&self) -> bool {
         self.local.is_some()
@@ -472,4 +499,16 @@ pub(crate) fn store_settings(args: &StoreArgs) -> blobsnap::Result<Settings> {
         ));
     }
     Ok(settings)
+}
+
+/// `s` as one shell word: as it is when it is made of safe characters, else single-quoted.
+pub(crate) fn shell_quote(s: &str) -> String {
+    let safe = !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=@,+%".contains(c));
+    if safe {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
 }

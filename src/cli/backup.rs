@@ -71,8 +71,14 @@ pub(crate) async fn backup_command(
         );
     } else {
         println!("{marker}");
+        let flags = args.as_flags();
+        let restore = format!(
+            "blobsnap {flags}{}restore --name {} --to DIR",
+            if flags.is_empty() { "" } else { " " },
+            super::args::shell_quote(name)
+        );
         eprintln!(
-            "backup {name}: {} files, {} bytes; uploaded {} files, {} bytes. Restore with: blobsnap restore --name {name} --to DIR (this backup: add {marker})",
+            "backup {name}: {} files, {} bytes; uploaded {} files, {} bytes.\nRestore the latest backup of {name} with:\n  {restore}\nthis one with:\n  {restore} {marker}",
             s.files, s.bytes, s.blobs_uploaded, s.bytes_uploaded
         );
     }

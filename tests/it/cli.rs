@@ -2379,6 +2379,64 @@ fn the_environment_names_a_store_as_the_error_says() {
     }
 }
 
+/// The "restore with" hint after a backup is a command that works when pasted (issue 35 §2):
+/// it carries the store flags the backup was given, shell-quoted (here a store path with a
+/// space and a quote), and restores the database's keys, the latest backup and this one.
+#[test]
+fn the_restore_hint_after_a_backup_works_when_pasted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("my store's dir");
+    let dbdir = tmp.path().join("db");
+    {
+        let db = RocksStore::open("x", &dbdir).unwrap();
+        write_keys(&db, 0, 300);
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+        .arg("--local")
+        .arg(&root)
+        .args(["backup", "--db"])
+        .arg(&dbdir)
+        .args(["--name", "mydb"])
+        .env("XDG_CACHE_HOME", cache_dir())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    let after = |label: &str| {
+        let i = lines
+            .iter()
+            .position(|l| l.contains(label))
+            .unwrap_or_else(|| panic!("no {label:?} in {err}"));
+        lines[i + 1].trim().to_string()
+    };
+    for (label, to) in [("latest backup", "r1"), ("this one with", "r2")] {
+        let cmd = after(label);
+        assert!(cmd.starts_with("blobsnap --local "), "{cmd}");
+        let target = tmp.path().join(to);
+        let pasted = cmd
+            .replacen("blobsnap", env!("CARGO_BIN_EXE_blobsnap"), 1)
+            .replace("--to DIR", &format!("--to {}", target.display()));
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&pasted)
+            .env("XDG_CACHE_HOME", cache_dir())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{pasted}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let db = RocksStore::open("x", &target).unwrap();
+        assert_eq!(
+            db.db().iterator(rocksdb::IteratorMode::Start).count(),
+            300,
+            "{pasted}"
+        );
+    }
+}
+
 /// Manual backups through time (issue 32 §2): four backups of a changing database, `forget
 /// --keep 2` (a dry run first: nothing removed), `gc --name` frees what only the forgotten
 /// ones held (`usage` then shows no leak), and the newest backup still restores the
