@@ -226,7 +226,7 @@ impl StateBackendAdmin for BlobStoreAdmin {
             Some(found) => self.check_owner(&found)?,
             None => {
                 return Err(Error::not_found(format!(
-                    "scope {} has no owner record (scope.json): run create_resources first",
+                    "scope {} has no owner record (scope.json): create it with `blobsnap admin create --job JOB --job-id ID` (a job with job.create-resources = true, the default, creates it at its first start); a typo in the job name or id points here too",
                     self.job.scope()
                 )))
             }

@@ -30,7 +30,7 @@ async fn create_validate_and_ownership(h: &support::Harness) {
     let a = admin(h, "deploy-a");
     let e = a.validate_resources().await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotFound, "{}: {e}", h.name);
-    assert!(e.to_string().contains("create_resources"), "{e}");
+    assert!(e.to_string().contains("blobsnap admin create"), "{e}");
     a.create_resources().await.unwrap();
     a.create_resources().await.unwrap(); // idempotent
     a.validate_resources().await.unwrap();

@@ -771,6 +771,14 @@ async fn the_scope_is_guarded_by_admin_validation_and_writer_leases() {
     assert_eq!(v["result"], "created and valid", "{v}");
     let (code, _, err) = run(&t, &["admin", "validate", "--job", "wordcount"]).await;
     assert_eq!(code, Some(0), "{err}");
+    // A typo'd job: not found, and the message names the command that creates it (not a
+    // library function).
+    let (code, _, err) = run(&t, &["admin", "validate", "--job", "wordcnt"]).await;
+    assert_eq!(code, Some(3), "{err}");
+    assert!(
+        err.contains("blobsnap admin create") && !err.contains("create_resources"),
+        "{err}"
+    );
     let (code, _, err) = run(
         &t,
         &[

@@ -131,7 +131,7 @@ impl S3Store {
             }
             self.put_merged_rule(rules, &id, under).await?;
         }
-        tracing::warn!(bucket = %s3.config().bucket, rule = %id, "the abort-incomplete-multipart rule is not in the bucket's lifecycle configuration after {MERGE_ATTEMPTS} merges (another writer keeps replacing it): stale multipart uploads are removed by the sweep meanwhile, and the next create_resources merges it again");
+        tracing::warn!(bucket = %s3.config().bucket, rule = %id, "the abort-incomplete-multipart rule is not in the bucket's lifecycle configuration after {MERGE_ATTEMPTS} merges (another writer keeps replacing it): stale multipart uploads are removed by the sweep meanwhile, and the next `blobsnap admin create` (or job start) merges it again");
         Ok(())
     }
 
