@@ -434,15 +434,18 @@ fn every_json_document_is_kebab_case() {
         [&["restore", "--dry-run", "--to", "r"][..], &snap[..]].concat(),
     ];
     let mut bad = Vec::new();
+    let mut schemas = String::new();
     for c in cmds {
         let args: Vec<&str> = l.iter().chain(c.iter()).copied().collect();
         let out = run(&args);
+        let mut shape: BTreeMap<String, std::collections::BTreeSet<&'static str>> = BTreeMap::new();
         for line in String::from_utf8_lossy(&out)
             .lines()
             .filter(|l| l.starts_with('{'))
         {
             let v: serde_json::Value = serde_json::from_str(line)
                 .unwrap_or_else(|e| panic!("{c:?}: not JSON ({e}): {line}"));
+            shape_of(&v, "", &mut shape);
             walk(&v, &mut String::new(), &mut |path, key| {
                 let snake = key.contains('_')
                     && key
@@ -453,10 +456,137 @@ fn every_json_document_is_kebab_case() {
                 }
             });
         }
+        let shown: Vec<String> = c
+            .iter()
+            .map(|a| {
+                if a.contains(' ') {
+                    format!("'{a}'")
+                } else {
+                    a.to_string()
+                }
+            })
+            .collect();
+        schemas.push_str(&format!(
+            "\n## `blobsnap --json {}`\n\n| key | type |\n|---|---|\n",
+            shown.join(" ")
+        ));
+        for (path, types) in &shape {
+            let types: Vec<&str> = types.iter().copied().collect();
+            schemas.push_str(&format!("| `{path}` | {} |\n", types.join(" or ")));
+        }
     }
     bad.sort();
     bad.dedup();
     assert!(bad.is_empty(), "snake_case keys:\n{}", bad.join("\n"));
+
+    // docs/json.md documents each of these documents' shape: every key (a path: `a.b`, `a[]`
+    // for an array's elements) and its JSON type, as this run printed them.
+    let path = repo().join("docs/json.md");
+    let page = std::fs::read_to_string(&path).unwrap();
+    let (open, close) = (
+        "<!-- json-schemas: generated -->\n",
+        "<!-- /json-schemas -->",
+    );
+    let start = page.find(open).expect("the page marks its tables") + open.len();
+    let end = page[start..]
+        .find(close)
+        .expect("the tables' end is marked")
+        + start;
+    if std::env::var_os("BLOBSNAP_UPDATE_DOCS").is_some() {
+        std::fs::write(
+            &path,
+            format!("{}{schemas}{}", &page[..start], &page[end..]),
+        )
+        .unwrap();
+    } else {
+        // The same commands, the same key paths, the same types — a value that is null in one
+        // run (an empty class's oldest object) may be a string in another.
+        let (documented, now) = (tables(&page[start..end]), tables(&schemas));
+        let mut stale = Vec::new();
+        for (key, row) in documented.iter().chain(now.iter()) {
+            let (a, b) = (documented.get(key), now.get(key));
+            let same = match (a, b) {
+                (Some(a), Some(b)) => {
+                    let strip = |t: &Vec<String>| -> Vec<String> {
+                        t.iter().filter(|x| *x != "null").cloned().collect()
+                    };
+                    strip(a) == strip(b) || strip(a).is_empty() || strip(b).is_empty()
+                }
+                _ => false,
+            };
+            if !same {
+                stale.push(format!(
+                    "{key:?}: documented {a:?}, printed {b:?} ({row:?})"
+                ));
+            }
+        }
+        stale.sort();
+        stale.dedup();
+        assert!(
+            stale.is_empty(),
+            "docs/json.md is stale (a --json document changed shape; BLOBSNAP_UPDATE_DOCS=1 cargo test --test it -- docs:: rewrites it):\n{}",
+            stale.join("\n")
+        );
+    }
+}
+
+/// The tables of docs/json.md's generated part: (command, key path) → types.
+fn tables(text: &str) -> BTreeMap<(String, String), Vec<String>> {
+    let mut out = BTreeMap::new();
+    let mut command = String::new();
+    for line in text.lines() {
+        if let Some(c) = line.strip_prefix("## ") {
+            command = c.to_string();
+        } else if let Some(row) = line.strip_prefix("| `") {
+            if let Some((key, rest)) = row.split_once("` | ") {
+                let types = rest
+                    .trim_end_matches(" |")
+                    .split(" or ")
+                    .map(str::to_string)
+                    .collect();
+                out.insert((command.clone(), key.to_string()), types);
+            }
+        }
+    }
+    out
+}
+
+/// Every key path of `v` under `at` (`a.b`; `a[]` for the elements of an array) with the JSON
+/// types seen there.
+fn shape_of(
+    v: &serde_json::Value,
+    at: &str,
+    out: &mut BTreeMap<String, std::collections::BTreeSet<&'static str>>,
+) {
+    let kind = match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "boolean",
+        serde_json::Value::Number(_) => "number",
+        serde_json::Value::String(_) => "string",
+        serde_json::Value::Array(_) => "array",
+        serde_json::Value::Object(_) => "object",
+    };
+    if !at.is_empty() {
+        out.entry(at.to_string()).or_default().insert(kind);
+    }
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                let p = if at.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{at}.{k}")
+                };
+                shape_of(x, &p, out);
+            }
+        }
+        serde_json::Value::Array(a) => {
+            for x in a {
+                shape_of(x, &format!("{at}[]"), out);
+            }
+        }
+        _ => {}
+    }
 }
 
 fn walk(v: &serde_json::Value, path: &mut String, f: &mut dyn FnMut(&str, &str)) {
