@@ -679,10 +679,28 @@ impl BlobBackupManager {
             .map(|(blob_id, path, len, digest)| {
                 let progress = Arc::clone(progress);
                 async move {
-                    let r = self.put_blob(scope, blob_id, path, len, digest).await?;
+                    // A multipart upload's parts count as they land (never past the file's
+                    // size, whatever retries resend); the rest once the put returns.
+                    let reported = Arc::new(AtomicU64::new(0));
+                    let report: Arc<dyn Fn(u64) + Send + Sync> = {
+                        let (progress, reported) = (Arc::clone(&progress), Arc::clone(&reported));
+                        Arc::new(move |n| {
+                            let before = reported.fetch_add(n, Ordering::Relaxed);
+                            let add = n.min(len.saturating_sub(before));
+                            progress.bytes_uploaded.fetch_add(add, Ordering::Relaxed);
+                        })
+                    };
+                    let r = crate::blobstore::with_put_progress(
+                        report,
+                        self.put_blob(scope, blob_id, path, len, digest),
+                    )
+                    .await?;
                     crate::crash::point("backup.mid-upload");
                     progress.files_uploaded.fetch_add(1, Ordering::Relaxed);
-                    progress.bytes_uploaded.fetch_add(len, Ordering::Relaxed);
+                    let counted = reported.load(Ordering::Relaxed).min(len);
+                    progress
+                        .bytes_uploaded
+                        .fetch_add(len - counted, Ordering::Relaxed);
                     Ok::<_, Error>(r)
                 }
             })

@@ -30,6 +30,7 @@ mod transfer;
 use std::fmt;
 use std::ops::Range;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use async_trait::async_trait;
@@ -154,6 +155,25 @@ pub struct ObjectMeta {
     pub last_modified: Option<SystemTime>,
     /// The store's entity tag, if any.
     pub e_tag: Option<String>,
+}
+
+tokio::task_local! {
+    static PUT_PROGRESS: Arc<dyn Fn(u64) + Send + Sync>;
+}
+
+/// Run `f` with `report` told of the bytes of its puts as they land in parts (each part of a
+/// multipart upload, once the store acknowledged it): a progress bar that moves within a
+/// large file. A single-request put reports nothing here (its caller counts it whole).
+pub async fn with_put_progress<F: std::future::Future>(
+    report: Arc<dyn Fn(u64) + Send + Sync>,
+    f: F,
+) -> F::Output {
+    PUT_PROGRESS.scope(report, f).await
+}
+
+/// Tell the current [`with_put_progress`] scope, if any, that `n` bytes of a put landed.
+pub(crate) fn put_progress(n: u64) {
+    let _ = PUT_PROGRESS.try_with(|report| report(n));
 }
 
 /// A streamed get.

@@ -167,6 +167,16 @@ mod cases {
             "{}: one PUT per new blob + the index",
             h.name
         );
+        // The progress a bar shows ends at exactly what was to upload (parts counted as they
+        // land, the rest once each put returns; nothing twice).
+        let p = mgr.progress("counts").unwrap();
+        use std::sync::atomic::Ordering::Relaxed;
+        assert_eq!(
+            p.bytes_uploaded.load(Relaxed),
+            p.bytes_to_upload.load(Relaxed),
+            "{}",
+            h.name
+        );
         let idx1 = fx.index("counts", &m1).await;
         assert_eq!(idx1.prev_snapshot_index_blob_id, None);
         assert!(idx1

@@ -485,6 +485,43 @@ mod cases {
     /// aborts its multipart upload (F18 of the second protocol review): once the server lists
     /// the upload, the put's future is dropped, and the listing empties without a sweep.
     /// Before the fix the upload stayed until the sweep or the bucket rule took it.
+    /// A multipart put reports its parts as they land (issue 35 §2: `backup`'s progress moves
+    /// within a large file): a 12 MiB file in 5 MiB parts reports 3 times, the file's size in
+    /// all; outside a reporting scope nothing is reported and nothing breaks.
+    pub async fn a_multipart_put_reports_its_parts(h: &Harness) {
+        use std::sync::Mutex;
+        if matches!(h.kind, support::Kind::Local(_)) {
+            return h.lacks("multipart uploads (a local put is one file copy)");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let len = 12usize << 20;
+        let path = dir.path().join("parts");
+        std::fs::write(&path, pseudo_random(len, 5)).unwrap();
+        let seen: Arc<Mutex<Vec<u64>>> = Arc::default();
+        let report: Arc<dyn Fn(u64) + Send + Sync> = {
+            let seen = Arc::clone(&seen);
+            Arc::new(move |n| seen.lock().unwrap().push(n))
+        };
+        let key = h.scope.key("reported").unwrap();
+        blobsnap::blobstore::with_put_progress(
+            report,
+            h.store.put(
+                &key,
+                PutBody::File {
+                    path: path.clone(),
+                    len: len as u64,
+                },
+                PutOptions::default(),
+            ),
+        )
+        .await
+        .unwrap();
+        let seen = seen.lock().unwrap().clone();
+        assert!(seen.len() >= 2, "{}: parts reported {seen:?}", h.name);
+        assert_eq!(seen.iter().sum::<u64>(), len as u64, "{}: {seen:?}", h.name);
+        assert_eq!(h.store.head(&key).await.unwrap().size, len as u64);
+    }
+
     pub async fn a_dropped_multipart_put_aborts_its_upload(h: &Harness) {
         if !h
             .store
@@ -864,6 +901,7 @@ store_suites!([
     large_object_multipart_and_ranged_download,
     multipart_aborted_when_file_changed,
     a_dropped_multipart_put_aborts_its_upload,
+    a_multipart_put_reports_its_parts,
     stale_uploads_listed_and_aborted,
     escaped_keys_round_trip,
     truncated_body_is_detected,

@@ -289,6 +289,7 @@ impl S3Store {
                         req.send().await
                     }
                     .map_err(|e| classify(self.what(&format!("upload part {n} of"), key), e))?;
+                    crate::blobstore::put_progress(want);
                     let part = CompletedPart::builder()
                         .part_number(n as i32)
                         .set_e_tag(out.e_tag);
