@@ -509,9 +509,13 @@ impl BlobBackupManager {
             to_put.iter().map(|f| f.digest.size).sum(),
             Ordering::Relaxed,
         );
-        progress
-            .files_to_retain
-            .store(totals.files_retained + deduplicated, Ordering::Relaxed);
+        // A retained inline file shared as a blob now counts once: as an upload, or (already a
+        // blob elsewhere) as deduplicated.
+        let shared = retained_inline(&dd).len() as u64;
+        progress.files_to_retain.store(
+            totals.files_retained.saturating_sub(shared) + deduplicated,
+            Ordering::Relaxed,
+        );
         progress.bytes_to_retain.store(
             totals.bytes_added + totals.bytes_retained
                 - to_put.iter().map(|f| f.digest.size).sum::<u64>(),

@@ -251,7 +251,11 @@ async fn by_seq(
 /// rollback or a fork carries its point's older id), which leaves a record
 /// (`JobScope::start_from_key`): a task with one is searched linearly, as is a history with a
 /// V1 checkpoint or one trimmed while read. `None`: search linearly (also for the message
-/// when nothing is that old).
+/// when nothing is that old). One window stays: a head whose record was never written (the
+/// process died between the two writes, and `start-from` was then taken out of the settings,
+/// so no restart wrote it) is searched as if its id were in order; `@TIME` may then name the
+/// checkpoint before it — the head the task had at that time — where the linear rule names the
+/// rollback head.
 async fn at_or_before(
     store: &dyn BlobStore,
     cps: &BlobCheckpointStore,

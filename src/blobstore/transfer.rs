@@ -223,32 +223,42 @@ pub async fn download_to_file_counted(
     landed: &AtomicU64,
 ) -> Result<DownloadStats> {
     let size = opts.expected_size;
-    let counter = Landed {
+    let mut counter = Landed {
         total: landed,
         mine: AtomicU64::new(0),
+        kept: false,
     };
     let stats = if opts.part_size > 0 && size > opts.part_size {
         download_ranges(store, key, dest, opts, &counter).await
     } else {
         download_stream(store, key, dest, opts, &counter).await
     };
-    if stats.is_err() {
-        landed.fetch_sub(counter.mine.load(Ordering::Relaxed), Ordering::Relaxed);
-    }
+    counter.kept = stats.is_ok();
     stats
 }
 
 /// The bytes one download has written: added to a shared count as they land, and kept, so
-/// that a failed download can take its share back out.
+/// that a download that fails — or is dropped midway — takes its share back out.
 struct Landed<'a> {
     total: &'a AtomicU64,
     mine: AtomicU64,
+    /// The download succeeded: its bytes stay counted.
+    kept: bool,
 }
 
 impl Landed<'_> {
     fn add(&self, n: u64) {
         self.mine.fetch_add(n, Ordering::Relaxed);
         self.total.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Landed<'_> {
+    fn drop(&mut self) {
+        if !self.kept {
+            self.total
+                .fetch_sub(self.mine.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
     }
 }
 

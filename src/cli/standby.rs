@@ -73,15 +73,16 @@ pub(crate) async fn run(
     // A task that has not committed (or a typo): say so now, with the tasks that have, and
     // again every minute while it stays so.
     let scope = blobsnap::layout::JobScope::new(&job.name, &job.id)?;
-    let others = blobsnap::blob::history::task_names(blob_store.as_ref(), &scope).await?;
+    // Only for the message: a store that does not answer now is the polling's to wait out.
+    let others = blobsnap::blob::history::task_names(blob_store.as_ref(), &scope).await;
     let waiting = {
-        let known = if others.is_empty() {
-            "no task of the job has committed yet".to_string()
-        } else {
-            format!(
+        let known = match others {
+            Ok(o) if o.is_empty() => "no task of the job has committed yet".to_string(),
+            Ok(o) => format!(
                 "tasks with checkpoints: {}",
-                others.iter().cloned().collect::<Vec<_>>().join(", ")
-            )
+                o.iter().cloned().collect::<Vec<_>>().join(", ")
+            ),
+            Err(e) => format!("the job's tasks could not be listed: {e}"),
         };
         format!(
             "standby {}: the task has no checkpoint yet in job {}/{} ({known}); waiting for its first commit, polling every {} ms",

@@ -608,6 +608,17 @@ mod cases {
         r.restore().await.unwrap();
         let db = RocksStore::open_with("counts", &dst.dir, &blob_options()).unwrap();
         assert!(!dst.dir.join(&small).exists(), "{small} is remote");
+        // The background has fetched the larger blob file (then holds): the only remote blob
+        // file the purge can drop is the smaller one.
+        let t0 = std::time::Instant::now();
+        while lazy::status(&dst.dir).expect("lazy").files_background < 1 {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(60),
+                "the background never fetched its first file"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert!(dst.dir.join(&blobs[1].0).exists(), "the larger is local");
         // Every key overwritten, then one compaction of everything: no SST names the old
         // blob files any more, and RocksDB purges them.
         for batch in 0..2u32 {
