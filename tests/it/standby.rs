@@ -334,10 +334,28 @@ async fn a_standby_skips_what_it_cannot_verify_and_catches_up_from_the_newest() 
     }
     let (seq2, id2) = latest_seq(&store, JOB).await;
     assert!(seq2 >= seq1 + 3, "{seq1} → {seq2}");
-    // Corrupt a blob only the newest snapshot has (same size).
+    // Corrupt a blob only the newest snapshot has (same size): one of its new SSTs (not, say,
+    // the OPTIONS file it now shares as a blob, whose bytes the standby already holds and
+    // reuses without a download).
+    let index = walk(&store_dir)
+        .into_iter()
+        .find(|p| p.to_string_lossy().contains(&format!("/index/{id2}.")))
+        .expect("the newest index");
+    let index =
+        blobsnap::index::SnapshotIndex::from_slice(&std::fs::read(&index).unwrap()).unwrap();
+    let new_ssts: Vec<String> = index
+        .present_files()
+        .into_iter()
+        .filter(|(p, _)| p.ends_with(".sst"))
+        .filter_map(|(_, f)| f.blobs.first().map(|b| b.blob_id.clone()))
+        .filter(|b| b.starts_with(&format!("blobs/{id2}/")))
+        .collect();
     let new_blobs: Vec<std::path::PathBuf> = walk(&store_dir)
         .into_iter()
-        .filter(|p| p.to_string_lossy().contains(&format!("/blobs/{id2}/")))
+        .filter(|p| {
+            let p = p.to_string_lossy();
+            new_ssts.iter().any(|b| p.ends_with(&format!("/{b}")))
+        })
         .collect();
     let victim = new_blobs
         .iter()
