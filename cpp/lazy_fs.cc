@@ -22,6 +22,8 @@
 
 #include "rocksdb/db.h"
 #include "rocksdb/env.h"
+#include "rocksdb/listener.h"
+#include "rocksdb/options.h"
 #include "rocksdb/sst_file_manager.h"
 #include "rocksdb/file_system.h"
 #include "rocksdb/utilities/object_registry.h"
@@ -253,6 +255,48 @@ Env* LazyEnv() {
 
 }  // namespace
 
+// Pre-upload (src/blob/preupload.rs): an EventListener that tells blobsnap, through one
+// callback, when RocksDB has finished writing a table or blob file (created and synced, before
+// it joins a version) and when it deleted one. `kind`: 1 table created, 2 blob file created,
+// 3 table deleted, 4 blob file deleted. Only successful creations and deletions are reported.
+// The callback is blobsnap's and never blocks (it queues the event).
+typedef void (*blobsnap_file_event_fn)(uint64_t token, int32_t kind, const char* path,
+                                       size_t len);
+
+class FileEvents : public ROCKSDB_NAMESPACE::EventListener {
+ public:
+  FileEvents(blobsnap_file_event_fn fn, uint64_t token) : fn_(fn), token_(token) {}
+
+  const char* Name() const override { return "blobsnap-file-events"; }
+
+  void OnTableFileCreated(const ROCKSDB_NAMESPACE::TableFileCreationInfo& i) override {
+    if (i.status.ok()) Tell(1, i.file_path);
+  }
+  void OnBlobFileCreated(const ROCKSDB_NAMESPACE::BlobFileCreationInfo& i) override {
+    if (i.status.ok()) Tell(2, i.file_path);
+  }
+  void OnTableFileDeleted(const ROCKSDB_NAMESPACE::TableFileDeletionInfo& i) override {
+    if (i.status.ok()) Tell(3, i.file_path);
+  }
+  void OnBlobFileDeleted(const ROCKSDB_NAMESPACE::BlobFileDeletionInfo& i) override {
+    if (i.status.ok()) Tell(4, i.file_path);
+  }
+
+ private:
+  void Tell(int32_t kind, const std::string& path) {
+    fn_(token_, kind, path.data(), path.size());
+  }
+  blobsnap_file_event_fn fn_;
+  uint64_t token_;
+};
+
+// The layout of the C API's options handle (`struct rocksdb_options_t { Options rep; }`,
+// db/c.cc): its one member is the Options. rust-rocksdb hands the handle out (`AsRawPtr`);
+// blobsnap_add_file_listener adds the listener through this mirror of it.
+struct blobsnap_c_options {
+  ROCKSDB_NAMESPACE::Options rep;
+};
+
 // The layout of the C API's DB handle (`struct rocksdb_t { DB* rep; }`, db/c.cc): its one
 // member is the DB. rust-rocksdb hands the handle out (`AsRawPtr`);
 // blobsnap_lazyfs_tracked_bytes reads the DB through this mirror of it.
@@ -305,6 +349,19 @@ uint64_t blobsnap_lazyfs_tracked_bytes(void* handle) {
   } catch (...) {
     return 0;
   }
+}
+
+// Add a FileEvents listener reporting to `fn` with `token` to the options behind `handle`
+// (a rocksdb_options_t). Returns 0; 1 for a null argument; 2 when C++ threw.
+int32_t blobsnap_add_file_listener(void* handle, blobsnap_file_event_fn fn, uint64_t token) {
+  if (handle == nullptr || fn == nullptr) return 1;
+  try {
+    auto* options = static_cast<blobsnap_c_options*>(handle);
+    options->rep.listeners.push_back(std::make_shared<FileEvents>(fn, token));
+  } catch (...) {
+    return 2;
+  }
+  return 0;
 }
 
 }  // extern "C"

@@ -2,6 +2,7 @@
 //! store-dir lock, the atomic swap of a restored tree into a store dir, and the lazy restore's
 //! file system.
 
+pub mod events;
 pub mod hashcache;
 pub mod lazy;
 pub mod lock;

@@ -20,6 +20,8 @@ pub struct RocksStore {
     lifted: std::sync::atomic::AtomicBool,
     /// A lazy DB's share of the process's thread pools (dropped after `db`: declared after).
     _pools: Option<crate::local::lazy::PoolShare>,
+    /// Where its file events go ([`crate::local::events`]; dropped after `db`).
+    _events: crate::local::events::Registration,
 }
 
 impl Drop for RocksStore {
@@ -210,6 +212,13 @@ impl RocksStore {
             lazy::refuse_current_thread().map_err(|e| e.context(what()))?;
         }
         let pools = lazy.then(lazy::PoolShare::take);
+        // Every finished and deleted table or blob file is reported (the pre-upload's source).
+        let events = crate::local::events::register(dir);
+        let mut opts = opts.clone();
+        if !lazy::add_file_listener(&mut opts, events.token()) {
+            tracing::warn!(store = name, "RocksDB refused the file-event listener: no file of this store is pre-uploaded");
+        }
+        let opts = &opts;
         let db = if lazy {
             let mut base = opts.clone();
             let mut opts = base
@@ -230,6 +239,7 @@ impl RocksStore {
             lazy,
             lifted: Default::default(),
             _pools: pools,
+            _events: events,
         })
     }
 

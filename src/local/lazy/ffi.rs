@@ -32,6 +32,14 @@
 //!   the duration of the call; the key and value arrays point at `CString`s that outlive the
 //!   call (RocksDB copies what it keeps); an error string RocksDB allocates is copied and
 //!   released with `rocksdb_free`.
+//! - [`add_file_listener`] passes the options handle rust-rocksdb owns (borrowed mutably for
+//!   the call, so nothing else uses it meanwhile) to C++, which reads the Options out of it by
+//!   the C API's own definition of the handle (`struct rocksdb_options_t { Options rep; }`,
+//!   db/c.cc, repeated in cpp/lazy_fs.cc) and appends a listener to its `listeners`; the
+//!   listener holds `on_file_event` (a plain `extern "C"` function, valid for the process's
+//!   life) and a token (an integer, not a pointer). RocksDB calls it on its background threads
+//!   with a path it owns for the call; `on_file_event` copies what it keeps, never blocks and
+//!   never unwinds (`catch_unwind`).
 //! - [`tracked_bytes`] passes the same borrowed handle to C++, which reads the DB out of it by
 //!   the C API's own definition of the handle (`struct rocksdb_t { DB* rep; }`, db/c.cc of
 //!   the bundled RocksDB, repeated in cpp/lazy_fs.cc), and catches every exception.
@@ -59,6 +67,28 @@ extern "C" {
     fn blobsnap_lazyfs_install(callbacks: *const Callbacks, size: usize) -> i32;
     fn blobsnap_lazyfs_widen_pools(low: i32, high: i32);
     fn blobsnap_lazyfs_tracked_bytes(db: *mut std::ffi::c_void) -> u64;
+    fn blobsnap_add_file_listener(
+        options: *mut std::ffi::c_void,
+        callback: extern "C" fn(u64, i32, *const c_char, usize),
+        token: u64,
+    ) -> i32;
+}
+
+/// Make the DB opened with `opts` report its finished and deleted table and blob files to
+/// [`crate::local::events`] under `token`. False if RocksDB refused (nothing is reported then).
+pub(crate) fn add_file_listener(opts: &mut rocksdb::Options, token: u64) -> bool {
+    use rocksdb::AsRawPtr as _;
+    // SAFETY: see the module docs: the handle is live and ours for the call; the callback is
+    // a static function; C++ catches every exception.
+    unsafe { blobsnap_add_file_listener(opts.as_raw_ptr().cast(), on_file_event, token) == 0 }
+}
+
+extern "C" fn on_file_event(token: u64, kind: i32, ptr: *const c_char, len: usize) {
+    guarded((), || {
+        if let Some(p) = path(ptr, len) {
+            crate::local::events::publish(token, kind, p);
+        }
+    });
 }
 
 /// The bytes `db`'s SstFileManager accounts for (its tracked SST and blob files).

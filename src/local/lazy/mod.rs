@@ -512,6 +512,12 @@ pub(crate) fn set_db_options(
     ffi::set_db_options(db, options)
 }
 
+/// Make a DB opened with `opts` report its finished and deleted table and blob files to
+/// [`crate::local::events`] under `token` ([`ffi`]'s `add_file_listener`).
+pub(crate) fn add_file_listener(opts: &mut rocksdb::Options, token: u64) -> bool {
+    ffi::add_file_listener(opts, token)
+}
+
 /// The bytes the open `db`'s SstFileManager accounts for.
 pub(crate) fn tracked_bytes(db: &rocksdb::DB) -> u64 {
     ffi::tracked_bytes(db)
