@@ -31,6 +31,10 @@ use crate::error::{Error, Result};
 /// Store name → marker.
 pub type StoreMarkers = BTreeMap<String, String>;
 
+/// Fresh checkpoint ids from the task's one generator (the commit manager's): each carries
+/// the task's epoch and is never made again, by this process or any other.
+pub type IdSource = Arc<dyn Fn() -> Result<CheckpointId> + Send + Sync>;
+
 /// Wall-clock time, injected so that ages and ids are testable without sleeping.
 pub trait Clock: Send + Sync + std::fmt::Debug {
     /// Milliseconds since the Unix epoch.
@@ -162,6 +166,12 @@ pub trait TaskBackupManager: Send + Sync {
     /// Prepare, given the task's last committed checkpoint (`None` for a new task). Reads the
     /// committed state of this backend (e.g. the stores' indexes) to diff against.
     async fn init(&self, last: Option<&Checkpoint>) -> Result<()>;
+
+    /// The commit manager hands over its id generator when the backend is attached: a backend
+    /// that writes keys of its own between commits (the blob backend's pre-upload) takes its
+    /// ids from it, so that they never collide with a commit's or another epoch's. The
+    /// default ignores it.
+    fn attach_ids(&self, _ids: IdSource) {}
 
     /// The synchronous part of a commit: fast, no network. Returns store → marker for
     /// backends that know their markers now (the blob backend returns none).

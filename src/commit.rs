@@ -78,7 +78,6 @@ pub struct CommitReport {
 }
 
 struct State {
-    ids: CheckpointIdGen,
     seq: u64,
     last: Option<Checkpoint>,
     cleanup_pending: bool,
@@ -117,6 +116,12 @@ impl State {
         };
         DeferredDeletes::merge(to, deletes);
     }
+}
+
+fn next_of(ids: &std::sync::Mutex<CheckpointIdGen>, clock: &dyn Clock) -> Result<CheckpointId> {
+    ids.lock()
+        .map_err(|_| Error::new(ErrorKind::Io, "checkpoint id generator lock poisoned"))?
+        .next(clock.now_millis())
 }
 
 /// The identity the history's retention counts (a claim repeats the last checkpoint: same id).
@@ -187,6 +192,9 @@ pub struct TaskCommitManager {
     retention: usize,
     /// Tiers of the retention policy (`every D for W`) beyond the newest `retention`.
     tiers: Vec<crate::retention::Tier>,
+    /// The task's one id generator, shared with the backends ([`crate::backend::IdSource`]).
+    /// Taken alone or under `state` (lock order: `state`, then `ids`), never across an await.
+    ids: Arc<std::sync::Mutex<CheckpointIdGen>>,
     state: Mutex<State>,
 }
 
@@ -283,8 +291,8 @@ impl TaskCommitManager {
             writer,
             retention: retention.max(1),
             tiers: Vec::new(),
+            ids: Arc::new(std::sync::Mutex::new(ids)),
             state: Mutex::new(State {
-                ids,
                 seq,
                 last: Some(claim.clone()),
                 cleanup_pending: true,
@@ -327,9 +335,23 @@ impl TaskCommitManager {
     /// the newer, unrestorable one is never adopted as a diff or dedup base (its blobs may be
     /// the broken ones).
     pub fn with_backends(mut self, backends: Vec<Backend>, restored: Option<Checkpoint>) -> Self {
+        for b in &backends {
+            b.manager.attach_ids(self.id_source());
+        }
         self.backends = backends;
         self.state.get_mut().last = restored;
         self
+    }
+
+    /// The next id of the task's generator.
+    fn next_id(&self) -> Result<CheckpointId> {
+        next_of(&self.ids, self.clock.as_ref())
+    }
+
+    /// The generator as the backends take ids from it.
+    fn id_source(&self) -> crate::backend::IdSource {
+        let (ids, clock) = (Arc::clone(&self.ids), Arc::clone(&self.clock));
+        Arc::new(move || next_of(&ids, clock.as_ref()))
     }
 
     /// This process's writer nonce.
@@ -420,7 +442,7 @@ impl TaskCommitManager {
     pub async fn sync_stage(&self, offsets: BTreeMap<Ssp, String>) -> Result<PendingCommit> {
         let mut st = self.state.lock().await;
         let t = Instant::now();
-        let id = st.ids.next(self.clock.now_millis())?;
+        let id = self.next_id()?;
         let mut dirs: BTreeMap<String, PathBuf> = BTreeMap::new();
         for engine in &self.stores {
             let spec = spec_of(engine.as_ref());

@@ -11,6 +11,7 @@
 //! max-upload-rate = "100MiB/s"   # bandwidth and request-rate limits of the whole process
 //! max-download-rate = "200MiB/s" #   (0 or absent: none)
 //! max-request-rate = 500
+//! pre-upload = true        # a job uploads table/blob files as RocksDB finishes them
 //!
 //! [s3]
 //! bucket = "state-backups"
@@ -47,6 +48,7 @@
 //! | `BLOBSNAP_MAX_TRANSFERS` | `store.max-transfers` (default 16, for the whole process) |
 //! | `BLOBSNAP_MAX_UPLOAD_RATE`, `BLOBSNAP_MAX_DOWNLOAD_RATE` | `store.max-upload-rate`, `store.max-download-rate` (bytes/s, `"50MiB/s"`; default 0, no limit) |
 //! | `BLOBSNAP_MAX_REQUEST_RATE` | `store.max-request-rate` (requests/s; default 0, no limit) |
+//! | `BLOBSNAP_PRE_UPLOAD` | `store.pre-upload` (`true`/`false`; default true) |
 //! | `BLOBSNAP_S3_BUCKET`, `BLOBSNAP_S3_PREFIX`, `BLOBSNAP_S3_ENDPOINT`, `BLOBSNAP_S3_REGION` | `s3.bucket`, `s3.prefix`, `s3.endpoint`, `s3.region` |
 //! | `BLOBSNAP_S3_PATH_STYLE` | `s3.path-style` (`true`/`false`) |
 //! | `BLOBSNAP_S3_CA_BUNDLE` | `s3.ca-bundle` |
@@ -98,6 +100,10 @@ pub struct StoreSettings {
     pub max_download_rate: u64,
     /// Requests per second of the whole process; 0: no limit.
     pub max_request_rate: u64,
+    /// A running job uploads each table or blob file as soon as RocksDB has finished writing
+    /// it, in the background and below the commits' priority, so that a commit after a
+    /// compaction burst uploads only what is not up yet ([`crate::blob::preupload`]).
+    pub pre_upload: bool,
 }
 
 impl StoreSettings {
@@ -121,6 +127,7 @@ impl Default for StoreSettings {
             max_upload_rate: 0,
             max_download_rate: 0,
             max_request_rate: 0,
+            pre_upload: true,
         }
     }
 }
@@ -291,6 +298,9 @@ impl Settings {
                 ))
             })?;
         }
+        if let Some(v) = get("BLOBSNAP_PRE_UPLOAD") {
+            self.store.pre_upload = parse_bool("BLOBSNAP_PRE_UPLOAD", &v)?;
+        }
         if let Some(v) = get("BLOBSNAP_S3_BUCKET") {
             self.s3.bucket = v;
         }
@@ -442,6 +452,16 @@ mod tests {
             .unwrap_err();
         assert!(e.to_string().contains("BLOBSNAP_MAX_UPLOAD_RATE"), "{e}");
         assert!(Settings::from_toml("[store]\nmax-upload-rate = \"fast\"\n").is_err());
+        assert!(s.store.pre_upload, "pre-upload is on by default");
+        s.apply_env(|k| (k == "BLOBSNAP_PRE_UPLOAD").then(|| "false".into()))
+            .unwrap();
+        assert!(!s.store.pre_upload);
+        let e = s
+            .apply_env(|k| (k == "BLOBSNAP_PRE_UPLOAD").then(|| "sometimes".into()))
+            .unwrap_err();
+        assert!(e.to_string().contains("BLOBSNAP_PRE_UPLOAD"), "{e}");
+        let t = Settings::from_toml("[store]\npre-upload = false\n").unwrap();
+        assert!(!t.store.pre_upload);
     }
 
     #[test]

@@ -13,7 +13,8 @@
 //! staging), `restore.before-marker`, `restore.after-marker`, `restore.after-exchange` (before
 //! the old tree is deleted); `sweep.mid-delete` (after the sweep's first delete batch);
 //! `lazy.after-fetch` (a lazy restore's first remote file fetched and in place, the others
-//! still remote).
+//! still remote); `preupload.after-put` (a pre-upload's PUT landed, no commit names its blob
+//! yet), `preupload.after-named` (a commit named pre-uploaded blobs, before its index PUT).
 //!
 //! `point@N` dies the N-th time the point is reached (default 1), so a seeded crash matrix can
 //! hit a point in its 1st, 2nd, … commit. An unknown name is refused ([`check_env`]): the
@@ -48,6 +49,8 @@ pub const POINTS: &[&str] = &[
     "restore.after-exchange",
     "sweep.mid-delete",
     "lazy.after-fetch",
+    "preupload.after-put",
+    "preupload.after-named",
 ];
 
 /// Check `BLOBSNAP_CRASH_AT` and `BLOBSNAP_HOLD_AT`: a name that is not a crash point (a

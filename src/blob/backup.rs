@@ -38,6 +38,7 @@ use async_trait::async_trait;
 use futures::{StreamExt as _, TryStreamExt as _};
 
 use super::diff::{diff, DirDiff};
+use super::preupload::{PreUploaded, PreUploads};
 use super::{hash_object, load_snapshot, BlobScopes, Expected, LoadedSnapshot, FACTORY_NAME};
 use crate::backend::{Clock, StoreMarkers, StoreSpec, TaskBackupManager, TaskContext};
 use crate::blobstore::{BlobKey, BlobStore, DeferredDeletes, PutBody, PutOptions};
@@ -97,6 +98,12 @@ pub struct BackupSettings {
     /// checkpoints are then read (one LIST; each document and index once per process), and
     /// nothing they name is deleted; what they alone kept is the sweep's once they leave.
     pub tiered_retention: bool,
+    /// Upload each table or blob file as soon as RocksDB has finished writing it, in the
+    /// background, so that a commit uploads only what was not pre-uploaded yet
+    /// ([`crate::blob::preupload`]). Takes effect for stores opened as
+    /// [`RocksStore`](crate::local::rocks::RocksStore)s in this process once a commit manager
+    /// has attached the backend (it needs the task's id generator).
+    pub pre_upload: bool,
 }
 
 /// The default [`BackupSettings::inline_below`]: 64 KiB.
@@ -120,6 +127,7 @@ impl Default for BackupSettings {
             inline_below: INLINE_BELOW,
             writer_lease: true,
             tiered_retention: false,
+            pre_upload: true,
         }
     }
 }
@@ -166,6 +174,11 @@ pub struct UploadStats {
     pub carried_forward: bool,
     /// Added files carried inline in the index (no blob, no request of their own).
     pub files_inline: u64,
+    /// Added files whose blobs were pre-uploaded before this commit (nothing sent now;
+    /// [`crate::blob::preupload`]).
+    pub files_pre_uploaded: u64,
+    /// Their bytes.
+    pub bytes_pre_uploaded: u64,
 }
 
 /// Live progress of one store's upload (Samza's `files-to-upload`, `bytes-uploaded`, …
@@ -303,6 +316,24 @@ pub struct BlobBackupManager {
     lease: Option<(super::admin::WriterLease, Mutex<Option<Instant>>)>,
     /// A fork's pins on the savepoints its snapshots borrow through, released once unused.
     release: super::fork::Release,
+    /// Per store, its pre-uploads ([`BackupSettings::pre_upload`]; empty when off).
+    pre: HashMap<String, Arc<PreUploads>>,
+    /// The task's snapshot generation (bumped by each sync stage) and the generation of each
+    /// commit not yet committed ([`PreUploads::settle`]).
+    generation: Arc<AtomicU64>,
+    generations: Mutex<BTreeMap<CheckpointId, u64>>,
+    /// The pre-upload workers, stopped on close and drop.
+    workers: Mutex<Vec<tokio::task::AbortHandle>>,
+}
+
+impl Drop for BlobBackupManager {
+    fn drop(&mut self) {
+        if let Ok(w) = self.workers.get_mut() {
+            for h in w.drain(..) {
+                h.abort();
+            }
+        }
+    }
 }
 
 /// After this many consecutive commits abandoned by the abandon rule, the next abandonment is
@@ -355,6 +386,18 @@ impl BlobBackupManager {
             specs.push((spec.clone(), scope, cache));
             progress.insert(spec.name.clone(), Arc::default());
         }
+        let generation = Arc::new(AtomicU64::new(0));
+        let pre = if settings.pre_upload {
+            specs
+                .iter()
+                .map(|(spec, _, _)| {
+                    let p = PreUploads::new(&task.task_name, &spec.name, Arc::clone(&generation));
+                    (spec.name.clone(), Arc::new(p))
+                })
+                .collect()
+        } else {
+            HashMap::new()
+        };
         let release = super::fork::Release::new(
             Arc::clone(&blob_store),
             &task.job_name,
@@ -379,6 +422,10 @@ impl BlobBackupManager {
                 )
             }),
             release,
+            pre,
+            generation,
+            generations: Mutex::default(),
+            workers: Mutex::default(),
             task,
             settings,
         })
@@ -387,6 +434,14 @@ impl BlobBackupManager {
     /// Per store, what the last upload did.
     pub fn last_upload_stats(&self) -> BTreeMap<String, UploadStats> {
         self.stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// What `store`'s pre-uploads did so far (`None` when pre-upload is off).
+    pub fn pre_upload_totals(
+        &self,
+        store: &str,
+    ) -> Option<crate::blob::preupload::PreUploadTotals> {
+        self.pre.get(store).map(|p| p.totals())
     }
 
     /// Live progress of `store`'s current (or last) upload.
@@ -497,9 +552,20 @@ impl BlobBackupManager {
             return Ok(marker);
         }
 
-        // 3. plan the blobs: reuse what the committed snapshot holds, send each new content once
-        let (blob_of, to_put, to_inline, deduplicated) =
-            plan_blobs(id, committed.as_ref(), &dd, self.settings.inline_below);
+        // 3. plan the blobs: reuse what the committed snapshot holds and what was pre-uploaded,
+        //    send each new content once
+        let pre = self.pre_uploaded(id, &spec.name, &dd).await;
+        let (blob_of, to_put, to_inline, deduplicated) = plan_blobs(
+            id,
+            committed.as_ref(),
+            &dd,
+            self.settings.inline_below,
+            &pre,
+        );
+        let pre_used: Vec<&PreUploaded> = pre
+            .values()
+            .filter(|p| blob_of.get(&p.digest.sha256) == Some(&p.blob_id))
+            .collect();
         let progress = self.progress.get(&spec.name).cloned().unwrap_or_default();
         progress.reset();
         progress
@@ -523,6 +589,14 @@ impl BlobBackupManager {
         );
         let upload_started = Instant::now();
         self.note_first_put(id)?;
+        // A named pre-upload's PUT is this commit's too: the abandon rule measures from the
+        // earliest (DESIGN §7 step 2).
+        for p in &pre_used {
+            self.note_put_at(id, p.put_at)?;
+        }
+        if !pre_used.is_empty() {
+            crate::crash::point("preupload.after-named");
+        }
         let requests = self.put_blobs(id, scope, &to_put, &progress).await?;
         let inline = read_inline(&to_inline).await?;
 
@@ -583,7 +657,12 @@ impl BlobBackupManager {
             upload_ms: upload_started.elapsed().as_millis() as u64,
             carried_forward: false,
             files_inline: to_inline.len() as u64,
+            files_pre_uploaded: pre_used.len() as u64,
+            bytes_pre_uploaded: pre_used.iter().map(|p| p.digest.size).sum(),
         };
+        if let Some(p) = self.pre.get(&spec.name) {
+            p.used(stats.files_pre_uploaded, stats.bytes_pre_uploaded);
+        }
         tracing::info!(
             marker = %marker,
             files = stats.files,
@@ -592,6 +671,7 @@ impl BlobBackupManager {
             files_removed = stats.files_removed,
             blobs_uploaded = stats.blobs_uploaded,
             bytes_uploaded = stats.bytes_uploaded,
+            files_pre_uploaded = stats.files_pre_uploaded,
             bytes_retained = stats.bytes_retained,
             requests = stats.requests,
             bytes_hashed = stats.bytes_hashed,
@@ -884,6 +964,7 @@ fn plan_blobs<'a>(
     committed: Option<&LoadedSnapshot>,
     dd: &'a DirDiff<'a>,
     inline_below: u64,
+    pre: &HashMap<Sha256, PreUploaded>,
 ) -> BlobPlan<'a> {
     let mut blob_of: HashMap<Sha256, String> = HashMap::new();
     if let Some(c) = committed {
@@ -923,6 +1004,10 @@ fn plan_blobs<'a>(
         let sha = f.digest.sha256;
         if blob_of.contains_key(&sha) {
             deduplicated += 1;
+            continue;
+        }
+        if let Some(p) = pre.get(&sha) {
+            blob_of.insert(sha, p.blob_id.clone());
             continue;
         }
         blob_of.insert(sha, StoreScope::blob_id(id, sha));
@@ -1082,8 +1167,20 @@ impl TaskBackupManager for BlobBackupManager {
         Ok(())
     }
 
-    /// Nothing to do synchronously: the commit manager made the checkpoint dirs.
-    fn snapshot(&self, _id: CheckpointId) -> Result<StoreMarkers> {
+    /// The pre-upload workers start with the task's id generator.
+    fn attach_ids(&self, ids: crate::backend::IdSource) {
+        if !self.pre.is_empty() {
+            self.start_pre_uploads(ids);
+        }
+    }
+
+    /// Nothing to upload synchronously (the commit manager made the checkpoint dirs): the
+    /// snapshot generation moves on (the pre-uploads' waste accounting, `PreUploads::settle`).
+    fn snapshot(&self, id: CheckpointId) -> Result<StoreMarkers> {
+        if !self.pre.is_empty() {
+            let g = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+            lock(&self.generations)?.insert(id, g);
+        }
         Ok(StoreMarkers::new())
     }
 
@@ -1119,8 +1216,9 @@ impl TaskBackupManager for BlobBackupManager {
     /// the baseline of the next upload, and the snapshots that left retention are deleted.
     /// Idempotent.
     async fn cleanup(&self, id: CheckpointId, markers: &StoreMarkers) -> Result<()> {
-        self.note_committed(id, markers).await?;
-        let expiry = self.expiry()?;
+        let wasted = self.note_committed(id, markers).await?;
+        let mut expiry = self.expiry()?;
+        expiry.keys.extend(wasted);
         if !expiry.keys.is_empty() {
             DeferredDeletes {
                 store: Arc::clone(&self.blob_store),
@@ -1144,9 +1242,10 @@ impl TaskBackupManager for BlobBackupManager {
         id: CheckpointId,
         markers: &StoreMarkers,
     ) -> Result<Vec<DeferredDeletes>> {
-        self.note_committed(id, markers).await?;
+        let wasted = self.note_committed(id, markers).await?;
         let mut expiry = self.expiry()?;
-        let keys = std::mem::take(&mut expiry.keys);
+        let mut keys = std::mem::take(&mut expiry.keys);
+        keys.extend(wasted);
         self.retire(expiry)?;
         self.release_pins().await;
         Ok(vec![DeferredDeletes {
@@ -1178,6 +1277,9 @@ impl TaskBackupManager for BlobBackupManager {
     }
 
     async fn close(&self) -> Result<()> {
+        for h in lock(&self.workers)?.drain(..) {
+            h.abort();
+        }
         let Some((lease, renewed)) = &self.lease else {
             return Ok(());
         };
@@ -1257,10 +1359,32 @@ impl BlobBackupManager {
 
 impl BlobBackupManager {
     /// The checkpoint naming `markers` is committed: each store's index named there becomes
-    /// the baseline of the next upload and joins the retention window.
-    async fn note_committed(&self, id: CheckpointId, markers: &StoreMarkers) -> Result<()> {
+    /// the baseline of the next upload and joins the retention window. Returns the keys of
+    /// pre-uploaded blobs no index named whose files RocksDB has deleted since: waste, which
+    /// no commit can name any more ([`PreUploads::settle`]).
+    async fn note_committed(
+        &self,
+        id: CheckpointId,
+        markers: &StoreMarkers,
+    ) -> Result<Vec<BlobKey>> {
         // Uploads up to this one will never commit now: their clocks are done.
         lock(&self.first_put)?.retain(|k, _| *k > id);
+        let mut wasted = Vec::new();
+        let generation = {
+            let mut g = lock(&self.generations)?;
+            let mine = g.get(&id).copied();
+            g.retain(|k, _| *k > id);
+            mine
+        };
+        if let Some(generation) = generation {
+            for (spec, scope, _) in &self.stores {
+                if let Some(pre) = self.pre.get(&spec.name) {
+                    for blob in pre.settle(id, generation) {
+                        wasted.push(scope.key(&blob)?);
+                    }
+                }
+            }
+        }
         self.abandoned_in_a_row
             .store(0, std::sync::atomic::Ordering::Relaxed);
         for (spec, _, _) in &self.stores {
@@ -1295,7 +1419,87 @@ impl BlobBackupManager {
                 st.retained.push_back(snap);
             }
         }
+        Ok(wasted)
+    }
+
+    /// The pre-uploaded blobs upload `id` of `store` can name for the table and blob files it
+    /// adds (waiting for pre-uploads in flight), by content. Files the committed snapshot
+    /// already holds are not asked for (they reuse its blob).
+    async fn pre_uploaded(
+        &self,
+        id: CheckpointId,
+        store: &str,
+        dd: &DirDiff<'_>,
+    ) -> HashMap<Sha256, PreUploaded> {
+        let mut out = HashMap::new();
+        let Some(pre) = self.pre.get(store) else {
+            return out;
+        };
+        let held: std::collections::HashSet<Sha256> = lock(&self.state)
+            .ok()
+            .and_then(|s| s.get(store).and_then(|s| s.committed.clone()))
+            .map(|c| {
+                c.index
+                    .present_files()
+                    .iter()
+                    .filter_map(|(_, f)| f.sha256)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let fresh = super::preupload::fresh_for(self.settings.gc_grace);
+        for f in dd.added_files() {
+            if !is_immutable(&f.name) || held.contains(&f.digest.sha256) {
+                continue;
+            }
+            let now = self.clock.now_millis();
+            if let Some(p) = pre.resolve(id, &f.name, &f.digest, now, fresh).await {
+                out.insert(p.digest.sha256, p);
+            }
+        }
+        out
+    }
+
+    /// Upload `id` names a blob whose PUT started at `at`: its first PUT is at the latest then.
+    fn note_put_at(&self, id: CheckpointId, at: (Instant, u64)) -> Result<()> {
+        let mut first = lock(&self.first_put)?;
+        let e = first.entry(id).or_insert(at);
+        if at.0 < e.0 {
+            e.0 = at.0;
+        }
+        if at.1 < e.1 {
+            e.1 = at.1;
+        }
         Ok(())
+    }
+
+    /// Start the pre-upload workers (once, when the commit manager hands over its ids; in a
+    /// tokio runtime only).
+    fn start_pre_uploads(&self, ids: crate::backend::IdSource) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            tracing::debug!(task = %self.task.task_name, "no tokio runtime: no pre-upload");
+            return;
+        };
+        let Ok(mut workers) = lock(&self.workers) else {
+            return;
+        };
+        if !workers.is_empty() {
+            return;
+        }
+        for (spec, scope, cache) in &self.stores {
+            let Some(pre) = self.pre.get(&spec.name) else {
+                continue;
+            };
+            let events = crate::local::events::subscribe(&spec.dir);
+            let worker = super::preupload::Worker {
+                blob_store: Arc::clone(&self.blob_store),
+                scope: scope.clone(),
+                cache: cache.clone(),
+                ids: Arc::clone(&ids),
+                clock: Arc::clone(&self.clock),
+            };
+            let h = rt.spawn(Arc::clone(pre).run(events, worker));
+            workers.push(h.abort_handle());
+        }
     }
 
     /// The time of upload `id`'s first PUT: now, unless a store of the same upload put first.

@@ -25,6 +25,7 @@ pub mod fork;
 pub mod gc;
 pub mod history;
 pub mod manual;
+pub mod preupload;
 pub mod restore;
 pub mod savepoint;
 pub mod usage;

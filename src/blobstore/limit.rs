@@ -27,6 +27,11 @@
 //! the operator's hard limits). At most `max-transfers + URGENT_LANE` transfers are then in
 //! flight.
 //!
+//! **A background lane.** A request made inside [`background`] — a pre-upload of a file no
+//! commit needs yet ([`crate::blob::preupload`]) — first takes one of `max(1, max-transfers /
+//! 2)` background permits, then a transfer permit like any other: background work never holds
+//! more than half the window, so a commit's uploads always find room beside it.
+//!
 //! The rate limits are token buckets (GCRA, the `governor` crate) on a clock of tokio's
 //! `Instant`, so tests on tokio's paused clock drive them; waiters queue in FIFO order, so no
 //! task starves another. Time spent waiting is published per limit
@@ -230,6 +235,8 @@ struct Shared {
     permits: Arc<Semaphore>,
     /// The urgent lane's own permits ([`URGENT_LANE`]).
     urgent: Arc<Semaphore>,
+    /// The background lane's cap: half the window ([`background`]).
+    background: Arc<Semaphore>,
     window: Mutex<Window>,
     in_flight: AtomicUsize,
     peak: AtomicUsize,
@@ -245,6 +252,18 @@ pub const URGENT_LANE: usize = 2;
 
 tokio::task_local! {
     static URGENT: ();
+    static BACKGROUND: ();
+}
+
+/// Run `f` in the background lane: its transfers hold at most half the window (see the module
+/// docs), below the commits' uploads.
+pub async fn background<F: std::future::Future>(f: F) -> F::Output {
+    BACKGROUND.scope((), f).await
+}
+
+/// Whether the current task runs in [`background`].
+fn is_background() -> bool {
+    BACKGROUND.try_with(|()| ()).is_ok()
 }
 
 /// Run `f` in the urgent lane: its requests do not queue behind the others' transfers (a lazy
@@ -284,6 +303,7 @@ impl Budget {
                 limits,
                 permits: Arc::new(Semaphore::new(limits.transfers)),
                 urgent: Arc::new(Semaphore::new(URGENT_LANE)),
+                background: Arc::new(Semaphore::new((limits.transfers / 2).max(1))),
                 window: Mutex::new(Window {
                     size: limits.transfers as f64,
                     withheld: 0,
@@ -376,6 +396,16 @@ impl Budget {
     async fn acquire(&self) -> Result<Permit> {
         let started = Instant::now();
         let closed = |_| Error::new(ErrorKind::Cancelled, "the transfer budget was closed");
+        let lane = if is_background() {
+            Some(
+                Arc::clone(&self.shared.background)
+                    .acquire_owned()
+                    .await
+                    .map_err(closed)?,
+            )
+        } else {
+            None
+        };
         let (permit, urgent) = if is_urgent() {
             match Arc::clone(&self.shared.permits).try_acquire_owned() {
                 Ok(p) => (p, false),
@@ -403,6 +433,7 @@ impl Budget {
             permit: Some(permit),
             budget: self.clone(),
             urgent,
+            _lane: lane,
         })
     }
 
@@ -476,6 +507,8 @@ struct Permit {
     budget: Budget,
     /// Of the urgent lane (outside the AIMD window's accounting).
     urgent: bool,
+    /// A background transfer's place in its lane.
+    _lane: Option<OwnedSemaphorePermit>,
 }
 
 impl Drop for Permit {
@@ -697,6 +730,54 @@ mod tests {
             1,
             "the urgent lane leaves the window alone"
         );
+    }
+
+    /// Background transfers hold at most half the window: with a window of 4 and two
+    /// background bodies unread, a third background GET waits while a plain one runs.
+    #[tokio::test]
+    async fn the_background_lane_leaves_half_the_window_to_the_rest() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let budget = Budget::new(4);
+        let store = Arc::new(LimitStore::new(
+            LocalStore::new(tmp.path()).expect("local store"),
+            budget.clone(),
+        ));
+        store
+            .put(
+                &key("x"),
+                PutBody::Bytes(Bytes::from_static(b"bytes")),
+                PutOptions::default(),
+            )
+            .await
+            .expect("put");
+        let held = background(async {
+            (
+                store.get(&key("x"), None).await.expect("get"),
+                store.get(&key("x"), None).await.expect("get"),
+            )
+        })
+        .await;
+        assert_eq!(budget.in_flight(), 2);
+        let third = {
+            let store = Arc::clone(&store);
+            tokio::spawn(background(
+                async move { drain(store.as_ref(), &key("x")).await },
+            ))
+        };
+        let n = tokio::time::timeout(Duration::from_secs(60), drain(store.as_ref(), &key("x")))
+            .await
+            .expect("a plain GET finds room beside the background lane");
+        assert_eq!(n, 5);
+        assert!(
+            !third.is_finished(),
+            "a third background GET waits for its lane"
+        );
+        drop(held);
+        let n = tokio::time::timeout(Duration::from_secs(60), third)
+            .await
+            .expect("the background GET runs once its lane frees")
+            .expect("task");
+        assert_eq!(n, 5);
     }
 
     /// A download limit holds within ±10 % over a simulated minute, with two readers (two

@@ -99,7 +99,8 @@ pub(crate) async fn run(
         eprintln!("demo: Prometheus metrics on http://{bound}/metrics");
     }
     use blobsnap::job::{wordcount, JobSettings};
-    let job = Settings::load(store_args.config.as_deref())?.job;
+    let loaded = Settings::load(store_args.config.as_deref())?;
+    let job = loaded.job;
     let partitions = partitions.unwrap_or(job.partitions).max(1);
     let commit_every = commit_every.unwrap_or(job.commit_every);
     let commit_ms = commit_ms.unwrap_or(job.commit_ms);
@@ -136,6 +137,7 @@ pub(crate) async fn run(
         index_inline_below: job.index_inline_below,
         restore_mode: restore_mode.unwrap_or(job.restore_mode),
         lazy_download_rate: job.lazy_download_rate,
+        pre_upload: loaded.store.pre_upload,
         start_from: match start_from.or(job.start_from.clone()) {
             Some(p) => Some(p.parse()?),
             None => None,

@@ -81,6 +81,10 @@ pub struct JobSettings {
     /// A lazy restore's background download stays under this many bytes/s (0: no bound;
     /// default [`DEFAULT_RATE`](crate::local::lazy::DEFAULT_RATE)).
     pub lazy_download_rate: u64,
+    /// Upload each table or blob file as soon as RocksDB finishes it, in the background
+    /// ([`crate::blob::preupload`], `store.pre-upload`), so that a commit after a compaction
+    /// uploads little.
+    pub pre_upload: bool,
     /// Start every task from this point instead of its latest checkpoint (a rollback, or a
     /// roll-forward to a newer retained checkpoint): `savepoint:NAME`, `#N`, a checkpoint id,
     /// `@TIME` ([`CheckpointRef`](crate::blob::history::CheckpointRef)). Each task claims its

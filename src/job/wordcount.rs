@@ -318,6 +318,7 @@ pub async fn run(
             inline_below: settings.index_inline_below,
             // `run_task` holds the task's lease from its claim to its stop.
             writer_lease: false,
+            pre_upload: settings.pre_upload,
             ..Default::default()
         },
         RestoreSettings {

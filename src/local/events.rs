@@ -146,12 +146,15 @@ mod tests {
         }
         // Two flushes and the compaction's output; the compaction deleted the flushed two.
         assert_eq!(finished.len(), 3, "{finished:?}");
-        assert!(finished.iter().all(|p| p
-            .extension()
-            .is_some_and(|e| e == "sst")
-            && p.parent().map(key) == Some(key(&db_dir))));
+        assert!(finished
+            .iter()
+            .all(|p| p.extension().is_some_and(|e| e == "sst")
+                && p.parent().map(key) == Some(key(&db_dir))));
         assert_eq!(deleted.len(), 2, "{deleted:?}");
         assert!(deleted.iter().all(|d| finished[..2].contains(d)));
-        assert!(other.try_recv().is_err(), "another dir's subscriber heard nothing");
+        assert!(
+            other.try_recv().is_err(),
+            "another dir's subscriber heard nothing"
+        );
     }
 }

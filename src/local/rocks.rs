@@ -216,7 +216,10 @@ impl RocksStore {
         let events = crate::local::events::register(dir);
         let mut opts = opts.clone();
         if !lazy::add_file_listener(&mut opts, events.token()) {
-            tracing::warn!(store = name, "RocksDB refused the file-event listener: no file of this store is pre-uploaded");
+            tracing::warn!(
+                store = name,
+                "RocksDB refused the file-event listener: no file of this store is pre-uploaded"
+            );
         }
         let opts = &opts;
         let db = if lazy {

@@ -26,6 +26,7 @@ mod interop;
 mod lifecycle;
 mod loopback_only;
 mod prereqs;
+mod preupload;
 mod restore;
 mod restore_crash;
 mod server_scripts;

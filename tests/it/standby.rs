@@ -46,6 +46,7 @@ fn settings(state: &std::path::Path, input: &std::path::Path, job: &str) -> JobS
         index_inline_below: blobsnap::blob::backup::INLINE_BELOW,
         restore_mode: blobsnap::job::RestoreMode::Full,
         lazy_download_rate: blobsnap::local::lazy::DEFAULT_RATE,
+        pre_upload: true,
         start_from: None,
         retention_tiers: Vec::new(),
         stop: Default::default(),
