@@ -33,14 +33,16 @@ pub(crate) async fn run(
     let blobsnap::blob::LoadedSnapshot {
         marker: m, index, ..
     } = snap.load(blob_store.as_ref(), &marker).await?;
-    let own = format!("blobs/{}/", m.checkpoint_id);
+    use blobsnap::index::BlobOrigin;
     let files = index.present_files();
+    let origin = |f: &blobsnap::index::FileIndex| f.blobs.first().map(|b| index.blob_origin(b));
     let bytes: u64 = files.iter().map(|(_, f)| f.file_metadata.size).sum();
-    let uploaded: Vec<_> = files
-        .iter()
-        .filter(|(_, f)| f.blobs.iter().any(|b| b.blob_id.starts_with(&own)))
-        .collect();
+    let of =
+        |o: BlobOrigin| -> Vec<_> { files.iter().filter(|(_, f)| origin(f) == Some(o)).collect() };
+    let uploaded = of(BlobOrigin::Uploaded);
     let up_bytes: u64 = uploaded.iter().map(|(_, f)| f.file_metadata.size).sum();
+    let pre = of(BlobOrigin::PreUploaded);
+    let pre_bytes: u64 = pre.iter().map(|(_, f)| f.file_metadata.size).sum();
     if json {
         let checkpoint = match &checkpoint {
             Some(c) => serde_json::json!({
@@ -64,12 +66,15 @@ pub(crate) async fn run(
                     "sha256": f.sha256.map(|s| s.to_hex()),
                     "blob": f.blobs.first().map(|b| b.blob_id.clone()),
                     "inline": f.inline_data.is_some(),
+                    "origin": if f.inline_data.is_some() { "inline" } else { origin(f).map_or("none", BlobOrigin::as_str) },
                 })).collect::<Vec<_>>(),
                 "total-files": files.len(),
                 "total-bytes": bytes,
                 "uploaded-files": uploaded.len(),
                 "uploaded-bytes": up_bytes,
                 "upload-requests": uploaded.len() + 1,
+                "pre-uploaded-files": pre.len(),
+                "pre-uploaded-bytes": pre_bytes,
                 "restore-requests": files.iter().filter(|(_, f)| !f.blobs.is_empty()).count() + 1,
                 "restore-bytes": bytes,
             })
@@ -91,20 +96,20 @@ pub(crate) async fn run(
             let blob = f.blobs.first().map(|b| b.blob_id.as_str()).unwrap_or("-");
             let new = if f.inline_data.is_some() {
                 "inline"
-            } else if blob.starts_with(&own) {
-                "new"
             } else {
-                "reused"
+                origin(f).map_or("-", BlobOrigin::as_str)
             };
             println!("  {:>12}  {p}  {new} {blob}", f.file_metadata.size);
         }
         println!(
-                "  {} files, {} bytes; uploaded by this checkpoint: {} files, {} bytes, about {} requests (single PUTs + the index); a restore into an empty dir: {} GETs, {} bytes",
+                "  {} files, {} bytes; uploaded by this checkpoint: {} files, {} bytes, about {} requests (single PUTs + the index); pre-uploaded before it: {} files, {} bytes; a restore into an empty dir: {} GETs, {} bytes",
                 files.len(),
                 bytes,
                 uploaded.len(),
                 up_bytes,
                 uploaded.len() + 1,
+                pre.len(),
+                pre_bytes,
                 files.iter().filter(|(_, f)| !f.blobs.is_empty()).count() + 1,
                 bytes
             );

@@ -95,6 +95,19 @@ pub fn subscribe(dir: &Path) -> UnboundedReceiver<FileEvent> {
     rx
 }
 
+/// Tell `dir`'s subscribers of `event` directly: a [`StoreEngine`](crate::backend::StoreEngine)
+/// that is not a [`RocksStore`](crate::local::rocks::RocksStore) announces the immutable files
+/// it has finished (`*.sst`, `*.blob`: never written again) and the ones it deleted, so that
+/// they are pre-uploaded too.
+pub fn announce(dir: &Path, event: FileEvent) {
+    let dir = key(dir);
+    with(|r| {
+        if let Some(subs) = r.subscribers.get_mut(&dir) {
+            subs.retain(|tx| tx.send(event.clone()).is_ok());
+        }
+    });
+}
+
 /// Called by the listener (on a RocksDB thread): `kind` 1 or 2 is a finished table or blob
 /// file, 3 or 4 a deleted one.
 pub(crate) fn publish(token: u64, kind: i32, path: &Path) {

@@ -16,6 +16,10 @@
 //! the completion then fails), and the model has teeth: with the abandon rule switched off
 //! (`BackupSettings::abandon_rule`, test-only) `without_the_abandon_rule_the_model_finds_a_lost_blob`
 //! finds an interleaving that commits a snapshot whose blob a concurrent sweep had deleted.
+//! Every other seed runs with **pre-upload**: each file is announced finished as it is written
+//! (and deleted as it is deleted), the backend's worker PUTs it under an id of its own while
+//! commits and sweeps run, commits name those blobs (after waiting for one in flight), and a
+//! file deleted first is waste, deleted by a later commit; the same invariant holds.
 //!
 //! Through time (`savepoints_forks_and_tiers_never_lose_a_referenced_blob`): a tiered source
 //! job and a zero-copy fork of one of its savepoints commit, save, remove savepoints and sweep
@@ -404,6 +408,27 @@ async fn interleaving(
     harsh: bool,
     abandon_rule: bool,
 ) -> std::result::Result<(u64, u64, u64, u64), String> {
+    interleaving_with(seed, harsh, abandon_rule, false)
+        .await
+        .map(|(r, _)| r)
+}
+
+/// [`interleaving`], with pre-upload on or off: with it on, each new file is announced
+/// finished as it is written (and each deleted one as deleted), so the backend's pre-upload
+/// worker PUTs it under its own id while commits and sweeps run; the commits name those
+/// blobs. Also returns what the pre-uploads did.
+async fn interleaving_with(
+    seed: u64,
+    harsh: bool,
+    abandon_rule: bool,
+    pre_upload: bool,
+) -> std::result::Result<
+    (
+        (u64, u64, u64, u64),
+        blobsnap::blob::preupload::PreUploadTotals,
+    ),
+    String,
+> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let clock = Arc::new(VClock(AtomicU64::new(1_800_000_000_000)));
     // Up to an eighth of the grace period per operation (the design's assumption: one request
@@ -454,6 +479,7 @@ async fn interleaving(
                 gc_grace: Duration::from_millis(GRACE_MS),
                 hash_cache: false,
                 abandon_rule,
+                pre_upload,
                 ..Default::default()
             },
         )
@@ -468,10 +494,15 @@ async fn interleaving(
         .with_backends(
             vec![Backend {
                 name: FACTORY_NAME.into(),
-                manager: backup,
+                manager: Arc::clone(&backup) as _,
             }],
             last,
         );
+    let announce = |event: blobsnap::local::events::FileEvent| {
+        if pre_upload {
+            blobsnap::local::events::announce(&dir, event);
+        }
+    };
     let commits = if harsh {
         rng.random_range(1..3u64)
     } else {
@@ -499,12 +530,20 @@ async fn interleaving(
                 } else {
                     format!("content {next}").into_bytes()
                 };
-                std::fs::write(dir.join(format!("{next:06}.sst")), content).unwrap();
+                let path = dir.join(format!("{next:06}.sst"));
+                std::fs::write(&path, content).unwrap();
+                announce(blobsnap::local::events::FileEvent::Finished(path));
                 next += 1;
+                // The pre-upload worker runs between the writer's steps.
+                for _ in 0..rng.random_range(0..3u32) {
+                    tokio::task::yield_now().await;
+                }
             }
             if rng.random_bool(0.4) && next > 3 {
                 let victim = dir.join(format!("{:06}.sst", rng.random_range(1..next)));
-                let _ = std::fs::remove_file(victim);
+                if std::fs::remove_file(&victim).is_ok() {
+                    announce(blobsnap::local::events::FileEvent::Deleted(victim));
+                }
             }
             let offsets = BTreeMap::from([(Ssp::new("s", "in", 0), i.to_string())]);
             match mgr.commit(offsets).await {
@@ -568,7 +607,11 @@ async fn interleaving(
         .await
         .map_err(|e| format!("seed {seed}: at the end: {e}"))?;
     assert!(intact > 0 || ok == 0, "seed {seed}");
-    Ok((ok, failed, swept, clock.now_millis() - 1_800_000_000_000))
+    let totals = backup.pre_upload_totals("counts").unwrap_or_default();
+    Ok((
+        (ok, failed, swept, clock.now_millis() - 1_800_000_000_000),
+        totals,
+    ))
 }
 
 #[test]
@@ -582,20 +625,40 @@ fn no_referenced_blob_is_ever_swept_under_any_interleaving() {
         .build()
         .unwrap();
     let (mut commits, mut failed, mut swept) = (0, 0, 0);
+    let (mut pre, mut used, mut wasted) = (0, 0, 0);
+    // Commits and abandoned uploads, without and with pre-upload.
+    let mut by_mode = [(0u64, 0u64); 2];
     for seed in 0..n {
-        let (c, f, s, _) = rt
-            .block_on(interleaving(seed, false, true))
+        // Every other seed with pre-upload: files PUT as they are written, under ids of
+        // their own, named by the next commit, wasted when deleted first.
+        let ((c, f, s, _), t) = rt
+            .block_on(interleaving_with(seed, false, true, seed % 2 == 1))
             .unwrap_or_else(|v| panic!("{v}"));
         commits += c;
         failed += f;
         swept += s;
+        let m = &mut by_mode[(seed % 2) as usize];
+        m.0 += c;
+        m.1 += f;
+        pre += t.files;
+        used += t.files_used;
+        wasted += t.files_wasted;
     }
-    eprintln!("gc model: {n} interleavings, {commits} commits, {failed} abandoned, {swept} objects swept, no referenced object deleted");
+    eprintln!("gc model: {n} interleavings, {commits} commits, {failed} abandoned, {swept} objects swept, {pre} files pre-uploaded ({used} named by a commit, {wasted} wasted), no referenced object deleted; (commits, abandoned) without pre-upload {:?}, with {:?}", by_mode[0], by_mode[1]);
+    assert!(
+        used > 0 && wasted > 0,
+        "pre-uploads were named and wasted ({used}, {wasted}): the model exercised them"
+    );
     assert!(
         failed > 0,
         "uploads were abandoned (older than grace/2): orphans existed"
     );
-    assert!(commits > n, "commits happened ({commits})");
+    // Every operation here may take up to an eighth of the grace: most uploads are abandoned,
+    // and the commits that go through show the model exercised both modes.
+    assert!(
+        by_mode.iter().all(|(c, _)| *c > n / 4),
+        "commits happened in both modes ({by_mode:?})"
+    );
     assert!(
         swept > 0,
         "sweeps deleted orphans ({swept}): the model exercised deletion"

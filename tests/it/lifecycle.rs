@@ -74,6 +74,9 @@ async fn retention_case(h: &support::Harness, retention: usize) {
                 BackupSettings {
                     retention,
                     writer_lease: false,
+                    // What each commit costs and leaves, exactly: no background PUTs between
+                    // (tests/it/preupload.rs covers those).
+                    pre_upload: false,
                     ..Default::default()
                 },
             )
@@ -2780,6 +2783,9 @@ async fn a_commit_costs_its_uploads_one_checkpoint_put_and_the_cleanup() {
     // A commit that comes due while one is in flight waits for it instead of being skipped:
     // exactly one commit per 400 messages, whatever the machine's speed.
     settings.commit_max_delay = std::time::Duration::ZERO;
+    // The commit's own requests: no pre-upload PUTs between commits (counted apart in
+    // tests/it/preupload.rs).
+    settings.pre_upload = false;
     blobsnap::job::wordcount::generate_input(&settings.input_dir, 1, 4000, 11).unwrap();
     // At each commit: the counters now and the PUTs the stores' uploads reported.
     let seen = Arc::new(Mutex::new(Vec::new()));

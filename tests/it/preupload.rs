@@ -161,6 +161,11 @@ mod cases {
             blob.ends_with(&sha_hex(bytes)) && !blob.contains(&r1.checkpoint.id.to_string()),
             "named under the pre-upload's own id, not the commit's: {blob}"
         );
+        assert_eq!(
+            idx1.blob_origin(&entry.blobs[0]),
+            blobsnap::index::BlobOrigin::PreUploaded,
+            "what `blobsnap inspect` shows"
+        );
 
         // 2. The commit's own flush makes an SST while it runs: sent exactly once.
         support::rocks::write_keys_of(&db, 400, 400, 2, 256);

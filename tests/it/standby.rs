@@ -344,12 +344,14 @@ async fn a_standby_skips_what_it_cannot_verify_and_catches_up_from_the_newest() 
         .expect("the newest index");
     let index =
         blobsnap::index::SnapshotIndex::from_slice(&std::fs::read(&index).unwrap()).unwrap();
+    // (Uploaded by its commit, or pre-uploaded for it: new either way.)
     let new_ssts: Vec<String> = index
         .present_files()
         .into_iter()
         .filter(|(p, _)| p.ends_with(".sst"))
-        .filter_map(|(_, f)| f.blobs.first().map(|b| b.blob_id.clone()))
-        .filter(|b| b.starts_with(&format!("blobs/{id2}/")))
+        .filter_map(|(_, f)| f.blobs.first())
+        .filter(|b| index.blob_origin(b) != blobsnap::index::BlobOrigin::Reused)
+        .map(|b| b.blob_id.clone())
         .collect();
     let new_blobs: Vec<std::path::PathBuf> = walk(&store_dir)
         .into_iter()
