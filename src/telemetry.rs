@@ -92,6 +92,14 @@ pub const METRICS: &[Metric] = &[
     m("blobsnap_backup_bytes_to_remove", Gauge, TS, "Bytes of the files the store's last snapshot dropped."),
     m("blobsnap_backup_scan_seconds", Histogram, TS, "Scanning and hashing the store's checkpoint dir."),
     m("blobsnap_backup_upload_seconds", Histogram, TS, "Uploading the store's new blobs and its index."),
+    // Pre-upload (the blob backend's background uploads of finished table and blob files).
+    m("blobsnap_preupload_files_total", Counter, TS, "Table and blob files uploaded as RocksDB finished them, before a commit needed them."),
+    m("blobsnap_preupload_bytes_total", Counter, TS, "Bytes pre-uploaded."),
+    m("blobsnap_preupload_used_files_total", Counter, TS, "Pre-uploaded files a commit named (it sent nothing for them)."),
+    m("blobsnap_preupload_used_bytes_total", Counter, TS, "Bytes of the pre-uploaded files commits named."),
+    m("blobsnap_preupload_waste_files_total", Counter, TS, "Pre-uploaded files no commit named (RocksDB deleted them first); their blobs are deleted."),
+    m("blobsnap_preupload_waste_bytes_total", Counter, TS, "Bytes of the pre-uploads no commit named."),
+    m("blobsnap_preupload_queue_depth", Gauge, TS, "Finished files waiting for their pre-upload now."),
     // Retention cleanup and the sweep.
     m("blobsnap_gc_blobs_deleted_total", Counter, T, "Blobs and indexes deleted by the task's retention cleanup."),
     m("blobsnap_gc_bytes_deleted_total", Counter, T, "Bytes deleted by the task's retention cleanup."),

@@ -241,6 +241,7 @@ impl PreUploads {
         worker: Worker,
     ) {
         let worker = Arc::new(worker);
+        self.set_queued(0);
         let mut in_hand = futures::stream::FuturesUnordered::new();
         let mut backlog: std::collections::VecDeque<PathBuf> = Default::default();
         loop {

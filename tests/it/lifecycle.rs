@@ -419,6 +419,7 @@ mod external {
             "commit.during-cleanup",
             "restore.mid-download",
             "restore.after-exchange",
+            "preupload.after-named",
         ]);
         crash_matrix(&ms, tmp.path(), &points, runs).await;
         h.cleanup().await;
