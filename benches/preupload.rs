@@ -115,7 +115,10 @@ async fn run(
         JobScope::new(&ctx.job_name, "1").expect("scope"),
     ));
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let unsafe_ok = !checkpoints.enforces_exclusive_writes().await.expect("probe");
+    let unsafe_ok = !checkpoints
+        .enforces_exclusive_writes()
+        .await
+        .expect("probe");
     let (mgr, last) = TaskCommitManager::start(
         ctx.clone(),
         Arc::clone(&checkpoints),

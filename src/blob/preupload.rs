@@ -498,7 +498,7 @@ impl PreUploads {
             if e.named_in.contains(&committed) {
                 return false; // the committed index names it
             }
-            let gone = e.deleted_gen.is_some_and(|g| g + 1 <= generation);
+            let gone = e.deleted_gen.is_some_and(|g| g < generation);
             if !gone {
                 return true;
             }

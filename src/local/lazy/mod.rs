@@ -550,6 +550,24 @@ pub fn status(dir: &Path) -> Option<LazyStatus> {
     Some(store.status())
 }
 
+/// The final status of each store dir whose lazy restore completed in this process. Its lock
+/// is taken alone (never with the registry's or a file's).
+fn completed() -> MutexGuard<'static, std::collections::HashMap<PathBuf, LazyStatus>> {
+    static COMPLETED: std::sync::OnceLock<Mutex<std::collections::HashMap<PathBuf, LazyStatus>>> =
+        std::sync::OnceLock::new();
+    COMPLETED
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// How the newest lazy restore of `dir` that completed in this process ended (its counts once
+/// [`status`] is `None`); `None` when none has.
+pub fn completed_status(dir: &Path) -> Option<LazyStatus> {
+    let dir = absolute(dir).ok()?;
+    completed().get(&dir).copied()
+}
+
 /// The names of the lazily restored store's files at `dir` whose fetch is in flight (on
 /// demand or in the background), sorted; empty when it is not lazy.
 pub fn fetching(dir: &Path) -> Vec<String> {
@@ -1151,6 +1169,7 @@ async fn fetch_one(store: &LazyStore, remote: &Remote) -> bool {
 /// The background download: every remote file, largest first, `downloads` at once, under
 /// `max_rate`; then the dir is fsynced and the store marked complete.
 async fn download_all(store: Arc<LazyStore>, bg: Background) {
+    let started = tokio::time::Instant::now();
     let mut order: Vec<Arc<Remote>> = store.files.values().cloned().collect();
     order.sort_by_key(|r| std::cmp::Reverse(r.entry.file_metadata.size));
     // One token bucket for the whole download, paid chunk by chunk as bodies are read (F8 of
@@ -1218,6 +1237,7 @@ async fn download_all(store: Arc<LazyStore>, bg: Background) {
                 let _ = d.sync_all();
             }
             tracing::info!(store = %store.dir.display(), on_demand = st.files_on_demand, background = st.files_background, dropped = st.files_dropped, secs = started.elapsed().as_secs_f64(), "lazy restore complete: every file is local");
+            completed().insert(store.dir.clone(), st);
             let mut r = registry();
             if r.stores
                 .get(&store.dir)
