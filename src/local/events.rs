@@ -5,7 +5,7 @@
 //! Whoever wants them — the pre-upload of the blob backend ([`crate::blob::preupload`]) —
 //! [`subscribe`]s by store directory and receives [`FileEvent`]s on a channel.
 //!
-//! The listener runs on RocksDB's flush and compaction threads: [`publish`] only looks the
+//! The listener runs on RocksDB's flush and compaction threads: `publish` only looks the
 //! token up and queues the event (an unbounded channel; a subscriber that went away is
 //! dropped), never blocks and never does I/O. One lock (the registry's), held for a lookup or
 //! an insertion, never across anything else.
