@@ -120,13 +120,28 @@ pub(crate) async fn run(
             print!("{p}");
         }
     }
+    // One document per store, the same shape with and without `--dry-run` (the per-file plan
+    // included): a dry run's counts are what the real run would do, a real run's what it did.
+    let files: Vec<_> = plans.iter().map(plan_files).collect();
+    let document = |plan: Option<blobsnap::blob::restore::PlanTotals>,
+                    files: &serde_json::Value,
+                    fetched: u64| {
+        serde_json::json!({
+            "schema": 1,
+            "dry-run": dry_run,
+            "store": store,
+            "marker": marker,
+            "plan": plan,
+            "files": files,
+            "bytes-fetched": fetched,
+            "bytes-hashed": blobsnap::digest::bytes_hashed(),
+        })
+    };
     if dry_run {
         if json {
-            let totals: Vec<_> = plans.iter().map(|p| (&p.store, p.totals)).collect();
-            println!(
-                "{}",
-                serde_json::json!({"schema": 1, "dry-run": true, "plans": totals})
-            );
+            for (p, f) in plans.iter().zip(&files) {
+                println!("{}", document(Some(p.totals), f, 0));
+            }
         }
         return Ok(());
     }
@@ -148,21 +163,52 @@ pub(crate) async fn run(
         .map(|p| p.bytes_fetched.load(std::sync::atomic::Ordering::Relaxed))
         .unwrap_or(0);
     if json {
+        let none = serde_json::Value::Array(Vec::new());
         println!(
             "{}",
-            serde_json::json!({
-                "schema": 1,
-                "store": store,
-                "marker": marker,
-                "plan": totals.get(&store),
-                "bytes-fetched": fetched,
-                "bytes-hashed": blobsnap::digest::bytes_hashed(),
-            })
+            document(
+                totals.get(&store).copied(),
+                files.first().unwrap_or(&none),
+                fetched
+            )
         );
     } else {
         println!("restored {store} from {marker}: {fetched} bytes downloaded");
     }
     Ok(())
+}
+
+/// A plan's files for `--json`: each snapshot file with where its bytes come from (`action`:
+/// `download`, `inline` — written from the index —, `reuse` of a local file, `staged` by an
+/// interrupted restore), the blob or local path, how a reused file was proved (`read` or
+/// `hash-cache`); then each live file the snapshot lacks, `action` `delete`.
+fn plan_files(plan: &blobsnap::blob::restore::RestorePlan) -> serde_json::Value {
+    use blobsnap::blob::restore::Source;
+    let mut rows: Vec<serde_json::Value> = plan
+        .files
+        .iter()
+        .map(|f| {
+            let (action, from) = match &f.source {
+                Source::Staged => ("staged", None),
+                Source::Local(p) => ("reuse", Some(p.display().to_string())),
+                Source::Download => match f.entry.blobs.first() {
+                    Some(b) => ("download", Some(b.blob_id.clone())),
+                    None => ("inline", None),
+                },
+            };
+            serde_json::json!({
+                "path": f.path,
+                "size": f.entry.file_metadata.size,
+                "action": action,
+                "from": from,
+                "proof": f.proof,
+            })
+        })
+        .collect();
+    rows.extend(plan.leftover.iter().map(|l| {
+        serde_json::json!({"path": l, "size": null, "action": "delete", "from": null, "proof": null})
+    }));
+    serde_json::Value::Array(rows)
 }
 
 /// `restore --to DIR` replaces DIR's contents: a non-empty DIR that is not a store blobsnap

@@ -211,6 +211,7 @@ async fn inspect_diff_verify_and_restore(t: &Target, root: &Path) {
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(v["dry-run"], true);
     assert!(!to.exists(), "a dry run writes nothing");
+    let dry = v;
     let (code, v, err) = run(
         t,
         &[
@@ -229,6 +230,23 @@ async fn inspect_diff_verify_and_restore(t: &Target, root: &Path) {
     .await;
     assert_eq!(code, Some(0), "{err}");
     assert!(v["bytes-fetched"].as_u64().unwrap() > 0);
+    // The dry run printed the plan the real run carried out, file by file.
+    assert_eq!(v["dry-run"], false);
+    assert_eq!(dry["files"], v["files"], "{dry}\n{v}");
+    assert_eq!(dry["plan"], v["plan"], "{dry}\n{v}");
+    let planned = v["files"].as_array().unwrap();
+    assert!(planned.iter().any(|f| f["action"] == "download"), "{v}");
+    assert_eq!(
+        v["bytes-fetched"].as_u64(),
+        Some(
+            planned
+                .iter()
+                .filter(|f| f["action"] == "download" || f["action"] == "inline")
+                .map(|f| f["size"].as_u64().unwrap())
+                .sum()
+        ),
+        "what was fetched is what the plan's downloads and inline files add up to: {v}"
+    );
     let db = RocksStore::open("check", &to).unwrap();
     assert_eq!(db.db().iterator(rocksdb::IteratorMode::Start).count(), 4000);
 

@@ -429,12 +429,16 @@ fn every_json_document_is_kebab_case() {
         vec!["usage", "--job", "wordcount"],
         vec!["check", "--job", "wordcount"],
         vec!["gc", "--job", "wordcount", "--dry-run"],
+        vec!["gc", "--job", "wordcount"],
         [&["verify"][..], &snap[..]].concat(),
         [&["inspect"][..], &snap[..]].concat(),
         [&["restore", "--dry-run", "--to", "r"][..], &snap[..]].concat(),
+        [&["restore", "--to", "r"][..], &snap[..]].concat(),
     ];
     let mut bad = Vec::new();
     let mut schemas = String::new();
+    // Each command's key paths, to hold a dry run to its real run's shape.
+    let mut shapes: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for c in cmds {
         let args: Vec<&str> = l.iter().chain(c.iter()).copied().collect();
         let out = run(&args);
@@ -466,6 +470,7 @@ fn every_json_document_is_kebab_case() {
                 }
             })
             .collect();
+        shapes.insert(c.join(" "), shape.keys().cloned().collect());
         schemas.push_str(&format!(
             "\n## `blobsnap --json {}`\n\n| key | type |\n|---|---|\n",
             shown.join(" ")
@@ -478,6 +483,30 @@ fn every_json_document_is_kebab_case() {
     bad.sort();
     bad.dedup();
     assert!(bad.is_empty(), "snake_case keys:\n{}", bad.join("\n"));
+    // A dry run prints the document of the real run, its per-file plan included (issue 35 §2).
+    for (dry, real) in [
+        (
+            "gc --job wordcount --dry-run",
+            "gc --job wordcount".to_string(),
+        ),
+        (
+            "restore --dry-run --to r --job wordcount --task Partition 0 --store counts",
+            "restore --to r --job wordcount --task Partition 0 --store counts".to_string(),
+        ),
+    ] {
+        assert_eq!(
+            shapes.get(dry),
+            shapes.get(&real),
+            "{dry:?} and {real:?} print documents of different shapes"
+        );
+        assert!(shapes.get(dry).is_some_and(|k| !k.is_empty()), "{dry:?}");
+    }
+    assert!(
+        shapes
+            .get("restore --to r --job wordcount --task Partition 0 --store counts")
+            .is_some_and(|k| k.iter().any(|k| k == "files[].action")),
+        "a restore's document lists its files and what was done with each"
+    );
 
     // docs/json.md documents each of these documents' shape: every key (a path: `a.b`, `a[]`
     // for an array's elements) and its JSON type, as this run printed them.
