@@ -238,13 +238,20 @@ impl SnapshotArgs {
         };
         let scope = blobsnap::layout::JobScope::new(job, job_id)?;
         if r != blobsnap::blob::history::CheckpointRef::Latest {
-            let resolved = blobsnap::blob::history::resolve(blob_store, &scope, task, &r).await?;
+            let resolved =
+                match blobsnap::blob::history::resolve(blob_store, &scope, task, &r).await {
+                    Ok(r) => r,
+                    // A task that has no history is named as such (a typo, an unquoted name), not
+                    // as a reference that matched nothing in it.
+                    Err(e) => return Err(self.unknown_task(blob_store, &scope).await.unwrap_or(e)),
+                };
             let m = resolved.marker(store).map(str::to_string).ok_or_else(|| {
                 Error::new(
                     ErrorKind::NotFound,
                     format!(
-                        "checkpoint #{} of task {task:?} ({r}) has no snapshot of store {store:?}",
-                        resolved.committed.seq
+                        "checkpoint #{} of task {task:?} ({r}) has no snapshot of store {store:?}{}",
+                        resolved.committed.seq,
+                        stores_in(&resolved.committed.checkpoint)
                     ),
                 )
             })?;
@@ -259,13 +266,19 @@ impl SnapshotArgs {
             );
             return Ok((m, Some(resolved.committed)));
         }
-        let cps = blobsnap::checkpoint::BlobCheckpointStore::new(Arc::clone(blob_store), scope);
-        let latest = cps.latest(task).await?.ok_or_else(|| {
-            Error::new(
-                ErrorKind::NotFound,
-                format!("task {task:?} of {job}/{job_id} has no checkpoint"),
-            )
-        })?;
+        let cps =
+            blobsnap::checkpoint::BlobCheckpointStore::new(Arc::clone(blob_store), scope.clone());
+        let Some(latest) = cps.latest(task).await? else {
+            return Err(self
+                .unknown_task(blob_store, &scope)
+                .await
+                .unwrap_or_else(|| {
+                    Error::new(
+                        ErrorKind::NotFound,
+                        format!("task {task:?} of {job}/{job_id} has no checkpoint"),
+                    )
+                }));
+        };
         let m = latest
             .checkpoint
             .as_v2()
@@ -275,11 +288,66 @@ impl SnapshotArgs {
                 Error::new(
                     ErrorKind::NotFound,
                     format!(
-                        "the latest checkpoint of task {task:?} has no snapshot of store {store:?}"
+                        "the latest checkpoint of task {task:?} has no snapshot of store {store:?}{}",
+                        stores_in(&latest.checkpoint)
                     ),
                 )
             })?;
         Ok((m, Some(latest)))
+    }
+
+    /// Why the task has nothing to resolve against, if it is the job or the task that is
+    /// unknown: `NotFound` naming the job (nothing stored under it) or listing the job's tasks
+    /// that have a checkpoint. `None` when the task has a history (the caller's error stands).
+    async fn unknown_task(
+        &self,
+        blob_store: &Arc<dyn BlobStore>,
+        scope: &blobsnap::layout::JobScope,
+    ) -> Option<Error> {
+        if let Err(e) = blobsnap::blob::history::require_job(blob_store.as_ref(), scope).await {
+            return Some(e);
+        }
+        let tasks = blobsnap::blob::history::task_names(blob_store.as_ref(), scope)
+            .await
+            .ok()?;
+        if tasks.contains(&self.task) {
+            return None;
+        }
+        let listed: Vec<String> = tasks.iter().map(|t| format!("{t:?}")).collect();
+        let quote = if tasks.iter().any(|t| t.contains(' ')) {
+            " (a name with a space is quoted: --task 'Partition 0')"
+        } else {
+            ""
+        };
+        Some(Error::new(
+            ErrorKind::NotFound,
+            format!(
+                "job {}/{} has no task {:?} with a checkpoint; its tasks: {}{quote}",
+                self.job,
+                self.job_id,
+                self.task,
+                if listed.is_empty() {
+                    "none yet".to_string()
+                } else {
+                    listed.join(", ")
+                }
+            ),
+        ))
+    }
+}
+
+/// `; its stores: "a", "b"` — the stores a checkpoint has a blob snapshot of, for a message
+/// about a store it lacks.
+fn stores_in(c: &blobsnap::checkpoint::Checkpoint) -> String {
+    let stores: Vec<String> = c
+        .as_v2()
+        .and_then(|c| c.state_checkpoint_markers.get(FACTORY_NAME))
+        .map(|m| m.keys().map(|s| format!("{s:?}")).collect())
+        .unwrap_or_default();
+    if stores.is_empty() {
+        "; it has none".to_string()
+    } else {
+        format!("; its stores: {}", stores.join(", "))
     }
 }
 

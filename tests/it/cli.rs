@@ -2636,3 +2636,64 @@ async fn version_names_rocksdb_and_the_formats_and_a_typo_creates_nothing() {
         );
     }
 }
+
+/// Typos fail loudly (issue 35 §2): `restore`, `inspect`, `verify` and `diff` name an unknown
+/// job, list the tasks that have a checkpoint for an unknown task (an unquoted `Partition 0`
+/// included, with or without a reference), and list the stores for an unknown store — exit 3,
+/// nothing written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_job_task_or_store_lists_what_exists() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = local_target(tmp.path());
+    let dir = tmp.path().join("demo").display().to_string();
+    let (code, _, err) = run(
+        &t,
+        &["demo", "--dir", &dir, "--partitions", "2", "--lines", "500"],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let to = tmp.path().join("to").display().to_string();
+    let tasks = r#"its tasks: "Partition 0", "Partition 1""#;
+    for (args, says) in [
+        (
+            vec!["restore", "--job", "wordcnt", "--task", "Partition 0"],
+            "no job stored under wordcnt/1/",
+        ),
+        (
+            vec!["restore", "--job", "wordcount", "--task", "Partition 9"],
+            tasks,
+        ),
+        (
+            vec!["inspect", "--job", "wordcount", "--task", "Partition", "0"],
+            tasks,
+        ),
+        (
+            vec!["verify", "--job", "wordcount", "--task", "Partition", "#1"],
+            tasks,
+        ),
+        (
+            vec![
+                "restore",
+                "--job",
+                "wordcount",
+                "--task",
+                "Partition 0",
+                "--store",
+                "count",
+            ],
+            r#"has no snapshot of store "count"; its stores: "counts""#,
+        ),
+    ] {
+        let mut args = args.clone();
+        if !args.contains(&"--store") {
+            args.extend(["--store", "counts"]);
+        }
+        if args[0] == "restore" {
+            args.extend(["--to", &to]);
+        }
+        let (code, _, err) = run(&t, &args).await;
+        assert_eq!(code, Some(3), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    assert!(!Path::new(&to).exists(), "nothing restored");
+}
