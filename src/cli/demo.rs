@@ -155,6 +155,22 @@ pub(crate) async fn run(
     )
     .await?
     .with_gc_grace(settings.gc_grace);
+    // A point every task can start from, and an input that still holds what the job
+    // committed, before the input is written (a refused run leaves it as it was).
+    blobsnap::job::check_start_from(&settings, &blob_store)
+        .await
+        .map_err(|e| {
+            let text = e.to_string();
+            let text = text
+                .strip_suffix(&format!(" [{}]", e.kind()))
+                .unwrap_or(&text);
+            Error::new(
+                e.kind(),
+                format!(
+                    "{text}. Give the demo the --dir, --partitions and --lines of the job's earlier runs (this run: {partitions} partitions x {lines} lines)"
+                ),
+            )
+        })?;
     refuse_a_shorter_input(&settings, &blob_store, lines).await?;
     wordcount::generate_input(&settings.input_dir, partitions, lines, 42)?;
     eprintln!(
@@ -206,15 +222,19 @@ pub(crate) async fn run(
 
 /// The demo's input is generated: each partition's lines come from a seed of its own, so a
 /// rerun with more lines (or partitions) extends the same input, and the committed offsets
-/// and counts still describe its beginning. Fewer lines than the input the job committed
-/// against would end every check in a mismatch that looks like corrupt state: refused
-/// (`InvalidInput`, before anything runs), naming the change.
+/// and counts still describe its beginning. A rerun with fewer lines is fine while every
+/// task's committed offset lies within them (the input is cut back to them: an earlier run
+/// may have grown it without committing past it); an offset past them would end the check in
+/// a mismatch that looks like corrupt state: refused (`InvalidInput`, before anything runs),
+/// naming the task, its offset and the lines it needs.
 async fn refuse_a_shorter_input(
     settings: &blobsnap::job::JobSettings,
     blob_store: &Arc<dyn blobsnap::blobstore::BlobStore>,
     lines: u64,
 ) -> blobsnap::Result<()> {
-    let Some((_, old_lines, _)) = blobsnap::job::wordcount::input_params(&settings.input_dir)
+    use blobsnap::checkpoint::CheckpointStore as _;
+    let Some((old_partitions, old_lines, _)) =
+        blobsnap::job::wordcount::input_params(&settings.input_dir)
     else {
         return Ok(());
     };
@@ -222,21 +242,53 @@ async fn refuse_a_shorter_input(
         return Ok(());
     }
     let job = blobsnap::layout::JobScope::new(&settings.job_name, &settings.job_id)?;
-    if blobsnap::blob::history::task_names(blob_store.as_ref(), &job)
-        .await?
-        .is_empty()
-    {
-        return Ok(());
+    let checkpoints = blobsnap::checkpoint::BlobCheckpointStore::new(Arc::clone(blob_store), job);
+    for p in 0..old_partitions.min(settings.partitions) {
+        let task = blobsnap::job::task_name(p);
+        let Some(latest) = checkpoints.latest(&task).await? else {
+            continue;
+        };
+        let committed = latest
+            .checkpoint
+            .offsets()
+            .values()
+            .filter_map(|o| o.parse::<u64>().ok())
+            .max()
+            .unwrap_or(0);
+        let file = settings.input_dir.join(format!("{p}.txt"));
+        let within = prefix_bytes(&file, lines)?;
+        if committed > within {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "the demo's input changed: this run asks for {lines} lines per partition, but task {task:?} of job {}/{} committed offset {committed}, past the first {lines} lines of {} ({within} bytes; it holds {old_lines}); its check would fail as if the state were corrupt. Run with --lines {old_lines}, or use a new --dir",
+                    settings.job_name,
+                    settings.job_id,
+                    file.display()
+                ),
+            ));
+        }
     }
-    Err(Error::new(
-        ErrorKind::InvalidInput,
-        format!(
-            "the demo's input changed: {} holds {old_lines} lines per partition, this run asks for {lines}, and job {}/{} has committed offsets and counts of the longer input (its check would fail as if the state were corrupt). Run with --lines {old_lines} or more (the same lines and more), or use a new --dir",
-            settings.input_dir.display(),
-            settings.job_name,
-            settings.job_id
-        ),
-    ))
+    Ok(())
+}
+
+/// The length in bytes of the first `lines` lines of `file`.
+fn prefix_bytes(file: &std::path::Path, lines: u64) -> blobsnap::Result<u64> {
+    use std::io::BufRead as _;
+    let failed =
+        |e: std::io::Error| Error::new(ErrorKind::Io, format!("read {}: {e}", file.display()));
+    let f = std::fs::File::open(file).map_err(failed)?;
+    let mut reader = std::io::BufReader::new(f);
+    let (mut bytes, mut line) = (0u64, Vec::new());
+    for _ in 0..lines {
+        line.clear();
+        let n = reader.read_until(b'\n', &mut line).map_err(failed)?;
+        if n == 0 {
+            break;
+        }
+        bytes += n as u64;
+    }
+    Ok(bytes)
 }
 
 /// What a store's restore did, in words: downloaded, reused (from a warm standby among

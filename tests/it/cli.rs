@@ -2211,8 +2211,9 @@ fn completions_and_the_man_page_are_generated_from_the_commands() {
 /// Messages that tell the truth (issue 35 §2): `checkpoint show` reads blobsnap's own stored
 /// checkpoint record (what `checkpoints/<task>/<seq>.json` holds: number, writer and the
 /// checkpoint) as well as a bare CheckpointV2, and names what is wrong with a damaged one;
-/// the demo rerun over a shorter input says its input changed (exit 5, nothing run) instead
-/// of reporting corrupt state, while a longer one (the same lines and more) resumes.
+/// the demo rerun over a shorter input than the job committed says its input changed (exit 5,
+/// nothing run) instead of reporting corrupt state, while a longer one (the same lines and
+/// more) resumes; a refused start-from leaves the input as it was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkpoint_show_reads_stored_records_and_a_changed_demo_input_is_named() {
     let tmp = tempfile::tempdir().unwrap();
@@ -2303,6 +2304,32 @@ async fn checkpoint_show_reads_stored_records_and_a_changed_demo_input_is_named(
         v["tasks"][0]["processed"], 200,
         "resumed after line 400: {v}"
     );
+    // A start-from no task can take is refused before the input is written: a rerun with the
+    // job's own arguments finds the input it left.
+    let input = tmp.path().join("demo").join("input");
+    let params = || std::fs::read_to_string(input.join("PARAMS")).unwrap();
+    assert_eq!(params(), "1 600 42\n");
+    let mut args = demo("900")();
+    args[4] = "3".into(); // --partitions 3
+    args.extend(["--start-from".into(), "savepoint:none-such".into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, _, err) = run(&t, &args).await;
+    assert_eq!(code, Some(3), "{err}");
+    assert!(
+        err.contains("none-such") && err.contains("--partitions and --lines"),
+        "{err}"
+    );
+    assert_eq!(params(), "1 600 42\n", "the input is as the job left it");
+    // An input grown by a run that committed nothing past line 600 (a failed run of an
+    // earlier version): the job's own --lines 600 is accepted, the input cut back to them.
+    blobsnap::job::wordcount::generate_input(&input, 1, 900, 42).unwrap();
+    let args = demo("600")();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, v, err) = run(&t, &args).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["check"], "ok", "{v}");
+    assert_eq!(v["tasks"][0]["processed"], 0, "{v}");
+    assert_eq!(params(), "1 600 42\n");
 }
 
 /// An endpoint that does not answer is reported within seconds — what is retried and until
