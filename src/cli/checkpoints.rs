@@ -53,6 +53,11 @@ struct Line {
     forks: Vec<String>,
     /// Set when this number repeats the checkpoint before it (a task's claim at startup).
     repeats: Option<u64>,
+    /// Set on a head a task committed to start from a chosen point (a rollback, a roll
+    /// forward, a fork): the point as configured, or `#K` — the older retained checkpoint whose
+    /// offsets and state it carries — when the task's record names a later start.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    start_from: Option<String>,
 }
 
 pub(crate) async fn run(
@@ -86,14 +91,30 @@ pub(crate) async fn run(
     let mut out: BTreeMap<String, Vec<Line>> = BTreeMap::new();
     for task in &tasks {
         let history = cps.history(task, usize::MAX).await?;
+        let last_start = blobsnap::job::last_start_from(store.as_ref(), &job, task).await?;
         let mut lines: Vec<Line> = Vec::new();
         for (i, c) in history.iter().enumerate() {
             let Some(v2) = c.checkpoint.as_v2() else {
                 continue;
             };
+            let id_of =
+                |c: &blobsnap::checkpoint::CommittedCheckpoint| c.checkpoint.as_v2().map(|o| o.id);
+            // A head committed to start from a chosen point carries that point's (older) id:
+            // the task's record names the newest such head; an older one shows by its id
+            // reappearing below an unrelated checkpoint.
+            let start_from = match &last_start {
+                Some((point, seq)) if *seq == c.seq => Some(point.clone()),
+                _ => history
+                    .iter()
+                    .skip(i + 2)
+                    .find(|older| id_of(older) == Some(v2.id))
+                    .filter(|_| history.get(i + 1).and_then(id_of) != Some(v2.id))
+                    .map(|older| format!("#{}", older.seq)),
+            };
             let repeats = history
                 .get(i + 1)
-                .filter(|older| older.checkpoint.as_v2().map(|o| o.id) == Some(v2.id))
+                .filter(|older| id_of(older) == Some(v2.id))
+                .filter(|_| start_from.is_none())
                 .map(|older| older.seq);
             let mut stores = BTreeMap::new();
             for (store_name, marker) in v2
@@ -133,13 +154,14 @@ pub(crate) async fn run(
                     },
                 );
             }
+            // A savepoint pins the checkpoint it recorded, by number (a claim or a start-from
+            // head repeats its id under another number).
             let pinned_by = savepoints
                 .iter()
                 .filter(|sp| {
-                    sp.checkpoint_of(task)
-                        .ok()
-                        .flatten()
-                        .is_some_and(|s| s.checkpoint.as_v2().map(|x| x.id) == Some(v2.id))
+                    sp.checkpoint_of(task).ok().flatten().is_some_and(|s| {
+                        s.seq == c.seq && s.checkpoint.as_v2().map(|x| x.id) == Some(v2.id)
+                    })
                 })
                 .map(|sp| sp.name.clone())
                 .collect::<Vec<String>>();
@@ -166,6 +188,7 @@ pub(crate) async fn run(
                 savepoints: pinned_by,
                 forks,
                 repeats,
+                start_from,
             });
         }
         out.insert(task.clone(), lines);
@@ -187,10 +210,14 @@ pub(crate) async fn run(
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect::<Vec<_>>()
                 .join(" ");
-            let again = l
-                .repeats
-                .map(|s| format!("  (claim: repeats #{s})"))
-                .unwrap_or_default();
+            let again = match (&l.repeats, &l.start_from) {
+                (Some(s), _) => format!("  (claim: repeats #{s})"),
+                (None, Some(p)) => format!("  (start-from {p}: its offsets and state)"),
+                (None, None) if l.input_offsets.is_empty() && l.stores.is_empty() => {
+                    "  (claim: the task's first start, nothing committed before)".to_string()
+                }
+                (None, None) => String::new(),
+            };
             println!(
                 "  #{:<5} {}  {}  ({})  {offsets}{again}",
                 l.seq, l.checkpoint_id, l.time_utc, l.time_local

@@ -186,14 +186,18 @@ pub(crate) async fn run(
             .get("counts")
             .copied()
             .unwrap_or_default();
+        // Every file of the snapshot is in one of the three counts: sent, already held, or
+        // small enough to travel inside the index.
+        let inline = s.files.saturating_sub(s.files_uploaded + s.files_reused);
         println!(
-                "{task:<12} checkpoint {} (#{}): uploaded {} files / {:.2} MiB, reused {} files / {:.2} MiB, {} ms",
+                "{task:<12} checkpoint {} (#{}): {} files / {:.2} MiB: uploaded {} / {:.2} MiB, reused {}, {inline} inline in the index; {} ms",
                 report.checkpoint.id,
                 report.seq,
+                s.files,
+                mib(s.bytes),
                 s.files_uploaded,
                 mib(s.bytes_uploaded),
                 s.files_reused,
-                mib(s.bytes - s.bytes_uploaded),
                 report.sync_ms + report.upload_ms + report.write_ms + report.cleanup_ms
             );
     });

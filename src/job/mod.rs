@@ -394,6 +394,25 @@ async fn applied(
     }
 }
 
+/// The point `task` last started from and the number of the head checkpoint it committed for
+/// it (`None`: the task never started from a chosen point), for listings.
+pub async fn last_start_from(
+    store: &dyn BlobStore,
+    job: &JobScope,
+    task: &str,
+) -> Result<Option<(String, u64)>> {
+    let key = start_from_key(job, task)?;
+    match crate::blobstore::get_bytes(store, &key, 1 << 20).await {
+        Ok(b) => {
+            let r: StartedFrom =
+                serde_json::from_slice(&b).map_err(|e| Error::corrupt(format!("{key}: {e}")))?;
+            Ok(Some((r.start_from, r.seq)))
+        }
+        Err(e) if e.kind() == crate::error::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 fn start_from_key(job: &JobScope, task: &str) -> Result<crate::blobstore::BlobKey> {
     job.start_from_key(task)
 }

@@ -2724,3 +2724,106 @@ async fn an_unknown_job_task_or_store_lists_what_exists() {
     }
     assert!(!Path::new(&to).exists(), "nothing restored");
 }
+
+/// `checkpoints` labels every row a newcomer would wonder about (issue 35 §2, found by a
+/// newcomer's walk): the task's first claim (an empty row), a claim repeating the checkpoint
+/// before it, and the head a rollback committed (`start-from`, with the savepoint's id and
+/// offsets under a newer number); the savepoint pins the checkpoint it recorded, not the
+/// rollback head that repeats its id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_label_claims_and_a_rollback_head() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = local_target(tmp.path());
+    let dir = tmp.path().join("demo").display().to_string();
+    let demo = |lines: &'static str, extra: &[&'static str]| {
+        let mut a = vec![
+            "demo",
+            "--dir",
+            &dir,
+            "--partitions",
+            "1",
+            "--lines",
+            lines,
+            "--retention",
+            "20",
+        ];
+        a.extend(extra);
+        a.into_iter().map(str::to_string).collect::<Vec<_>>()
+    };
+    let go = |args: Vec<String>| {
+        let t = &t;
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let (code, v, err) = run(t, &args).await;
+            assert_eq!(code, Some(0), "{args:?}: {err}");
+            v
+        }
+    };
+    go(demo("3000", &[])).await;
+    let sp = go(
+        ["savepoint", "create", "--job", "wordcount", "--name", "sp"]
+            .map(str::to_string)
+            .to_vec(),
+    )
+    .await;
+    go(demo("6000", &[])).await;
+    go(demo("6000", &["--start-from", "savepoint:sp"])).await;
+    let list = go(["checkpoints", "--job", "wordcount"]
+        .map(str::to_string)
+        .to_vec())
+    .await;
+    let rows = list["tasks"]["Partition 0"].as_array().unwrap();
+    let shown = go(["savepoint", "show", "--job", "wordcount", "--name", "sp"]
+        .map(str::to_string)
+        .to_vec())
+    .await;
+    let text = shown.to_string();
+    // The savepoint's checkpoint: the row pinned by it.
+    let pinned: Vec<_> = rows
+        .iter()
+        .filter(|r| {
+            r["savepoints"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|s| s == "sp")
+        })
+        .collect();
+    assert_eq!(pinned.len(), 1, "one row pinned: {list}");
+    let pinned = pinned[0];
+    let heads: Vec<_> = rows
+        .iter()
+        .filter(|r| r["start-from"] == "savepoint:sp")
+        .collect();
+    assert_eq!(heads.len(), 1, "one rollback head: {list}");
+    let head = heads[0];
+    assert_eq!(head["checkpoint-id"], pinned["checkpoint-id"], "{list}");
+    assert_eq!(head["input-offsets"], pinned["input-offsets"], "{list}");
+    assert!(head["seq"].as_u64() > pinned["seq"].as_u64(), "{list}");
+    assert_eq!(head["repeats"], serde_json::Value::Null, "{list}");
+    assert!(
+        text.contains(pinned["checkpoint-id"].as_str().unwrap()),
+        "the savepoint records the pinned row's checkpoint: {text}"
+    );
+    // Two later runs began with a claim repeating the checkpoint before it; the first run's
+    // claim is the oldest row, empty.
+    let claims = rows.iter().filter(|r| r["repeats"].is_u64()).count();
+    assert!(claims >= 2, "{list}");
+    let oldest = rows.last().unwrap();
+    assert_eq!(oldest["seq"], 1, "{list}");
+    assert!(oldest["stores"].as_object().unwrap().is_empty(), "{list}");
+    // The text says the same.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+        .args(&t.args)
+        .args(["checkpoints", "--job", "wordcount"])
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("(start-from savepoint:sp: its offsets and state)")
+            && text.contains("(claim: repeats #")
+            && text.contains("(claim: the task's first start, nothing committed before)"),
+        "{text}"
+    );
+}

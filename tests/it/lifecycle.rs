@@ -3365,6 +3365,18 @@ async fn state_through_time(ms: &MatrixStore, root: &std::path::Path) {
     // The move itself may have left retention already; the savepoint still names the point.
     if let Some(m) = moved {
         assert_eq!(m["input-offsets"], old["input-offsets"], "{after}");
+        // Labelled as the rollback's head, not as a claim, and not pinned: the savepoint
+        // pins the checkpoint it recorded, by number.
+        assert_eq!(m["start-from"], "savepoint:old", "{after}");
+        assert_eq!(m["repeats"], serde_json::Value::Null, "{after}");
+        assert!(
+            !m["savepoints"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|s| s == "old"),
+            "{after}"
+        );
     }
     // Everything both savepoints name survived the cleanup of the rollback's commits, and a
     // forced sweep with no grace.
