@@ -470,8 +470,9 @@ impl StoreArgs {
     }
 }
 
-/// The store a command that only reads (or prunes what exists) works on: a local store whose
-/// directory does not exist is `NotFound` naming it — never created by a typo in `--local`.
+/// The store a command works on that reads or changes what exists (everything but `demo`,
+/// `standby`, `backup` and `admin create`): a local store whose directory does not exist is
+/// `NotFound` naming it — never created by a typo in `--local`.
 pub(crate) async fn open_existing_store(
     args: &StoreArgs,
 ) -> blobsnap::Result<std::sync::Arc<dyn blobsnap::blobstore::BlobStore>> {
@@ -480,7 +481,7 @@ pub(crate) async fn open_existing_store(
         return Err(Error::new(
             ErrorKind::NotFound,
             format!(
-                "the local store {} does not exist (a typo in --local? a command that only reads creates nothing)",
+                "the local store {} does not exist (a typo in --local? this command never creates a store; `demo`, `backup` and `admin create` do)",
                 settings.store.local_dir.display()
             ),
         ));

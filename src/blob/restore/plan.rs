@@ -144,9 +144,20 @@ impl fmt::Display for RestorePlan {
             Some(m) => writeln!(f, "restore store {} from {m}", self.store)?,
             None => writeln!(f, "reset store {} to empty (no snapshot)", self.store)?,
         }
+        // Small files travel inside the index: "downloaded" with it, not fetched as blobs.
+        let inline = self
+            .files
+            .iter()
+            .filter(|p| p.source == Source::Download && p.entry.blobs.is_empty())
+            .count();
+        let inline = if inline > 0 {
+            format!(", {inline} of them written from the index")
+        } else {
+            String::new()
+        };
         writeln!(
             f,
-            "  {} files, {} bytes: reuse {} files ({} bytes), download {} files ({} bytes), delete {} local files",
+            "  {} files, {} bytes: reuse {} files ({} bytes), download {} files ({} bytes{inline}), delete {} local files",
             t.files, t.bytes, t.files_reused, t.bytes_reused, t.files_to_download, t.bytes_to_download, t.files_to_delete
         )?;
         writeln!(
