@@ -2760,7 +2760,7 @@ async fn checkpoints_label_claims_and_a_rollback_head() {
         }
     };
     go(demo("3000", &[])).await;
-    let sp = go(
+    go(
         ["savepoint", "create", "--job", "wordcount", "--name", "sp"]
             .map(str::to_string)
             .to_vec(),
