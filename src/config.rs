@@ -102,7 +102,8 @@ pub struct StoreSettings {
     pub max_request_rate: u64,
     /// A running job uploads each table or blob file as soon as RocksDB has finished writing
     /// it, in the background and below the commits' priority, so that a commit after a
-    /// compaction burst uploads only what is not up yet ([`crate::blob::preupload`]).
+    /// compaction burst uploads only what is not up yet ([`crate::blob::preupload`]). Off by
+    /// default: it has not met its latency targets everywhere (RESULTS.md §7).
     pub pre_upload: bool,
 }
 
@@ -127,7 +128,7 @@ impl Default for StoreSettings {
             max_upload_rate: 0,
             max_download_rate: 0,
             max_request_rate: 0,
-            pre_upload: true,
+            pre_upload: false,
         }
     }
 }
@@ -452,16 +453,16 @@ mod tests {
             .unwrap_err();
         assert!(e.to_string().contains("BLOBSNAP_MAX_UPLOAD_RATE"), "{e}");
         assert!(Settings::from_toml("[store]\nmax-upload-rate = \"fast\"\n").is_err());
-        assert!(s.store.pre_upload, "pre-upload is on by default");
-        s.apply_env(|k| (k == "BLOBSNAP_PRE_UPLOAD").then(|| "false".into()))
+        assert!(!s.store.pre_upload, "pre-upload is off by default");
+        s.apply_env(|k| (k == "BLOBSNAP_PRE_UPLOAD").then(|| "true".into()))
             .unwrap();
-        assert!(!s.store.pre_upload);
+        assert!(s.store.pre_upload);
         let e = s
             .apply_env(|k| (k == "BLOBSNAP_PRE_UPLOAD").then(|| "sometimes".into()))
             .unwrap_err();
         assert!(e.to_string().contains("BLOBSNAP_PRE_UPLOAD"), "{e}");
-        let t = Settings::from_toml("[store]\npre-upload = false\n").unwrap();
-        assert!(!t.store.pre_upload);
+        let t = Settings::from_toml("[store]\npre-upload = true\n").unwrap();
+        assert!(t.store.pre_upload);
     }
 
     #[test]

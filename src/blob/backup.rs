@@ -102,7 +102,8 @@ pub struct BackupSettings {
     /// background, so that a commit uploads only what was not pre-uploaded yet
     /// ([`crate::blob::preupload`]). Takes effect for stores opened as
     /// [`RocksStore`](crate::local::rocks::RocksStore)s in this process once a commit manager
-    /// has attached the backend (it needs the task's id generator).
+    /// has attached the backend (it needs the task's id generator). Default off
+    /// (`store.pre-upload`).
     pub pre_upload: bool,
 }
 
@@ -127,7 +128,7 @@ impl Default for BackupSettings {
             inline_below: INLINE_BELOW,
             writer_lease: true,
             tiered_retention: false,
-            pre_upload: true,
+            pre_upload: false,
         }
     }
 }

@@ -126,8 +126,9 @@ pub(crate) async fn run(
     let document = |plan: Option<blobsnap::blob::restore::PlanTotals>,
                     files: &serde_json::Value,
                     fetched: u64| {
+        // Schema 2: the dry run's `plans` (store, totals) became this document (issue 35).
         serde_json::json!({
-            "schema": 1,
+            "schema": 2,
             "dry-run": dry_run,
             "store": store,
             "marker": marker,

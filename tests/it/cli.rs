@@ -232,6 +232,11 @@ async fn inspect_diff_verify_and_restore(t: &Target, root: &Path) {
     assert!(v["bytes-fetched"].as_u64().unwrap() > 0);
     // The dry run printed the plan the real run carried out, file by file.
     assert_eq!(v["dry-run"], false);
+    assert_eq!(
+        (&dry["schema"], &v["schema"]),
+        (&2.into(), &2.into()),
+        "{v}"
+    );
     assert_eq!(dry["files"], v["files"], "{dry}\n{v}");
     assert_eq!(dry["plan"], v["plan"], "{dry}\n{v}");
     let planned = v["files"].as_array().unwrap();
@@ -657,7 +662,9 @@ async fn metrics_endpoint_serves_every_metric_of_the_catalog() {
         "blobsnap_standby_applied_seq",
         "blobsnap_limit_wait_seconds",
     ];
-    let (mut child, addr, go) = held_demo_with_metrics(tmp.path(), 3, 6000, &[]).await;
+    // With pre-upload (off by default), whose metrics are in the catalog.
+    let (mut child, addr, go) =
+        held_demo_with_metrics(tmp.path(), 3, 6000, &[("BLOBSNAP_PRE_UPLOAD", "true")]).await;
     let scraped = http_get(&addr, "/metrics").await;
     assert!(scraped.starts_with("HTTP/1.1 200"), "{scraped}");
     for m in METRICS {

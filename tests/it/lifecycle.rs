@@ -980,7 +980,11 @@ async fn crash_matrix(ms: &MatrixStore, root: &std::path::Path, points: &[&str],
             for new_host in [false, true] {
                 let name = format!("points-{run}-{i}-{new_host}");
                 let dir = root.join(&name);
-                let leg = ms.leg(&dir, &name).await;
+                let mut leg = ms.leg(&dir, &name).await;
+                // With pre-upload (off by default): its crash points, and every other point
+                // with its worker's uploads in flight.
+                leg.env
+                    .push(("BLOBSNAP_PRE_UPLOAD".to_string(), "true".to_string()));
                 let store = Arc::clone(&leg.store);
                 let cps = BlobCheckpointStore::new(
                     Arc::clone(&store),
