@@ -20,6 +20,11 @@
 //! - the writer's achieved rate (the "task's message rate");
 //! - with pre-upload: files and bytes pre-uploaded, named by a commit, wasted.
 //!
+//! `--modes sync-flush,sync-wal` time the sync step alone under the same load (nothing
+//! uploaded): RocksDB's checkpoint with the memtable flushed first (today's), and without a
+//! flush (`log_size_for_flush = u64::MAX`: the live WAL copied into the checkpoint), with the
+//! WAL bytes each checkpoint would carry.
+//!
 //! Stores: `local` (a directory next to `--dir`), `external` (the server named by
 //! `BLOBSNAP_TEST_S3_ENDPOINT`, e.g. a Garage node: `minio/garage.sh`).
 
@@ -171,29 +176,7 @@ async fn run(
     let first_commit_secs = t.elapsed().as_secs_f64();
     while events.try_recv().is_ok() {}
 
-    // The writer: random overwrites at `rate` bytes/s, paced every 10 ms.
-    let stop = Arc::new(AtomicBool::new(false));
-    let written = Arc::new(AtomicU64::new(0));
-    let writer = {
-        let (db, stop, written) = (Arc::clone(&db), Arc::clone(&stop), Arc::clone(&written));
-        std::thread::spawn(move || {
-            use rand::{Rng as _, RngCore as _, SeedableRng as _};
-            let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-            let start = Instant::now();
-            let mut v = vec![0u8; VALUE as usize];
-            while !stop.load(Ordering::Relaxed) {
-                let due = (start.elapsed().as_secs_f64() * rate as f64) as u64;
-                if written.load(Ordering::Relaxed) >= due {
-                    std::thread::sleep(Duration::from_millis(10));
-                    continue;
-                }
-                rng.fill_bytes(&mut v);
-                let k = rng.random_range(0..keys);
-                db.db().put(format!("key{k:012}"), &v).expect("put");
-                written.fetch_add(VALUE, Ordering::Relaxed);
-            }
-        })
-    };
+    let (stop, written, writer) = spawn_writer(&db, keys, rate);
     let before = counters.snapshot();
     let started = Instant::now();
     let mut latencies = Vec::new();
@@ -262,6 +245,88 @@ async fn run(
     }
 }
 
+/// The writer: random overwrites of `keys` at `rate` bytes/s (16 KiB values, WAL on), paced
+/// every 10 ms, until the flag is set. Returns the flag, the bytes written and the thread.
+fn spawn_writer(
+    db: &Arc<RocksStore>,
+    keys: u64,
+    rate: u64,
+) -> (Arc<AtomicBool>, Arc<AtomicU64>, std::thread::JoinHandle<()>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicU64::new(0));
+    let (db, s, w) = (Arc::clone(db), Arc::clone(&stop), Arc::clone(&written));
+    let writer = std::thread::spawn(move || {
+        use rand::{Rng as _, RngCore as _, SeedableRng as _};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let start = Instant::now();
+        let mut v = vec![0u8; VALUE as usize];
+        while !s.load(Ordering::Relaxed) {
+            let due = (start.elapsed().as_secs_f64() * rate as f64) as u64;
+            if w.load(Ordering::Relaxed) >= due {
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+            rng.fill_bytes(&mut v);
+            let k = rng.random_range(0..keys);
+            db.db().put(format!("key{k:012}"), &v).expect("put");
+            w.fetch_add(VALUE, Ordering::Relaxed);
+        }
+    });
+    (stop, written, writer)
+}
+
+/// The sync step alone, under the same load, once a second for `secs`: a RocksDB checkpoint
+/// with `log_size_for_flush` 0 (today's: the memtable flushed first) or `u64::MAX` (no flush:
+/// the live WAL copied into the checkpoint, to be replayed at open). Nothing is uploaded.
+/// Returns the checkpoint times (ms, sorted) and the WAL bytes each checkpoint carried.
+fn probe_sync(
+    template: &Path,
+    work: &Path,
+    keys: u64,
+    secs: u64,
+    rate: u64,
+    log_size_for_flush: u64,
+) -> (Vec<f64>, Vec<u64>, f64) {
+    let dir = work.join(format!("db-probe-{log_size_for_flush}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    clone_db(template, &dir);
+    let db = Arc::new(RocksStore::open("state", &dir).expect("open"));
+    let (stop, written, writer) = spawn_writer(&db, keys, rate);
+    let started = Instant::now();
+    let (mut times, mut wal) = (Vec::new(), Vec::new());
+    let mut next = Instant::now() + Duration::from_secs(1);
+    let mut n = 0;
+    while started.elapsed() < Duration::from_secs(secs) {
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+        next = (next + Duration::from_secs(1)).max(Instant::now());
+        let cp_dir = work.join(format!("probe-cp-{n}"));
+        n += 1;
+        let t = Instant::now();
+        rocksdb::checkpoint::Checkpoint::new(db.db())
+            .expect("checkpoint object")
+            .create_checkpoint_with_log_size(&cp_dir, log_size_for_flush)
+            .expect("checkpoint");
+        times.push(t.elapsed().as_secs_f64() * 1000.0);
+        wal.push(
+            std::fs::read_dir(&cp_dir)
+                .expect("list checkpoint")
+                .filter_map(|e| e.ok())
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+                .map(|e| e.metadata().map(|m| m.len()).unwrap_or(0))
+                .sum(),
+        );
+        let _ = std::fs::remove_dir_all(&cp_dir);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    writer.join().expect("writer");
+    let rate = written.load(Ordering::Relaxed) as f64 / elapsed;
+    drop(db);
+    let _ = std::fs::remove_dir_all(&dir);
+    times.sort_by(f64::total_cmp);
+    (times, wal, rate)
+}
+
 fn main() {
     let gib: u64 = arg("--gib").map_or(1, |v| v.parse().expect("--gib"));
     let secs: u64 = arg("--secs").map_or(300, |v| v.parse().expect("--secs"));
@@ -298,6 +363,24 @@ fn main() {
                 let on = match mode {
                     "on" => true,
                     "off" => false,
+                    "sync-flush" | "sync-wal" => {
+                        let log_size = if mode == "sync-wal" { u64::MAX } else { 0 };
+                        let (t, wal, w) =
+                            probe_sync(&template, work.path(), keys, secs, rate, log_size);
+                        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+                        println!(
+                            "{gib} GiB sync step alone, {mode}: {} checkpoints; ms p50 {:.0} p99 {:.0} p99.9 {:.0} max {:.0}; WAL in the checkpoint: mean {:.1} MiB, max {:.1} MiB; writer {:.1} MiB/s",
+                            t.len(),
+                            pct(&t, 50.0),
+                            pct(&t, 99.0),
+                            pct(&t, 99.9),
+                            t.last().copied().unwrap_or(f64::NAN),
+                            mib(wal.iter().sum::<u64>() / wal.len().max(1) as u64),
+                            mib(wal.iter().copied().max().unwrap_or(0)),
+                            w / (1 << 20) as f64
+                        );
+                        continue;
+                    }
                     other => panic!("--modes: {other}"),
                 };
                 let o = run(
