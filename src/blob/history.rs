@@ -125,17 +125,46 @@ pub fn utc(ms: u64) -> String {
         .to_string()
 }
 
+/// How many objects of the whole store a failed [`require_job`] reads to list the jobs it
+/// holds (10 LIST pages): a typo costs at most that, however big the bucket.
+pub const JOBS_LISTED_FROM: usize = 10_000;
+
 /// `NotFound` unless something is stored under `job`'s scope (one LIST page): a typo in a
-/// job's name or id is named, never taken for an empty job.
+/// job's name or id is named, never taken for an empty job. The error lists the jobs the
+/// store holds (`name/id`), read from at most [`JOBS_LISTED_FROM`] objects.
 pub async fn require_job(store: &dyn BlobStore, job: &JobScope) -> Result<()> {
     let mut listing = store.list(job.scope());
     if listing.try_next().await?.is_some() {
         return Ok(());
     }
+    drop(listing);
+    let mut jobs = BTreeSet::new();
+    let mut all = store.list(&crate::blobstore::Scope::root());
+    let mut read = 0;
+    let mut complete = true;
+    while let Some(m) = all.try_next().await? {
+        read += 1;
+        if read > JOBS_LISTED_FROM {
+            complete = false;
+            break;
+        }
+        if let Some(p) = parse(&m.key) {
+            jobs.insert(format!("{}/{}", p.job_name, p.job_id));
+        }
+    }
+    let listed: Vec<String> = jobs.into_iter().collect();
+    let which = match (listed.is_empty(), complete) {
+        (true, true) => "the store holds no job".to_string(),
+        (false, true) => format!("the store holds {}", listed.join(", ")),
+        (_, false) => format!(
+            "among its first {JOBS_LISTED_FROM} objects the store holds {}; `blobsnap ls` lists every job",
+            listed.join(", ")
+        ),
+    };
     Err(Error::new(
         ErrorKind::NotFound,
         format!(
-            "no job stored under {} (a typo in --job or --job-id? `blobsnap ls` lists the jobs)",
+            "no job stored under {} (a typo in --job or --job-id?): {which}",
             job.scope().as_str()
         ),
     ))

@@ -2672,7 +2672,7 @@ async fn version_names_rocksdb_and_the_formats_and_a_typo_creates_nothing() {
 }
 
 /// Typos fail loudly (issue 35 §2): `restore`, `inspect`, `verify` and `diff` name an unknown
-/// job, list the tasks that have a checkpoint for an unknown task (an unquoted `Partition 0`
+/// job and list the jobs the store holds, list the tasks that have a checkpoint for an unknown task (an unquoted `Partition 0`
 /// included, with or without a reference), and list the stores for an unknown store — exit 3,
 /// nothing written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -2691,7 +2691,7 @@ async fn an_unknown_job_task_or_store_lists_what_exists() {
     for (args, says) in [
         (
             vec!["restore", "--job", "wordcnt", "--task", "Partition 0"],
-            "no job stored under wordcnt/1/",
+            "no job stored under wordcnt/1/ (a typo in --job or --job-id?): the store holds wordcount/1",
         ),
         (
             vec!["restore", "--job", "wordcount", "--task", "Partition 9"],
