@@ -74,7 +74,7 @@ fn job(state: &std::path::Path, input: &std::path::Path, id: &str) -> blobsnap::
         index_inline_below: blobsnap::blob::backup::INLINE_BELOW,
         restore_mode: blobsnap::job::RestoreMode::Full,
         lazy_download_rate: blobsnap::local::lazy::DEFAULT_RATE,
-        pre_upload: true,
+        pre_upload: false,
         start_from: None,
         retention_tiers: Vec::new(),
         stop: Default::default(),

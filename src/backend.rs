@@ -242,6 +242,8 @@ pub struct UploadSummary {
     pub bytes_uploaded: u64,
     /// Files whose bytes the backend already held (unchanged or deduplicated).
     pub files_reused: u64,
+    /// Files whose bytes went up ahead of the commit (pre-uploaded) and that it named.
+    pub files_pre_uploaded: u64,
     /// Requests the upload took.
     pub requests: u64,
 }

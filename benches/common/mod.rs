@@ -125,7 +125,7 @@ pub fn one_task_job(
         index_inline_below: blobsnap::blob::backup::INLINE_BELOW,
         restore_mode: blobsnap::job::RestoreMode::Full,
         lazy_download_rate: blobsnap::local::lazy::DEFAULT_RATE,
-        pre_upload: true,
+        pre_upload: false,
         start_from: None,
         retention_tiers: Vec::new(),
         stop: Default::default(),

@@ -1270,6 +1270,7 @@ impl TaskBackupManager for BlobBackupManager {
                     files_uploaded: s.blobs_uploaded,
                     bytes_uploaded: s.bytes_uploaded,
                     files_reused: s.files_retained + s.blobs_deduplicated,
+                    files_pre_uploaded: s.files_pre_uploaded,
                     requests: s.requests,
                 };
                 (store, summary)

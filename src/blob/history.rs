@@ -138,33 +138,45 @@ pub async fn require_job(store: &dyn BlobStore, job: &JobScope) -> Result<()> {
         return Ok(());
     }
     drop(listing);
+    // What the store holds, from a bounded listing; a listing that fails (a credential
+    // limited to one prefix) leaves the pointer to `ls`, never another error.
     let mut jobs = BTreeSet::new();
     let mut all = store.list(&crate::blobstore::Scope::root());
     let mut read = 0;
-    let mut complete = true;
-    while let Some(m) = all.try_next().await? {
-        read += 1;
-        if read > JOBS_LISTED_FROM {
-            complete = false;
-            break;
-        }
-        if let Some(p) = parse(&m.key) {
-            jobs.insert(format!("{}/{}", p.job_name, p.job_id));
+    let mut complete = Some(true);
+    loop {
+        match all.try_next().await {
+            Ok(Some(m)) => {
+                if let Some(p) = parse(&m.key) {
+                    jobs.insert(format!("{}/{}", p.job_name, p.job_id));
+                }
+                read += 1;
+                if read == JOBS_LISTED_FROM {
+                    complete = Some(false);
+                    break;
+                }
+            }
+            Ok(None) => break,
+            Err(_) => {
+                complete = None;
+                break;
+            }
         }
     }
     let listed: Vec<String> = jobs.into_iter().collect();
     let which = match (listed.is_empty(), complete) {
-        (true, true) => "the store holds no job".to_string(),
-        (false, true) => format!("the store holds {}", listed.join(", ")),
-        (_, false) => format!(
+        (true, Some(true)) => "the store holds no job".to_string(),
+        (false, Some(true)) => format!("the store holds {}", listed.join(", ")),
+        (false, Some(false)) => format!(
             "among its first {JOBS_LISTED_FROM} objects the store holds {}; `blobsnap ls` lists every job",
             listed.join(", ")
         ),
+        _ => "`blobsnap ls` lists the jobs".to_string(),
     };
     Err(Error::new(
         ErrorKind::NotFound,
         format!(
-            "no job stored under {} (a typo in --job or --job-id?): {which}",
+            "no job stored under {} (a typo in --job or --job-id, or a manual backup's --name?): {which}",
             job.scope().as_str()
         ),
     ))

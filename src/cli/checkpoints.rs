@@ -91,7 +91,15 @@ pub(crate) async fn run(
     let mut out: BTreeMap<String, Vec<Line>> = BTreeMap::new();
     for task in &tasks {
         let history = cps.history(task, usize::MAX).await?;
-        let last_start = blobsnap::job::last_start_from(store.as_ref(), &job, task).await?;
+        // A damaged start-from record costs its label, not the listing.
+        let last_start = match blobsnap::job::last_start_from(store.as_ref(), &job, task).await {
+            Ok(r) => r,
+            Err(e) if e.kind() == blobsnap::ErrorKind::Corrupt => {
+                tracing::warn!(task = %task, error = %e, "the task's start-from record is damaged: its head is not labelled");
+                None
+            }
+            Err(e) => return Err(e),
+        };
         let mut lines: Vec<Line> = Vec::new();
         for (i, c) in history.iter().enumerate() {
             let Some(v2) = c.checkpoint.as_v2() else {

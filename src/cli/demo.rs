@@ -160,6 +160,9 @@ pub(crate) async fn run(
     blobsnap::job::check_start_from(&settings, &blob_store)
         .await
         .map_err(|e| {
+            if e.kind() != ErrorKind::NotFound {
+                return e;
+            }
             let text = e.to_string();
             let text = text
                 .strip_suffix(&format!(" [{}]", e.kind()))
@@ -186,11 +189,18 @@ pub(crate) async fn run(
             .get("counts")
             .copied()
             .unwrap_or_default();
-        // Every file of the snapshot is in one of the three counts: sent, already held, or
-        // small enough to travel inside the index.
-        let inline = s.files.saturating_sub(s.files_uploaded + s.files_reused);
+        // Every file of the snapshot is in one of the counts: sent, sent ahead (pre-upload),
+        // already held, or small enough to travel inside the index.
+        let inline = s
+            .files
+            .saturating_sub(s.files_uploaded + s.files_reused + s.files_pre_uploaded);
+        let ahead = if s.files_pre_uploaded > 0 {
+            format!(", pre-uploaded {}", s.files_pre_uploaded)
+        } else {
+            String::new()
+        };
         println!(
-                "{task:<12} checkpoint {} (#{}): {} files / {:.2} MiB: uploaded {} / {:.2} MiB, reused {}, {inline} inline in the index; {} ms",
+                "{task:<12} checkpoint {} (#{}): {} files / {:.2} MiB: uploaded {} / {:.2} MiB{ahead}, reused {}, {inline} inline in the index; {} ms",
                 report.checkpoint.id,
                 report.seq,
                 s.files,
@@ -230,7 +240,8 @@ pub(crate) async fn run(
 /// task's committed offset lies within them (the input is cut back to them: an earlier run
 /// may have grown it without committing past it); an offset past them would end the check in
 /// a mismatch that looks like corrupt state: refused (`InvalidInput`, before anything runs),
-/// naming the task, its offset and the lines it needs.
+/// naming the task and its offset. With `start-from`, a task yet to start from the point is
+/// checked at the point's offsets (where it will read on from).
 async fn refuse_a_shorter_input(
     settings: &blobsnap::job::JobSettings,
     blob_store: &Arc<dyn blobsnap::blobstore::BlobStore>,
@@ -246,10 +257,33 @@ async fn refuse_a_shorter_input(
         return Ok(());
     }
     let job = blobsnap::layout::JobScope::new(&settings.job_name, &settings.job_id)?;
-    let checkpoints = blobsnap::checkpoint::BlobCheckpointStore::new(Arc::clone(blob_store), job);
+    let checkpoints =
+        blobsnap::checkpoint::BlobCheckpointStore::new(Arc::clone(blob_store), job.clone());
+    use blobsnap::blob::history::CheckpointRef;
     for p in 0..old_partitions.min(settings.partitions) {
         let task = blobsnap::job::task_name(p);
-        let Some(latest) = checkpoints.latest(&task).await? else {
+        // Where the task reads on from: the chosen point for a task that has yet to start
+        // from it (a rollback or roll-forward: checked to exist before this), else its latest.
+        let pending = match &settings.start_from {
+            None => None,
+            Some(point) => {
+                let applied = blobsnap::job::last_start_from(blob_store.as_ref(), &job, &task)
+                    .await?
+                    .is_some_and(|(s, _)| s == point.to_string());
+                (!applied).then_some(point)
+            }
+        };
+        let from = match pending {
+            // A fork reads its source's offsets of the same input: not this job's history.
+            Some(CheckpointRef::Fork(_)) => continue,
+            Some(point) => Some(
+                blobsnap::blob::history::resolve(blob_store, &job, &task, point)
+                    .await?
+                    .committed,
+            ),
+            None => checkpoints.latest(&task).await?,
+        };
+        let Some(latest) = from else {
             continue;
         };
         let committed = latest

@@ -981,10 +981,13 @@ async fn crash_matrix(ms: &MatrixStore, root: &std::path::Path, points: &[&str],
                 let name = format!("points-{run}-{i}-{new_host}");
                 let dir = root.join(&name);
                 let mut leg = ms.leg(&dir, &name).await;
-                // With pre-upload (off by default): its crash points, and every other point
-                // with its worker's uploads in flight.
-                leg.env
-                    .push(("BLOBSNAP_PRE_UPLOAD".to_string(), "true".to_string()));
+                // Pre-upload (off by default) for its own crash points, and on the new-host leg
+                // of every other point (its worker's uploads in flight); the first leg runs the
+                // default.
+                if point.starts_with("preupload.") || new_host {
+                    leg.env
+                        .push(("BLOBSNAP_PRE_UPLOAD".to_string(), "true".to_string()));
+                }
                 let store = Arc::clone(&leg.store);
                 let cps = BlobCheckpointStore::new(
                     Arc::clone(&store),
