@@ -212,23 +212,9 @@ async fn run(
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(PathBuf::from(format!("{}.checkpoints", dir.display())));
     // This run's objects go with it: an 8 GiB store's runs would otherwise fill the disk.
-    {
-        use futures::TryStreamExt as _;
-        let scope = JobScope::new(&ctx.job_name, "1").expect("scope");
-        let keys: Vec<_> = h
-            .store
-            .list(scope.scope())
-            .map_ok(|m| m.key)
-            .try_collect()
-            .await
-            .expect("list the run's objects");
-        for chunk in keys.chunks(1000) {
-            h.store
-                .delete_many(chunk)
-                .await
-                .expect("delete the run's objects");
-        }
-    }
+    h.delete_under(JobScope::new(&ctx.job_name, "1").expect("scope").scope())
+        .await
+        .expect("delete the run's objects");
     latencies.sort_by(f64::total_cmp);
     syncs.sort_by(f64::total_cmp);
     uploads.sort_by(f64::total_cmp);

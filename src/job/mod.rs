@@ -382,16 +382,9 @@ async fn applied(
     task: &str,
     point: &crate::blob::history::CheckpointRef,
 ) -> Result<Option<StartedFrom>> {
-    let key = start_from_key(job, task)?;
-    match crate::blobstore::get_bytes(store, &key, 1 << 20).await {
-        Ok(b) => {
-            let r: StartedFrom =
-                serde_json::from_slice(&b).map_err(|e| Error::corrupt(format!("{key}: {e}")))?;
-            Ok((r.start_from == point.to_string()).then_some(r))
-        }
-        Err(e) if e.kind() == crate::error::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
-    }
+    Ok(read_start_from(store, job, task)
+        .await?
+        .filter(|r| r.start_from == point.to_string()))
 }
 
 /// The point `task` last started from and the number of the head checkpoint it committed for
@@ -401,13 +394,22 @@ pub async fn last_start_from(
     job: &JobScope,
     task: &str,
 ) -> Result<Option<(String, u64)>> {
+    Ok(read_start_from(store, job, task)
+        .await?
+        .map(|r| (r.start_from, r.seq)))
+}
+
+/// `task`'s start-from record (`None`: it has none); a damaged one is `Corrupt`.
+async fn read_start_from(
+    store: &dyn BlobStore,
+    job: &JobScope,
+    task: &str,
+) -> Result<Option<StartedFrom>> {
     let key = start_from_key(job, task)?;
     match crate::blobstore::get_bytes(store, &key, 1 << 20).await {
-        Ok(b) => {
-            let r: StartedFrom =
-                serde_json::from_slice(&b).map_err(|e| Error::corrupt(format!("{key}: {e}")))?;
-            Ok(Some((r.start_from, r.seq)))
-        }
+        Ok(b) => serde_json::from_slice(&b)
+            .map(Some)
+            .map_err(|e| Error::corrupt(format!("{key}: {e}"))),
         Err(e) if e.kind() == crate::error::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e),
     }

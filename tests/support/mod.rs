@@ -326,16 +326,24 @@ pub async fn referenced(
 impl Harness {
     /// Delete everything under this harness's scope.
     pub async fn cleanup(&self) {
+        let _ = self.delete_under(&self.scope).await;
+    }
+
+    /// Delete every object under `scope` (one listing, then the store's batch deletes).
+    pub async fn delete_under(&self, scope: &blobsnap::blobstore::Scope) -> blobsnap::Result<()> {
         use futures::TryStreamExt as _;
         let keys: Vec<_> = self
             .store
-            .list(&self.scope)
+            .list(scope)
             .map_ok(|m| m.key)
             .try_collect()
-            .await
-            .unwrap_or_default();
-        if !keys.is_empty() {
-            let _ = self.store.delete_many(&keys).await;
+            .await?;
+        if keys.is_empty() {
+            return Ok(());
+        }
+        match self.store.delete_many(&keys).await?.into_iter().next() {
+            None => Ok(()),
+            Some((_, e)) => Err(e),
         }
     }
 
