@@ -32,6 +32,13 @@
 //! 2)` background permits, then a transfer permit like any other: background work never holds
 //! more than half the window, so a commit's uploads always find room beside it.
 //!
+//! **A pace of its own.** The downloads made inside [`paced`]
+//! ([`super::transfer::download_to_file`], with or without this layer) pay a [`Pace`] for
+//! every chunk they receive: a token bucket of bytes per second beside the budget's (a lazy
+//! restore's background download, bounded by `[job] lazy-download-rate`), so the bound holds
+//! within a file as across files. A [`Lift`] ends one activity's pace (a background fetch
+//! that RocksDB now waits for).
+//!
 //! The rate limits are token buckets (GCRA, the `governor` crate) on a clock of tokio's
 //! `Instant`, so tests on tokio's paused clock drive them; waiters queue in FIFO order, so no
 //! task starves another. Time spent waiting is published per limit
@@ -45,7 +52,7 @@
 
 use std::num::NonZeroU32;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -253,6 +260,85 @@ pub const URGENT_LANE: usize = 2;
 tokio::task_local! {
     static URGENT: ();
     static BACKGROUND: ();
+    static PACE: Pace;
+}
+
+/// A token bucket of bytes per second that the GET bodies read inside [`paced`] stay under,
+/// beside the budget's own limits; clones share the bucket. A burst is 100 ms of the rate.
+#[derive(Clone, Debug)]
+pub struct Pace {
+    rate: Arc<Rate>,
+    lift: Option<Arc<Lift>>,
+}
+
+impl Pace {
+    /// A bucket of `bytes_per_sec`; `None` for 0 (no bound).
+    pub fn new(bytes_per_sec: u64) -> Option<Pace> {
+        Rate::new(bytes_per_sec, &TokioClock(Instant::now())).map(|r| Pace {
+            rate: Arc::new(r),
+            lift: None,
+        })
+    }
+
+    /// The same bucket, no longer paid once `lift` is lifted (a background fetch that RocksDB
+    /// now waits for finishes at line rate).
+    pub fn liftable(&self, lift: Arc<Lift>) -> Pace {
+        Pace {
+            rate: Arc::clone(&self.rate),
+            lift: Some(lift),
+        }
+    }
+
+    async fn take(&self, units: u64) {
+        let Some(lift) = &self.lift else {
+            self.rate.take(units).await;
+            return;
+        };
+        let lifted = lift.notify.notified();
+        tokio::pin!(lifted);
+        // Registered before the flag is read: a lift between the two still wakes it.
+        lifted.as_mut().enable();
+        if lift.is_lifted() {
+            return;
+        }
+        tokio::select! {
+            _ = self.rate.take(units) => {}
+            () = lifted => {}
+        }
+    }
+}
+
+/// Lifts a [`Pace`] for the reads of one activity, from any thread.
+#[derive(Debug, Default)]
+pub struct Lift {
+    lifted: AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl Lift {
+    /// From now on the paces made [`Pace::liftable`] with this lift are not paid, and a wait
+    /// for one ends.
+    pub fn lift(&self) {
+        self.lifted.store(true, Ordering::Release);
+        self.notify.notify_waiters();
+    }
+
+    /// Whether [`Lift::lift`] was called.
+    pub fn is_lifted(&self) -> bool {
+        self.lifted.load(Ordering::Acquire)
+    }
+}
+
+/// Run `f` with every chunk its downloads receive paying `pace` (see the module docs).
+pub async fn paced<F: std::future::Future>(pace: Pace, f: F) -> F::Output {
+    PACE.scope(pace, f).await
+}
+
+/// Pay `bytes` to the pace of the current task, if it runs in [`paced`].
+pub(crate) async fn pace(bytes: u64) {
+    if let Ok(pace) = PACE.try_with(Pace::clone) {
+        pace.take(bytes).await;
+    }
 }
 
 /// Run `f` in the background lane: its transfers hold at most half the window (see the module
@@ -867,6 +953,76 @@ mod tests {
         assert!(
             within(measured, rate as f64, 0.10),
             "{measured:.0} B/s against a limit of {rate} B/s"
+        );
+    }
+
+    /// A paced download is bound by its pace chunk by chunk, within one object, streamed or
+    /// in ranges, with no `LimitStore` in the way (the lazy restore's background download: F8
+    /// of the lazy-restore review: a sleep after each file let each file go at line rate), and
+    /// a lifted pace stops pacing. Real time: the ranged download's follower is a blocking
+    /// task for the whole download, which holds tokio's paused clock still; the bounds
+    /// asserted are ones pacing guarantees (a least duration, and an end long before an
+    /// unlifted pace would allow).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_pace_bounds_a_download_within_the_object() {
+        use crate::blobstore::transfer::{download_to_file, DownloadOptions};
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let out = tempfile::tempdir().expect("tempdir");
+        let store = LocalStore::new(tmp.path()).expect("local store");
+        let size = 2u64 << 20;
+        store
+            .put(
+                &key("big"),
+                PutBody::Bytes(Bytes::from(vec![7u8; size as usize])),
+                PutOptions::default(),
+            )
+            .await
+            .expect("put");
+        let opts = |part_size| DownloadOptions {
+            expected_size: size,
+            expected_sha256: None,
+            part_size,
+            concurrency: 4,
+        };
+        let rate = 4u64 << 20;
+        // Less one burst (100 ms of the rate), which passes at once.
+        let least = Duration::from_secs_f64((size - rate / 10) as f64 / rate as f64);
+        for part_size in [0, 512 << 10] {
+            let start = std::time::Instant::now();
+            paced(
+                Pace::new(rate).expect("a pace"),
+                download_to_file(&store, &key("big"), &out.path().join("a"), opts(part_size)),
+            )
+            .await
+            .expect("download");
+            assert!(
+                start.elapsed() >= least,
+                "parts of {part_size}: one object of {size} bytes in {:?} at a pace of {rate} B/s",
+                start.elapsed()
+            );
+        }
+        // A pace of 1 B/s (the object would take weeks), lifted after 200 ms by another task
+        // (RocksDB now waits for the file): the rest lands at once.
+        let lift = Arc::new(Lift::default());
+        let lifter = tokio::spawn({
+            let lift = Arc::clone(&lift);
+            async move {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                lift.lift();
+            }
+        });
+        let start = std::time::Instant::now();
+        paced(
+            Pace::new(1).expect("a pace").liftable(Arc::clone(&lift)),
+            download_to_file(&store, &key("big"), &out.path().join("c"), opts(0)),
+        )
+        .await
+        .expect("download");
+        lifter.await.expect("lifter");
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "a lifted pace still paced: {:?}",
+            start.elapsed()
         );
     }
 

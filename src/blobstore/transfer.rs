@@ -157,6 +157,7 @@ async fn write_range(
                 )));
             }
             pending.extend_from_slice(&c);
+            super::limit::pace(c.len() as u64).await;
         }
         if pending.len() >= 1 << 20 || (done && !pending.is_empty()) {
             let buf = pending.split().freeze();
@@ -288,6 +289,7 @@ async fn download_stream(
             .await
             .map_err(|e| Error::io(format!("write {}", dest.display()), e))?;
         landed.add(chunk.len() as u64);
+        super::limit::pace(chunk.len() as u64).await;
     }
     if hasher.len() < opts.expected_size {
         return Err(Error::transient(format!(

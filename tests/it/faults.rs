@@ -494,7 +494,7 @@ async fn a_lazy_restore_through_a_dead_endpoint_fails_the_read_never_the_data() 
         )]),
     });
 
-    // A new host restores lazily; the background holds after its first file; then every GET
+    // A new host restores lazily; the background holds in its first file; then every GET
     // is reset.
     let dst = spec("dst");
     let r = BlobRestoreManager::new(

@@ -23,8 +23,10 @@
 //!   deletes it — is answered by a ranged read of its blob (a [`TailFn`]): a blob file the
 //!   live DB compacted away is dropped without being downloaded.
 //!
-//! Meanwhile a background download fetches every remote file, verified, at a bounded rate and
-//! concurrency, until the store is complete ([`status`], [`wait_complete`]). What is durable
+//! Meanwhile a background download fetches every remote file, verified, at a bounded rate (one
+//! token bucket over the bytes of its bodies, paid chunk by chunk:
+//! [`crate::blobstore::limit::Pace`]) and concurrency, in the transfer budget's background
+//! lane, until the store is complete ([`status`], [`wait_complete`]). What is durable
 //! is the snapshot's index (the committed checkpoint names it): a process killed while files
 //! are remote leaves a store dir that lacks them, and the next start's restore plans against
 //! the index and fetches exactly those (lazily again or in full). The registry is the
@@ -167,6 +169,12 @@ struct Remote {
     entry: FileIndex,
     state: Mutex<FileState>,
     changed: Condvar,
+    /// Lifted when RocksDB waits for the file while the background download fetches it: the
+    /// rest of that fetch is no longer paced.
+    lift: Arc<crate::blobstore::limit::Lift>,
+    /// Cancelled when RocksDB deletes the file: a fetch in flight stops (a paced background
+    /// fetch of a compacted-away file would otherwise go on to its end).
+    gone: CancellationToken,
 }
 
 impl Remote {
@@ -381,6 +389,8 @@ pub fn register(
                 entry,
                 state: Mutex::new(FileState::Remote),
                 changed: Condvar::new(),
+                lift: Arc::default(),
+                gone: CancellationToken::new(),
             };
             (r.name.clone(), Arc::new(r))
         })
@@ -540,6 +550,43 @@ pub fn status(dir: &Path) -> Option<LazyStatus> {
     Some(store.status())
 }
 
+/// The final status of each store dir whose lazy restore completed in this process. Its lock
+/// is taken alone (never with the registry's or a file's).
+fn completed() -> MutexGuard<'static, std::collections::HashMap<PathBuf, LazyStatus>> {
+    static COMPLETED: std::sync::OnceLock<Mutex<std::collections::HashMap<PathBuf, LazyStatus>>> =
+        std::sync::OnceLock::new();
+    COMPLETED
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// How the newest lazy restore of `dir` that completed in this process ended (its counts once
+/// [`status`] is `None`); `None` when none has.
+pub fn completed_status(dir: &Path) -> Option<LazyStatus> {
+    let dir = absolute(dir).ok()?;
+    completed().get(&dir).copied()
+}
+
+/// The names of the lazily restored store's files at `dir` whose fetch is in flight (on
+/// demand or in the background), sorted; empty when it is not lazy.
+pub fn fetching(dir: &Path) -> Vec<String> {
+    let Ok(dir) = absolute(dir) else {
+        return Vec::new();
+    };
+    let Some(store) = registry().stores.get(&dir).cloned() else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = store
+        .files
+        .values()
+        .filter(|r| *r.state() == FileState::Fetching)
+        .map(|r| r.name.clone())
+        .collect();
+    names.sort();
+    names
+}
+
 /// Wait until the store at `dir` has every file local (returns at once when it is not lazy);
 /// `Err` when its background download ended with files it could not fetch.
 pub async fn wait_complete(dir: &Path) -> Result<()> {
@@ -686,6 +733,8 @@ fn fetch_now(path: &Path) -> std::result::Result<(), (ErrorKind, String)> {
                 }));
             }
             FileState::Fetching => {
+                // Fetched by the background download, maybe paced: RocksDB waits for it now.
+                remote.lift.lift();
                 st = wait(&remote, st);
             }
         }
@@ -968,6 +1017,7 @@ fn drop_file(path: &Path) -> bool {
             *st = FileState::Dropped;
             store.progress.files_dropped.fetch_add(1, Ordering::Relaxed);
             remote.changed.notify_all();
+            remote.gone.cancel();
             return true;
         }
         return false;
@@ -1061,6 +1111,11 @@ async fn fetch_one(store: &LazyStore, remote: &Remote) -> bool {
             ErrorKind::Cancelled,
             "the store was closed",
         )),
+        // RocksDB deleted the file meanwhile: the branch below sees it dropped.
+        () = remote.gone.cancelled() => Err(Error::new(
+            ErrorKind::Cancelled,
+            "the file was deleted",
+        )),
     };
     // The module's lock order: `placing` before the file's state.
     let placed = {
@@ -1117,10 +1172,13 @@ async fn download_all(store: Arc<LazyStore>, bg: Background) {
     let started = tokio::time::Instant::now();
     let mut order: Vec<Arc<Remote>> = store.files.values().cloned().collect();
     order.sort_by_key(|r| std::cmp::Reverse(r.entry.file_metadata.size));
-    let sent = Arc::new(AtomicU64::new(0));
+    // One token bucket for the whole download, paid chunk by chunk as bodies are read (F8 of
+    // the lazy-restore review: a sleep after each file let each file go at line rate).
+    let pace = crate::blobstore::limit::Pace::new(bg.max_rate);
     futures::stream::iter(order)
         .for_each_concurrent(bg.downloads.max(1), |remote| {
-            let (store, sent) = (Arc::clone(&store), Arc::clone(&sent));
+            let store = Arc::clone(&store);
+            let pace = pace.as_ref().map(|p| p.liftable(Arc::clone(&remote.lift)));
             async move {
                 if store.cancel.is_cancelled() {
                     return;
@@ -1133,18 +1191,17 @@ async fn download_all(store: Arc<LazyStore>, bg: Background) {
                     }
                 }
                 let size = remote.entry.file_metadata.size;
-                if fetch_one(&store, &remote).await {
+                // The background lane: at most half the transfer window, so a commit's uploads
+                // and the on-demand fetches (their urgent lane) always find room beside it.
+                let fetch = crate::blobstore::limit::background(fetch_one(&store, &remote));
+                let fetched = match pace {
+                    Some(pace) => crate::blobstore::limit::paced(pace, fetch).await,
+                    None => fetch.await,
+                };
+                if fetched {
                     let p = &store.progress;
                     p.files_background.fetch_add(1, Ordering::Relaxed);
                     p.bytes_background.fetch_add(size, Ordering::Relaxed);
-                }
-                if bg.max_rate > 0 {
-                    let total = sent.fetch_add(size, Ordering::Relaxed) + size;
-                    let due = std::time::Duration::from_secs_f64(total as f64 / bg.max_rate as f64);
-                    tokio::select! {
-                        () = tokio::time::sleep_until(started + due) => {}
-                        () = store.cancel.cancelled() => {}
-                    }
                 }
             }
         })
@@ -1180,6 +1237,7 @@ async fn download_all(store: Arc<LazyStore>, bg: Background) {
                 let _ = d.sync_all();
             }
             tracing::info!(store = %store.dir.display(), on_demand = st.files_on_demand, background = st.files_background, dropped = st.files_dropped, secs = started.elapsed().as_secs_f64(), "lazy restore complete: every file is local");
+            completed().insert(store.dir.clone(), st);
             let mut r = registry();
             if r.stores
                 .get(&store.dir)
