@@ -2,6 +2,7 @@
 //!
 //! ```sh
 //! cargo bench --bench recovery -- [--size-mib 1024,8192] [--store local|s3] [--last-commit-mib N] [--lazy-rate-mib N]
+//!     [--workload wordcount|zipf] [--window-secs 60] [--lines N]
 //! ```
 //!
 //! For each size: a word-count task whose store holds that much data (random 16 KiB values
@@ -26,6 +27,18 @@
 //! and the standby is stopped once it holds the second, so a failover to its host fetches
 //! the last commit's N MiB (issue 18 §2's bound: 2 s + those bytes ÷ the GET rate).
 //!
+//! `--workload zipf` (issue 34): each message also does a read-modify-write on the seeded
+//! values, the key drawn from a Zipf distribution (exponent 1: a tenth of the keys take ~80 %
+//! of the reads, the hottest ranks contiguous from a third of the key space): it reads the
+//! 16 KiB value and updates a small per-key record (the count and a checksum of what it read).
+//! The killed task's reads become the heat of its last commits (issue 34). For (d), the lazy
+//! restart, and (e), the steady one, the child then reports over its first `--window-secs`
+//! (default 60) after its first message: messages, their rate and the p50/p99 of the time a
+//! message takes (`WINDOW`), and (d) when the hot set — the fewest table files holding 90 %
+//! of the workload's reads, by their key ranges at the first message — was local (`HOT`).
+//! `--lines N` sets the input's length (default 3,000,000; zipf runs want ~8,000,000 so the
+//! steady task still has input for its window).
+//!
 //! `--store local` (the default): a local directory store under the work dir. `--store s3`:
 //! the server of `BLOBSNAP_TEST_S3_ENDPOINT` (as `minio/garage.sh env` or `minio/localstack.sh
 //! env` print it), with `unsafe_no_fencing` (Garage does not fence).
@@ -49,6 +62,7 @@ use blobsnap::job::{Message, Processor, Stores};
 use blobsnap::local::rocks::RocksStore;
 
 const TASK: &str = "Partition 0";
+/// Input lines unless `--lines` says otherwise.
 const LINES: u64 = 3_000_000;
 const COMMIT_EVERY: u64 = 20_000;
 
@@ -113,6 +127,141 @@ fn backend(store: &Arc<dyn BlobStore>) -> Arc<dyn StateBackendFactory> {
     ))
 }
 
+/// The `--workload zipf` state access: ranks drawn from Zipf(1) over the `n` seeded keys
+/// (inverse CDF by binary search), rank `r` being key `(r + n / 3) % n`.
+struct Zipf {
+    cdf: Vec<f64>,
+    rng: std::sync::Mutex<rand::rngs::StdRng>,
+}
+
+impl Zipf {
+    fn new(n: u64) -> Zipf {
+        use rand::SeedableRng as _;
+        let mut cdf = Vec::with_capacity(n as usize + 1);
+        let mut sum = 0.0;
+        cdf.push(0.0);
+        for r in 0..n {
+            sum += 1.0 / (r + 1) as f64;
+            cdf.push(sum);
+        }
+        for c in &mut cdf {
+            *c /= sum;
+        }
+        Zipf {
+            cdf,
+            rng: std::sync::Mutex::new(rand::rngs::StdRng::seed_from_u64(
+                std::process::id().into(),
+            )),
+        }
+    }
+
+    fn n(&self) -> u64 {
+        self.cdf.len() as u64 - 1
+    }
+
+    fn key_of_rank(&self, r: u64) -> u64 {
+        (r + self.n() / 3) % self.n()
+    }
+
+    fn draw(&self) -> u64 {
+        use rand::Rng as _;
+        let u: f64 = self.rng.lock().expect("rng").random();
+        let r = self.cdf.partition_point(|c| *c <= u).saturating_sub(1) as u64;
+        self.key_of_rank(r.min(self.n() - 1))
+    }
+
+    /// The share of the reads that go to keys `lo..=hi`.
+    fn mass(&self, lo: u64, hi: u64) -> f64 {
+        (lo..=hi)
+            .map(|k| {
+                let r = (k + self.n() - self.n() / 3) % self.n();
+                self.cdf[r as usize + 1] - self.cdf[r as usize]
+            })
+            .sum()
+    }
+
+    /// Read key `k`'s value and update its record: `rmw<k>` = count, checksum of the value.
+    fn rmw(&self, db: &RocksStore) -> blobsnap::Result<()> {
+        let k = self.draw();
+        let value = db
+            .db()
+            .get(format!("key{k:012}"))
+            .map_err(|e| {
+                blobsnap::Error::new(blobsnap::ErrorKind::Io, format!("read key{k:012}: {e}"))
+            })?
+            .unwrap_or_default();
+        let rec = format!("rmw{k:012}");
+        let count = db
+            .db()
+            .get(&rec)
+            .map_err(|e| blobsnap::Error::new(blobsnap::ErrorKind::Io, format!("read {rec}: {e}")))?
+            .and_then(|v| {
+                v.get(..8)
+                    .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+            })
+            .unwrap_or(0);
+        let mut out = (count + 1).to_le_bytes().to_vec();
+        out.extend_from_slice(&crc32fast::hash(&value).to_le_bytes());
+        db.db()
+            .put(rec.as_bytes(), out)
+            .map_err(|e| blobsnap::Error::new(blobsnap::ErrorKind::Io, format!("write {rec}: {e}")))
+    }
+
+    /// The fewest table files of `db` that hold 90 % of the reads (by their key ranges), with
+    /// their bytes.
+    fn hot_set(&self, db: &RocksStore) -> Vec<(String, u64)> {
+        let n = self.n();
+        // The first seeded key >= `key` (up), or the last <= `key` (u64::MAX: none).
+        let idx = |key: &[u8], up: bool| -> u64 {
+            let (mut lo, mut hi) = (0u64, n);
+            while lo < hi {
+                let mid = (lo + hi) / 2;
+                if format!("key{mid:012}").as_bytes() < key {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
+            }
+            if up || (lo < n && format!("key{lo:012}").as_bytes() == key) {
+                lo
+            } else {
+                lo.wrapping_sub(1)
+            }
+        };
+        let mut files: Vec<(String, u64, f64)> = db
+            .db()
+            .live_files()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|f| {
+                let lo = f.start_key.as_deref().map_or(0, |k| idx(k, true));
+                let hi = f.end_key.as_deref().map_or(u64::MAX, |k| idx(k, false));
+                let mass = if hi == u64::MAX || lo > hi || lo >= self.n() {
+                    0.0
+                } else {
+                    self.mass(lo, hi.min(self.n() - 1))
+                };
+                (
+                    f.name.trim_start_matches('/').to_string(),
+                    f.size as u64,
+                    mass,
+                )
+            })
+            .collect();
+        files.sort_by(|a, b| b.2.total_cmp(&a.2));
+        let mut got = 0.0;
+        let mut hot = Vec::new();
+        for (name, size, mass) in files {
+            if got >= 0.9 {
+                break;
+            }
+            got += mass;
+            hot.push((name, size));
+        }
+        hot
+    }
+}
+
 /// Messages between two `AT` lines of a child (its throughput samples).
 const SAMPLE_EVERY: u64 = 25_000;
 
@@ -126,6 +275,19 @@ struct First {
     counters: Arc<Counters>,
     processed: std::sync::atomic::AtomicU64,
     bulk_mib: u64,
+    /// `--workload zipf`: the read-modify-write, and the window's per-message times (µs).
+    zipf: Option<Zipf>,
+    window: std::sync::Mutex<Window>,
+    /// The store's dir (where a lazily restored file appears once local).
+    dir: std::path::PathBuf,
+}
+
+/// A child's first `--window-secs` after its first message.
+#[derive(Default)]
+struct Window {
+    first: Option<Instant>,
+    micros: Vec<u32>,
+    reported: bool,
 }
 
 impl Processor for First {
@@ -147,7 +309,69 @@ impl Processor for First {
                 println!("BULK {}", self.bulk_mib);
             }
         }
-        WordCount.process(stores, message)
+        let Some(zipf) = &self.zipf else {
+            return WordCount.process(stores, message);
+        };
+        let t = Instant::now();
+        let db = stores.get("counts").ok_or_else(|| {
+            blobsnap::Error::new(blobsnap::ErrorKind::InvalidInput, "no store counts")
+        })?;
+        if n == 0 {
+            self.watch_hot_set(zipf.hot_set(db));
+        }
+        zipf.rmw(db)?;
+        WordCount.process(stores, message)?;
+        self.record(t.elapsed());
+        Ok(())
+    }
+}
+
+impl First {
+    /// Print `HOT <seconds after the first message> <files> <bytes>` once every file of the
+    /// hot set is in the store dir (a lazily restored file appears there once local).
+    fn watch_hot_set(&self, hot: Vec<(String, u64)>) {
+        let (dir, t0) = (self.dir.clone(), Instant::now());
+        std::thread::spawn(move || loop {
+            if hot.iter().all(|(n, _)| dir.join(n).exists()) {
+                println!(
+                    "HOT {:.3} {} {}",
+                    t0.elapsed().as_secs_f64(),
+                    hot.len(),
+                    hot.iter().map(|(_, b)| b).sum::<u64>()
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        });
+    }
+
+    /// Record a message's time; past the window, print `WINDOW <messages> <seconds> <p50 µs>
+    /// <p99 µs>` once.
+    fn record(&self, took: Duration) {
+        let secs: f64 = std::env::var("RECOVERY_WINDOW_SECS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(60.0);
+        let mut w = self.window.lock().expect("window");
+        let first = *w.first.get_or_insert_with(Instant::now);
+        if w.reported {
+            return;
+        }
+        let elapsed = first.elapsed().as_secs_f64();
+        if elapsed < secs {
+            w.micros.push(took.as_micros().min(u32::MAX as u128) as u32);
+            return;
+        }
+        w.reported = true;
+        let n = w.micros.len();
+        w.micros.sort_unstable();
+        let pct = |p: f64| {
+            w.micros
+                .get(((n as f64 * p) as usize).min(n.saturating_sub(1)))
+                .copied()
+                .unwrap_or(0)
+        };
+        println!("WINDOW {n} {elapsed:.3} {} {}", pct(0.5), pct(0.99));
     }
 }
 
@@ -196,6 +420,13 @@ fn child(start: Instant) {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0),
+            zipf: std::env::var("RECOVERY_KEYS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|_| std::env::var("RECOVERY_WORKLOAD").as_deref() == Ok("zipf"))
+                .map(Zipf::new),
+            window: Default::default(),
+            dir: dir.clone(),
         });
         if std::env::var("RECOVERY_RESTORE_MODE").as_deref() == Ok("lazy") {
             let (p, c) = (Arc::clone(&processor), Arc::clone(&counters2));
@@ -403,10 +634,65 @@ impl Child {
         }
     }
 
+    /// The first line of each tag in `tags` (its fields after the tag), until every one has
+    /// come or the task ended.
+    fn tags(&mut self, tags: &[&str]) -> std::collections::BTreeMap<String, Vec<f64>> {
+        let mut got = std::collections::BTreeMap::new();
+        while got.len() < tags.len() {
+            let Some(Ok(l)) = self.lines.next() else {
+                break;
+            };
+            let mut f = l.split(' ');
+            let Some(tag) = f.next().filter(|t| tags.contains(t)) else {
+                continue;
+            };
+            got.entry(tag.to_string())
+                .or_insert_with(|| f.map(|v| v.parse().unwrap_or(f64::NAN)).collect());
+        }
+        got
+    }
+
     fn kill(mut self) {
         let _ = self.proc.kill(); // SIGKILL
         let _ = self.proc.wait();
     }
+}
+
+/// The zipf workload's row for (d) against (e): the window's rate and p99 against the steady
+/// task's, when the hot set was local, and when the store was complete against 1.1 × its size
+/// ÷ the background's rate bound.
+fn zipf_row(
+    kind: &str,
+    size: u64,
+    first: f64,
+    rate_mib: u64,
+    lazy: &std::collections::BTreeMap<String, Vec<f64>>,
+    steady: &std::collections::BTreeMap<String, Vec<f64>>,
+) -> String {
+    let field = |m: &std::collections::BTreeMap<String, Vec<f64>>, tag: &str, i: usize| {
+        m.get(tag)
+            .and_then(|v| v.get(i))
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    let rate = |m| field(m, "WINDOW", 0) / field(m, "WINDOW", 1);
+    let (lazy_rate, steady_rate) = (rate(lazy), rate(steady));
+    let (lazy_p99, steady_p99) = (field(lazy, "WINDOW", 3), field(steady, "WINDOW", 3));
+    let complete = field(lazy, "COMPLETE", 0) - first;
+    let bound = 1.1 * size as f64 / rate_mib.max(1) as f64;
+    eprintln!(
+        "{size} MiB zipf: p50 {:.0} / {:.0} µs (lazy / steady)",
+        field(lazy, "WINDOW", 2),
+        field(steady, "WINDOW", 2)
+    );
+    format!(
+        "| {kind}, {size} MiB, zipf | {lazy_rate:.0} / {steady_rate:.0} msg/s = {:.0} % | {lazy_p99:.0} / {steady_p99:.0} µs = {:.2}× | {:.2} s ({} files, {:.0} MiB) | {complete:.1} s (bound {bound:.1} s) |",
+        100.0 * lazy_rate / steady_rate,
+        lazy_p99 / steady_p99,
+        field(lazy, "HOT", 0),
+        field(lazy, "HOT", 1),
+        field(lazy, "HOT", 2) / (1 << 20) as f64,
+    )
 }
 
 fn main() {
@@ -422,6 +708,21 @@ fn main() {
     let kind = arg("--store").unwrap_or_else(|| "local".into());
     let bulk_mib: u64 =
         arg("--last-commit-mib").map_or(0, |v| v.parse().expect("--last-commit-mib"));
+    let zipf = match arg("--workload").as_deref() {
+        None | Some("wordcount") => false,
+        Some("zipf") => true,
+        Some(other) => panic!("--workload {other}: wordcount or zipf"),
+    };
+    if zipf {
+        std::env::set_var("RECOVERY_WORKLOAD", "zipf");
+    }
+    let window_secs: f64 = arg("--window-secs").map_or(60.0, |v| v.parse().expect("--window-secs"));
+    std::env::set_var("RECOVERY_WINDOW_SECS", window_secs.to_string());
+    let lines: u64 = arg("--lines").map_or(LINES, |v| v.parse().expect("--lines"));
+    let lazy_rate_mib: u64 = arg("--lazy-rate-mib")
+        .map_or(blobsnap::local::lazy::DEFAULT_RATE >> 20, |v| {
+            v.parse().expect("--lazy-rate-mib")
+        });
     if let Some(rate) = arg("--lazy-rate-mib") {
         let _: u64 = rate.parse().expect("--lazy-rate-mib N");
         std::env::set_var("RECOVERY_LAZY_RATE_MIB", rate);
@@ -452,7 +753,7 @@ fn main() {
         other => panic!("--store {other}: local or s3"),
     }
     let input = work.path().join("input");
-    blobsnap::job::wordcount::generate_input(&input, 1, LINES, 7).expect("input");
+    blobsnap::job::wordcount::generate_input(&input, 1, lines, 7).expect("input");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -461,8 +762,11 @@ fn main() {
         "| store | case | first message, wall (s) | in the task (s) | downloaded before it (MiB) |"
     );
     println!("|---|---|---|---|---|");
+    let mut zipf_rows = Vec::new();
     for size in sizes {
         let id = format!("bench-{size}-{:08x}", rand::random::<u32>());
+        // The seeded keys (`fill`'s 16 KiB values): what the zipf workload draws from.
+        std::env::set_var("RECOVERY_KEYS", ((size << 20) / (16 << 10)).to_string());
         let host = |h: &str| work.path().join(h).join("state");
         let (a, b, c) = (host("a"), host("b"), host("c"));
         // The task's store, prefilled and committed at input offset 0 (as a job that has run
@@ -601,6 +905,19 @@ fn main() {
             "| {kind}, {size} MiB | new host, lazy | {wall:.2} | {own:.2} | {:.1} |",
             bytes as f64 / (1 << 20) as f64
         );
+        if zipf {
+            let got = t.tags(&["WINDOW", "HOT", "COMPLETE"]);
+            t.kill();
+            let mut e = spawn_as(&host("e"), &input, &id, 0, "full");
+            e.first();
+            let steady = e.tags(&["WINDOW"]);
+            e.kill();
+            zipf_rows.push(zipf_row(&kind, size, own, lazy_rate_mib, &got, &steady));
+            for h in ["a", "b", "c", "d", "e"] {
+                let _ = std::fs::remove_dir_all(work.path().join(h));
+            }
+            continue;
+        }
         let (_, complete) = t.samples(|_, _, complete| complete);
         t.kill();
         let Some((done_s, done_n, done_bytes)) = complete else {
@@ -654,5 +971,13 @@ fn main() {
         let _ = std::fs::remove_dir_all(work.path().join("c"));
         let _ = std::fs::remove_dir_all(work.path().join("d"));
         let _ = std::fs::remove_dir_all(work.path().join("e"));
+    }
+    if zipf {
+        println!();
+        println!("| store | rate, first {window_secs:.0} s: lazy / steady | p99 per message: lazy / steady | hot set local after the first message | store complete after it |");
+        println!("|---|---|---|---|---|");
+        for row in zipf_rows {
+            println!("{row}");
+        }
     }
 }

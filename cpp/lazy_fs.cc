@@ -19,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "rocksdb/db.h"
 #include "rocksdb/env.h"
@@ -299,7 +300,7 @@ struct blobsnap_c_options {
 
 // The layout of the C API's DB handle (`struct rocksdb_t { DB* rep; }`, db/c.cc): its one
 // member is the DB. rust-rocksdb hands the handle out (`AsRawPtr`);
-// blobsnap_lazyfs_tracked_bytes reads the DB through this mirror of it.
+// blobsnap_lazyfs_tracked_bytes and blobsnap_file_reads read the DB through this mirror of it.
 struct blobsnap_c_db {
   ROCKSDB_NAMESPACE::DB* rep;
 };
@@ -346,6 +347,32 @@ uint64_t blobsnap_lazyfs_tracked_bytes(void* handle) {
     std::shared_ptr<ROCKSDB_NAMESPACE::SstFileManager> sfm =
         db->rep->GetDBOptions().sst_file_manager;
     return sfm ? sfm->GetTotalSize() : 0;
+  } catch (...) {
+    return 0;
+  }
+}
+
+// The sampled read counts of the live table files of the DB behind `handle` (a rocksdb_t):
+// RocksDB counts one in 1,024 reads of a file (Get, MultiGet, iterator seeks and nexts) and
+// adds 1,024, so `num_reads_sampled` estimates the reads since the DB was opened. Writes
+// "name count\n" lines (the file's name relative to the DB dir) into `buf` while they fit in
+// `cap` bytes and returns the length of the whole text: the caller asks again with a buffer
+// of that size if it was larger than `cap`. Returns 0 for a null handle or when C++ threw.
+size_t blobsnap_file_reads(void* handle, char* buf, size_t cap) {
+  try {
+    auto* db = static_cast<blobsnap_c_db*>(handle);
+    if (db == nullptr || db->rep == nullptr) return 0;
+    std::vector<ROCKSDB_NAMESPACE::LiveFileMetaData> files;
+    db->rep->GetLiveFilesMetaData(&files);
+    std::string text;
+    for (const auto& f : files) {
+      text += f.relative_filename;
+      text += ' ';
+      text += std::to_string(f.num_reads_sampled);
+      text += '\n';
+    }
+    if (buf != nullptr && text.size() <= cap) std::memcpy(buf, text.data(), text.size());
+    return text.size();
   } catch (...) {
     return 0;
   }

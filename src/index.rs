@@ -159,6 +159,14 @@ pub struct FileIndex {
     /// so an index without inline files keeps Samza's shape.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inline_data: Option<String>,
+    /// How often the running task read this file: RocksDB's sampled read count, summed over
+    /// every process that had the file open since it was made (the estimate of reads it
+    /// carries from the index it was restored from, plus the reads sampled since). A lazy
+    /// restore fetches the hottest files first. Optional and additive (no format change):
+    /// not written for a file never read, absent in older indexes and Samza's, and ignored
+    /// by their readers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heat: Option<u64>,
 }
 
 impl FileIndex {
@@ -307,13 +315,19 @@ pub const RESTORED_MARKER: &str = "RESTORED";
 /// not a complete database ([`crate::local::lazy`]).
 pub const LAZY_PENDING: &str = "LAZY-PENDING";
 
+/// Name of the file a checkpoint directory of an open store carries beside RocksDB's files:
+/// the sampled read count of each table file (JSON, name → count), which the backup turns
+/// into the index's `heat` ([`FileIndex::heat`]). Never a file of the snapshot.
+pub const HEAT_FILE: &str = "BLOBSNAP-HEAT";
+
 /// Names blobsnap itself uses inside a store dir, which no snapshot may list: the restore
-/// markers at the root ([`RESTORED_MARKER`], [`LAZY_PENDING`]), and `.<name>.blobsnap-part` (a download in progress) anywhere. An index
+/// markers at the root ([`RESTORED_MARKER`], [`LAZY_PENDING`]) and a checkpoint's
+/// [`HEAT_FILE`], and `.<name>.blobsnap-part` (a download in progress) anywhere. An index
 /// listing one would have the restore overwrite or delete its own bookkeeping.
 pub fn reserved_name(name: &str, root: bool) -> Result<()> {
-    if root && (name == RESTORED_MARKER || name == LAZY_PENDING) {
+    if root && (name == RESTORED_MARKER || name == LAZY_PENDING || name == HEAT_FILE) {
         return Err(Error::corrupt(format!(
-            "index entry name {name:?} is reserved (blobsnap's restore markers)"
+            "index entry name {name:?} is reserved (blobsnap's restore markers and heat file)"
         )));
     }
     if name.starts_with('.') && name.ends_with(".blobsnap-part") {
@@ -815,6 +829,7 @@ mod tests {
             checksum: 0,
             sha256: Some(Sha256::of(content)),
             inline_data: None,
+            heat: None,
         };
         let index = |files: Vec<FileIndex>| SnapshotIndex {
             format_version: FORMAT_V1,

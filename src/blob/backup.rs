@@ -29,7 +29,7 @@
 //! the same bytes can be removed in one place and present in another.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -226,6 +226,10 @@ struct StoreState {
     /// manager reuses the checkpoint directory of a store that did not change; checkpoint
     /// directories are never written after they are made).
     last_dir: Option<(PathBuf, IndexMarker)>,
+    /// The heat of each file of the snapshot this process started from (its committed
+    /// index at `init`): an index written here records that plus the reads the store's
+    /// checkpoint sampled since it was opened ([`crate::index::FileIndex::heat`]).
+    heat_base: HashMap<String, u64>,
 }
 
 /// What cleanup deleted.
@@ -605,7 +609,12 @@ impl BlobBackupManager {
         //    taken their first blobs (DESIGN §7 step 2; checked again before the checkpoint
         //    write, `before_commit`).
         self.check_age(id, &format!("upload of store {}", spec.name))?;
-        let dir_index = build_dir(&dd, &blob_of, &inline)?;
+        let mut dir_index = build_dir(&dd, &blob_of, &inline)?;
+        let heat_base = lock(&self.state)?
+            .get(&spec.name)
+            .map(|s| s.heat_base.clone())
+            .unwrap_or_default();
+        add_heat(&mut dir_index, &heat_base, &read_heat(&dir).await);
         // A fork's retained files keep naming the blobs it borrows: the new index declares
         // the scopes they are in (those still named, no others).
         let (borrowed_from, blobs) = match committed.as_ref() {
@@ -901,6 +910,45 @@ fn record_upload_metrics(task: &str, store: &str, s: &UploadStats) {
     metrics::histogram!("blobsnap_backup_upload_seconds", &labels).record(s.upload_ms as f64 / 1e3);
 }
 
+/// The heat of each file at the root of a snapshot (where RocksDB's table files are).
+fn heat_of(root: &DirIndex) -> HashMap<String, u64> {
+    root.files_present
+        .iter()
+        .filter_map(|f| Some((f.file_name.clone(), f.heat?)))
+        .collect()
+}
+
+/// The reads a checkpoint directory's [`crate::index::HEAT_FILE`] sampled, by file name:
+/// none when it has none (a directory the caller made, or a store nobody read). An
+/// unreadable one costs the heat of this snapshot, never the backup (a warning).
+async fn read_heat(dir: &Path) -> HashMap<String, u64> {
+    let path = dir.join(crate::index::HEAT_FILE);
+    match tokio::fs::read(&path).await {
+        Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+            tracing::warn!(file = %path.display(), error = %e, "unreadable heat file: this snapshot records no heat");
+            HashMap::new()
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => HashMap::new(),
+        Err(e) => {
+            tracing::warn!(file = %path.display(), error = %e, "unreadable heat file: this snapshot records no heat");
+            HashMap::new()
+        }
+    }
+}
+
+/// Set the heat of each root file: what it had when this process started plus the reads
+/// sampled since (none written for a file never read).
+fn add_heat(root: &mut DirIndex, base: &HashMap<String, u64>, reads: &HashMap<String, u64>) {
+    for f in &mut root.files_present {
+        let heat = base
+            .get(&f.file_name)
+            .copied()
+            .unwrap_or(0)
+            .saturating_add(reads.get(&f.file_name).copied().unwrap_or(0));
+        f.heat = (heat > 0).then_some(heat);
+    }
+}
+
 fn file_index(f: &LocalFile, blob_id: String) -> FileIndex {
     FileIndex {
         file_name: f.name.clone(),
@@ -909,6 +957,7 @@ fn file_index(f: &LocalFile, blob_id: String) -> FileIndex {
         checksum: f.digest.crc32,
         sha256: Some(f.digest.sha256),
         inline_data: None,
+        heat: None,
     }
 }
 
@@ -1086,6 +1135,7 @@ fn build_dir(
             files.push(FileIndex {
                 blobs: Vec::new(),
                 inline_data: Some(data.clone()),
+                heat: None,
                 ..file_index(f, String::new())
             });
             continue;
@@ -1155,6 +1205,10 @@ impl TaskBackupManager for BlobBackupManager {
                     .await
                     .map_err(|e| e.context("read the task's start-from record (a fork's pins)"))?;
             }
+            let heat_base = committed
+                .as_ref()
+                .map(|c| heat_of(&c.index.dir_index))
+                .unwrap_or_default();
             lock(&self.state)?.insert(
                 spec.name.clone(),
                 StoreState {
@@ -1162,6 +1216,7 @@ impl TaskBackupManager for BlobBackupManager {
                     retained,
                     uploaded: HashMap::new(),
                     last_dir: None,
+                    heat_base,
                 },
             );
         }

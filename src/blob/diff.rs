@@ -220,6 +220,7 @@ mod tests {
             checksum: crc32fast::hash(content),
             sha256: Some(Sha256::of(content)),
             inline_data: None,
+            heat: None,
         }
     }
 

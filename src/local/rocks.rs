@@ -16,7 +16,8 @@ pub struct RocksStore {
     db: rocksdb::DB,
     /// Opened on the lazy file system (files of a lazy restore still remote).
     lazy: bool,
-    /// The lazy open's limits (table cache) were lifted: every file is local.
+    /// The lazy open's limits (table cache) were lifted (every file is local), or never set
+    /// (options that need every table file open).
     lifted: std::sync::atomic::AtomicBool,
     /// A lazy DB's share of the process's thread pools (dropped after `db`: declared after).
     _pools: Option<crate::local::lazy::PoolShare>,
@@ -202,7 +203,9 @@ impl RocksStore {
     /// Open with explicit RocksDB options. A store whose lazy restore still has remote
     /// files ([`crate::local::lazy`]) opens on the lazy file system, with at most
     /// [`LAZY_MAX_OPEN_FILES`](crate::local::lazy::LAZY_MAX_OPEN_FILES) files open and no
-    /// statistics loaded from every file at open (both would fetch every SST first).
+    /// statistics loaded from every file at open (both would fetch every SST first). Options
+    /// that need every table file open (FIFO compaction with a TTL) open it unbounded: the
+    /// open then waits for every remote table file (a warning says so).
     pub fn open_with(name: &str, dir: &Path, opts: &rocksdb::Options) -> Result<Self> {
         use crate::local::lazy;
         let what = || format!("open RocksDB store {name} at {}", dir.display());
@@ -222,6 +225,7 @@ impl RocksStore {
             );
         }
         let opts = &opts;
+        let mut lifted = false;
         let db = if lazy {
             let mut base = opts.clone();
             let mut opts = base
@@ -230,7 +234,24 @@ impl RocksStore {
             opts.set_max_open_files(lazy::LAZY_MAX_OPEN_FILES);
             opts.set_skip_stats_update_on_db_open(true);
             opts.set_max_background_jobs(lazy::LAZY_MAX_BACKGROUND_JOBS);
-            rocksdb::DB::open(&opts, lazy::absolute(dir)?)
+            let abs = lazy::absolute(dir)?;
+            match rocksdb::DB::open(&opts, &abs) {
+                // Options that need every table file open (FIFO compaction with a TTL, which
+                // RocksDB refuses with a bounded table cache): the store still opens on the
+                // lazy file system, unbounded, and the open waits for every table file.
+                Err(e) if e.to_string().contains("max_open_files = -1") => {
+                    tracing::warn!(
+                        store = name,
+                        dir = %dir.display(),
+                        reason = %e,
+                        "the store's options need every table file open: this lazy open waits until every remote table file is fetched"
+                    );
+                    opts.set_max_open_files(-1);
+                    lifted = true;
+                    rocksdb::DB::open(&opts, &abs)
+                }
+                other => other,
+            }
         } else {
             rocksdb::DB::open(opts, dir)
         }
@@ -240,7 +261,7 @@ impl RocksStore {
             dir: dir.to_path_buf(),
             db,
             lazy,
-            lifted: Default::default(),
+            lifted: std::sync::atomic::AtomicBool::new(lifted),
             _pools: pools,
             _events: events,
         })
@@ -287,6 +308,27 @@ impl RocksStore {
     }
 }
 
+impl RocksStore {
+    /// Beside a checkpoint's files, the sampled read count of each of its table files since
+    /// the DB was opened ([`crate::index::HEAT_FILE`], JSON name → count; files never read
+    /// are left out, and no file is written if none was read): the backup records it as the
+    /// index's heat.
+    fn write_heat(&self, path: &Path) -> Result<()> {
+        let reads: std::collections::BTreeMap<String, u64> =
+            crate::local::lazy::file_reads(&self.db)
+                .into_iter()
+                .filter(|(_, n)| *n > 0)
+                .collect();
+        if reads.is_empty() {
+            return Ok(());
+        }
+        let file = path.join(crate::index::HEAT_FILE);
+        let bytes = serde_json::to_vec(&reads)
+            .map_err(|e| Error::invalid(format!("encode {}: {e}", file.display())))?;
+        std::fs::write(&file, bytes).map_err(|e| Error::io(format!("write {}", file.display()), e))
+    }
+}
+
 impl StoreEngine for RocksStore {
     fn name(&self) -> &str {
         &self.name
@@ -310,7 +352,8 @@ impl StoreEngine for RocksStore {
         let cp = rocksdb::checkpoint::Checkpoint::new(&self.db)
             .map_err(|e| rocks_err("RocksDB checkpoint".into(), e))?;
         cp.create_checkpoint(path)
-            .map_err(|e| rocks_err(format!("RocksDB checkpoint into {}", path.display()), e))
+            .map_err(|e| rocks_err(format!("RocksDB checkpoint into {}", path.display()), e))?;
+        self.write_heat(path)
     }
 
     fn change_token(&self) -> Option<(u64, u64)> {

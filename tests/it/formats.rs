@@ -167,6 +167,7 @@ fn file(name: &str, content: &[u8]) -> FileIndex {
         checksum: crc32fast::hash(content),
         sha256: Some(sha),
         inline_data: None,
+        heat: None,
     }
 }
 
@@ -262,6 +263,44 @@ fn index_bytes_are_deterministic_and_round_trip() {
     );
     let text = String::from_utf8(bytes).unwrap();
     assert!(text.starts_with(r#"{"format-version":1,"creation-time-millis":1700000000000,"snapshot-metadata":{"checkpoint-id":"1700000000000-1""#), "{text}");
+}
+
+/// A file's heat (issue 34) is optional and additive: written only when known, as a plain
+/// number in a format-1 index, so an index without it (Samza's, an older blobsnap's) reads
+/// with none and Samza's readers, which ignore unknown properties (reference §2.3), read an
+/// index with it.
+#[test]
+fn heat_is_optional_additive_and_round_trips() {
+    let mut index = sample_index();
+    let plain = String::from_utf8(index.to_bytes().unwrap()).unwrap();
+    assert!(!plain.contains("heat"), "no heat, no field: {plain}");
+    index.dir_index.files_present[0].heat = Some(4096);
+    let bytes = index.to_bytes().unwrap();
+    let text = String::from_utf8(bytes.clone()).unwrap();
+    assert!(text.contains(r#""heat":4096"#), "{text}");
+    assert!(text.starts_with(r#"{"format-version":1,"#), "{text}");
+    let back = SnapshotIndex::from_slice(&bytes).unwrap();
+    assert_eq!(back.to_bytes().unwrap(), bytes);
+    let name = &index.dir_index.files_present[0].file_name;
+    let heat: Vec<_> = back
+        .present_files()
+        .into_iter()
+        .map(|(p, f)| (p, f.heat))
+        .filter(|(_, h)| h.is_some())
+        .collect();
+    assert_eq!(heat, [(name.clone(), Some(4096))]);
+    // Samza's entry shape, with the field: every Samza field reads as it was.
+    let doc = FIRST_COMMIT_INDEX.replace(
+        r#""files-present":[]"#,
+        r#""files-present":[{"file-name":"a","blobs":[{"blob-id":"b1","offset":0}],"file-metadata":{"creation-time-millis":1,"last-modified-time-millis":2,"size":1,"owner":"o","group":"g","permissions":"rw-r--r--"},"checksum":3904355907,"heat":7}]"#,
+    );
+    let with = SnapshotIndex::from_slice(doc.as_bytes()).unwrap();
+    assert_eq!(with.present_files()[0].1.heat, Some(7));
+    let without = SnapshotIndex::from_slice(doc.replace(r#","heat":7"#, "").as_bytes()).unwrap();
+    assert_eq!(without.present_files()[0].1.heat, None);
+    let mut stripped = with.clone();
+    stripped.dir_index.files_present[0].heat = None;
+    assert_eq!(stripped, without, "heat is the only difference");
 }
 
 #[test]
@@ -363,9 +402,14 @@ fn hostile_names_are_rejected_naming_the_entry() {
             Box::new(|i| i.snapshot_metadata.job_name = "".into()),
         ),
         (
-            "reserved (blobsnap's restore markers)",
+            "reserved (blobsnap's restore markers and heat file)",
             "RESTORED",
             Box::new(|i| i.dir_index.files_present[0].file_name = "RESTORED".into()),
+        ),
+        (
+            "reserved (blobsnap's restore markers and heat file)",
+            "BLOBSNAP-HEAT",
+            Box::new(|i| i.dir_index.files_present[0].file_name = "BLOBSNAP-HEAT".into()),
         ),
         (
             "reserved (blobsnap's partial downloads)",
@@ -525,6 +569,7 @@ fn inline_data_round_trips_and_malformed_inline_entries_are_refused() {
     let inline = |name: &str, content: &[u8]| FileIndex {
         blobs: vec![],
         inline_data: Some(FileIndex::encode_inline(content)),
+        heat: None,
         ..file(name, content)
     };
     let mut index = sample_index();

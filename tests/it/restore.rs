@@ -454,6 +454,173 @@ mod cases {
         );
     }
 
+    /// Heat (issue 34): a store whose reads went to two of its 8 tables, one five times as
+    /// often as the other, commits an index whose `heat` ranks them so (the checkpoint's heat
+    /// file itself is never a file of the snapshot); a lazy restore of it downloads those two
+    /// first, the hotter first; and the restored store's next commit carries the heat over:
+    /// what the index had, plus the reads of the new process.
+    pub async fn heat_is_recorded_and_a_lazy_restore_fetches_the_hottest_first(h: &Harness) {
+        use std::sync::Mutex;
+        let mut fx = Fx::new(h);
+        let src = fx.spec("src");
+        let db = RocksStore::open_with("counts", &src.dir, &no_compactions()).unwrap();
+        let mgr = fx.backup(&src);
+        mgr.init(None).await.unwrap();
+        for i in 0..8 {
+            write_keys(&db, i * 500, 500, u64::from(i) + 1);
+            db.flush().unwrap();
+        }
+        // The table holding keys `range * 500 ..`, and `n` reads of them.
+        let table_of = |db: &RocksStore, range: u32| {
+            let first = format!("key{:08}", range * 500).into_bytes();
+            db.db()
+                .live_files()
+                .unwrap()
+                .into_iter()
+                .find(|f| f.start_key.as_deref() == Some(first.as_slice()))
+                .map(|f| f.name.trim_start_matches('/').to_string())
+                .expect("a table per range")
+        };
+        let read = |db: &RocksStore, range: u32, n: u32| {
+            for i in 0..n {
+                let k = format!("key{:08}", range * 500 + i % 500);
+                assert!(db.db().get(k).unwrap().is_some());
+            }
+        };
+        let (hot, warm) = (table_of(&db, 2), table_of(&db, 5));
+        read(&db, 2, 100_000);
+        read(&db, 5, 20_000);
+        let cp = fx.commit(&mgr, &db).await;
+        drop(db);
+        let cp_dir = src.checkpoint_dir(cp.as_v2().unwrap().id);
+        assert!(cp_dir.join(blobsnap::index::HEAT_FILE).is_file());
+        let idx = fx.index(&cp).await;
+        let files: BTreeMap<String, blobsnap::index::FileIndex> = idx
+            .present_files()
+            .into_iter()
+            .map(|(p, f)| (p, f.clone()))
+            .collect();
+        assert!(!files.contains_key(blobsnap::index::HEAT_FILE), "{files:?}");
+        let heat = |files: &BTreeMap<String, blobsnap::index::FileIndex>, n: &str| {
+            files[n].heat.unwrap_or(0)
+        };
+        // RocksDB samples one read in 1,024 and counts it 1,024 times.
+        let (h_hot, h_warm) = (heat(&files, &hot), heat(&files, &warm));
+        assert!(
+            h_hot > 2 * h_warm && h_warm > 0,
+            "hot {hot}: {h_hot}, warm {warm}: {h_warm}"
+        );
+        let cold: Vec<_> = files
+            .iter()
+            .filter(|(n, f)| f.heat.is_some() && *n != &hot && *n != &warm)
+            .map(|(n, f)| (n, f.heat))
+            .collect();
+        assert!(cold.is_empty(), "tables never read have no heat: {cold:?}");
+
+        // A lazy restore, one download at a time and unbounded: the order of its GETs is the
+        // order of the background download.
+        let gets: Arc<Mutex<Vec<blobsnap::blobstore::BlobKey>>> = Arc::default();
+        let hooked: Arc<dyn BlobStore> = Arc::new(support::Hooked::new(Arc::clone(&fx.store), {
+            let gets = Arc::clone(&gets);
+            Box::new(move |k, _| {
+                gets.lock().unwrap().push(k.clone());
+                None
+            })
+        }));
+        let dst = fx.spec("dst");
+        let r = fx.restorer_on(
+            hooked,
+            &dst,
+            Some(lazy::Background {
+                downloads: 1,
+                max_rate: 0,
+            }),
+        );
+        r.init(Some(&cp)).await.unwrap();
+        r.restore().await.unwrap();
+        lazy::wait_complete(&dst.dir).await.unwrap();
+        let name_of: BTreeMap<blobsnap::blobstore::BlobKey, String> = files
+            .iter()
+            .filter(|(n, f)| n.ends_with(".sst") && !f.blobs.is_empty())
+            .map(|(n, f)| (fx.scope().key(&f.blobs[0].blob_id).unwrap(), n.clone()))
+            .collect();
+        let mut order: Vec<String> = Vec::new();
+        for k in gets.lock().unwrap().iter() {
+            if let Some(n) = name_of.get(k) {
+                if !order.contains(n) {
+                    order.push(n.clone());
+                }
+            }
+        }
+        assert_eq!(order.len(), 8, "{order:?}");
+        assert_eq!(order[..2], [hot.clone(), warm.clone()], "hottest first");
+
+        // The restored store's next commit: the heat it was restored with, plus its reads.
+        let db = RocksStore::open_with("counts", &dst.dir, &no_compactions()).unwrap();
+        let mgr = fx.backup(&dst);
+        mgr.init(Some(&cp)).await.unwrap();
+        read(&db, 5, 20_000);
+        write_keys(&db, 100_000, 10, 99);
+        let cp2 = fx.commit(&mgr, &db).await;
+        let files2: BTreeMap<String, blobsnap::index::FileIndex> = fx
+            .index(&cp2)
+            .await
+            .present_files()
+            .into_iter()
+            .map(|(p, f)| (p, f.clone()))
+            .collect();
+        assert_eq!(heat(&files2, &hot), h_hot, "carried over as it was");
+        assert!(
+            heat(&files2, &warm) > h_warm,
+            "carried over plus this process's reads: {} <= {h_warm}",
+            heat(&files2, &warm)
+        );
+    }
+
+    /// A store whose options need every table file open (FIFO compaction with a TTL, which
+    /// RocksDB refuses with the lazy open's bounded table cache) still opens after a lazy
+    /// restore: unbounded, its open fetching the remote tables (the background held at 1
+    /// byte/s meanwhile); every key reads, and no bound is left to lift.
+    pub async fn lazy_open_of_a_fifo_ttl_store_opens_unbounded(h: &Harness) {
+        let mut fx = Fx::new(h);
+        let fifo = || {
+            let mut o = no_compactions();
+            o.set_compaction_style(rocksdb::DBCompactionStyle::Fifo);
+            o.set_ttl(7 * 86_400);
+            o
+        };
+        let src = fx.spec("src");
+        let db = RocksStore::open_with("counts", &src.dir, &fifo()).unwrap();
+        let mgr = fx.backup(&src);
+        mgr.init(None).await.unwrap();
+        for i in 0..4 {
+            write_keys(&db, i * 500, 500, u64::from(i) + 1);
+            db.flush().unwrap();
+        }
+        let expected = keys_of(&db).unwrap();
+        let cp = fx.commit(&mgr, &db).await;
+        drop(db);
+        let dst = fx.spec("dst");
+        let r = lazy_restorer(
+            &fx,
+            &dst,
+            lazy::Background {
+                downloads: 1,
+                max_rate: 1,
+            },
+        );
+        r.init(Some(&cp)).await.unwrap();
+        r.restore().await.unwrap();
+        let st = lazy::status(&dst.dir).expect("a lazily restored store");
+        assert!(st.files_remote >= 3, "{st:?}");
+        let db = RocksStore::open_with("counts", &dst.dir, &fifo()).unwrap();
+        assert_eq!(keys_of(&db).unwrap(), expected);
+        lazy::wait_complete(&dst.dir)
+            .await
+            .expect("the open fetched every table");
+        assert!(!db.lift_lazy_limits().unwrap(), "opened unbounded");
+    }
+
     /// Compactions run while files are remote (F6 and F15 of the lazy-restore review): a store
     /// of 8 L0 tables is restored lazily (the background held after its first file) and, once
     /// open, gets auto compactions on, so RocksDB compacts them, fetching every input on
@@ -1491,6 +1658,8 @@ mod cases {
 store_suites!([
     round_trip_and_exact_reuse,
     lazy_restore_opens_first_and_commits_while_files_are_remote,
+    heat_is_recorded_and_a_lazy_restore_fetches_the_hottest_first,
+    lazy_open_of_a_fifo_ttl_store_opens_unbounded,
     lazy_restore_of_a_corrupt_blob_fails_the_read_never_the_data,
     lazy_compaction_survives_a_transient_fetch_failure,
     lazy_purge_of_an_obsolete_blob_file_never_fetches_it,

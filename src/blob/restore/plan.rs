@@ -534,6 +534,7 @@ mod tests {
             checksum: 0,
             sha256: Some(sha(content)),
             inline_data: None,
+            heat: None,
         }
     }
 

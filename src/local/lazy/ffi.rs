@@ -40,9 +40,11 @@
 //!   life) and a token (an integer, not a pointer). RocksDB calls it on its background threads
 //!   with a path it owns for the call; `on_file_event` copies what it keeps, never blocks and
 //!   never unwinds (`catch_unwind`).
-//! - [`tracked_bytes`] passes the same borrowed handle to C++, which reads the DB out of it by
+//! - [`tracked_bytes`] and [`file_reads`] pass the same borrowed handle to C++, which reads the DB out of it by
 //!   the C API's own definition of the handle (`struct rocksdb_t { DB* rep; }`, db/c.cc of
-//!   the bundled RocksDB, repeated in cpp/lazy_fs.cc), and catches every exception.
+//!   the bundled RocksDB, repeated in cpp/lazy_fs.cc), and catches every exception;
+//!   `file_reads` hands C++ a buffer of `cap` bytes it owns, and C++ writes into it only when
+//!   the whole text fits.
 
 #![allow(unsafe_code)]
 
@@ -67,6 +69,7 @@ extern "C" {
     fn blobsnap_lazyfs_install(callbacks: *const Callbacks, size: usize) -> i32;
     fn blobsnap_lazyfs_widen_pools(low: i32, high: i32);
     fn blobsnap_lazyfs_tracked_bytes(db: *mut std::ffi::c_void) -> u64;
+    fn blobsnap_file_reads(db: *mut std::ffi::c_void, buf: *mut c_char, cap: usize) -> usize;
     fn blobsnap_add_file_listener(
         options: *mut std::ffi::c_void,
         callback: extern "C" fn(u64, i32, *const c_char, usize),
@@ -96,6 +99,33 @@ pub(crate) fn tracked_bytes(db: &rocksdb::DB) -> u64 {
     use rocksdb::AsRawPtr as _;
     // SAFETY: see the module docs: `db` is live for the call; C++ catches every exception.
     unsafe { blobsnap_lazyfs_tracked_bytes(db.as_raw_ptr().cast()) }
+}
+
+/// The sampled read count of each live table file of `db` since it was opened (RocksDB's
+/// `num_reads_sampled`), by name relative to the DB dir. Empty if RocksDB reports nothing.
+pub(crate) fn file_reads(db: &rocksdb::DB) -> Vec<(String, u64)> {
+    use rocksdb::AsRawPtr as _;
+    let mut buf: Vec<u8> = vec![0; 4096];
+    // Files come and go between two calls: ask again while the text outgrows the buffer.
+    for _ in 0..8 {
+        // SAFETY: see the module docs: `db` is live for the call; C++ writes at most `cap`
+        // bytes into `buf`, which has them, and catches every exception.
+        let len = unsafe {
+            blobsnap_file_reads(db.as_raw_ptr().cast(), buf.as_mut_ptr().cast(), buf.len())
+        };
+        if len > buf.len() {
+            buf.resize(len + 1024, 0);
+            continue;
+        }
+        return String::from_utf8_lossy(&buf[..len])
+            .lines()
+            .filter_map(|l| {
+                let (name, n) = l.rsplit_once(' ')?;
+                Some((name.to_string(), n.parse().ok()?))
+            })
+            .collect();
+    }
+    Vec::new()
 }
 
 /// `SetDBOptions(options)` on the open `db` (for example `max_open_files`, which resizes the

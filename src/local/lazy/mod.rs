@@ -533,6 +533,11 @@ pub(crate) fn tracked_bytes(db: &rocksdb::DB) -> u64 {
     ffi::tracked_bytes(db)
 }
 
+/// The sampled read count of each live table file of the open `db` ([`ffi`]'s `file_reads`).
+pub(crate) fn file_reads(db: &rocksdb::DB) -> Vec<(String, u64)> {
+    ffi::file_reads(db)
+}
+
 /// Whether `dir` is a lazily restored store with files still remote (open it with
 /// [`ENV_OPTION`]).
 pub fn is_lazy(dir: &Path) -> bool {
@@ -1086,6 +1091,14 @@ impl Drop for Settle<'_> {
     }
 }
 
+/// Where a remote file comes in the background download: hottest first, then largest.
+fn background_rank(entry: &FileIndex) -> (std::cmp::Reverse<u64>, std::cmp::Reverse<u64>) {
+    (
+        std::cmp::Reverse(entry.heat.unwrap_or(0)),
+        std::cmp::Reverse(entry.file_metadata.size),
+    )
+}
+
 /// A temporary name for a fetch of `name`, unique in this process (two fetches of one file by
 /// two registrations never share one).
 fn part_name(name: &str) -> String {
@@ -1166,12 +1179,14 @@ async fn fetch_one(store: &LazyStore, remote: &Remote) -> bool {
     placed
 }
 
-/// The background download: every remote file, largest first, `downloads` at once, under
-/// `max_rate`; then the dir is fsynced and the store marked complete.
+/// The background download: every remote file, hottest first (the index's `heat`: the
+/// files the task read most before it stopped, which it will most likely read again), then
+/// largest first, `downloads` at once, under `max_rate`; then the dir is fsynced and the store
+/// marked complete.
 async fn download_all(store: Arc<LazyStore>, bg: Background) {
     let started = tokio::time::Instant::now();
     let mut order: Vec<Arc<Remote>> = store.files.values().cloned().collect();
-    order.sort_by_key(|r| std::cmp::Reverse(r.entry.file_metadata.size));
+    order.sort_by_key(|r| background_rank(&r.entry));
     // One token bucket for the whole download, paid chunk by chunk as bodies are read (F8 of
     // the lazy-restore review: a sleep after each file let each file go at line rate).
     let pace = crate::blobstore::limit::Pace::new(bg.max_rate);
@@ -1278,6 +1293,7 @@ mod tests {
             checksum: 0,
             sha256: None,
             inline_data: None,
+            heat: None,
         }
     }
 
