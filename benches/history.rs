@@ -13,6 +13,8 @@
 //! retained points name (a leak or a duplicate would show as a difference); the metadata
 //! (indexes and checkpoint documents) against the data; and `blobsnap restore` of `@TIME`
 //! (the middle of the window) against `latest`, each 5 times into a fresh directory, medians.
+//! Between the two, one sweep (grace 0: the bench's writer has stopped) and the stored blobs
+//! again: what no retained point names should be gone.
 //!
 //! **fork**: a source snapshot of `--ssts` files of `--sst-mib` MiB (random bytes) is uploaded
 //! and saved; then 5 forks of it are made (`blob::fork::fork_task`, as `start-from =
@@ -246,6 +248,38 @@ async fn day() {
     );
     drop(mgr);
     drop(db);
+
+    // One sweep (the job has stopped: no upload is in flight, so no grace is needed), then
+    // the listing again: what no retained point names should be gone, all they name kept.
+    let report = blobsnap::blob::gc::sweep(
+        &store,
+        &blobsnap::blob::gc::SweepSettings {
+            job_name: "day".into(),
+            job_id: "1".into(),
+            task: None,
+            store: None,
+            grace: Duration::ZERO,
+        },
+        false,
+        &mut |_| {},
+    )
+    .await
+    .expect("sweep");
+    let (mut kept_objects, mut kept_bytes, mut unnamed) = (0u64, 0u64, 0u64);
+    let after: Vec<_> = store.list(job.scope()).try_collect().await.expect("list");
+    for m in &after {
+        if let Some(KeyKind::Blob { .. }) = parse(&m.key).map(|p| p.kind) {
+            kept_objects += 1;
+            kept_bytes += m.size;
+            unnamed += u64::from(!named.contains_key(m.key.as_str()));
+        }
+    }
+    println!(
+        "day: one sweep deleted {} objects ({:.1} MiB); stored blobs now {kept_objects} objects / {:.1} MiB, named by no retained point: {unnamed}",
+        report.deleted,
+        mib(report.plan.bytes),
+        mib(kept_bytes),
+    );
 
     // Restores: latest against @TIME of the middle of the window.
     let mid = history[history.len() / 2]
