@@ -114,6 +114,27 @@ impl Fx {
         .unwrap()
     }
 
+    /// A lazy restore of `spec` to `cp` through `store` (a wrapper of the fixture's store;
+    /// `None`: the fixture's own), one background download at a time under `rate` bytes/s
+    /// (1: it holds in its first file; 0: unbounded). Returns the manager.
+    async fn lazy_restore(
+        &self,
+        store: Option<Arc<dyn BlobStore>>,
+        spec: &StoreSpec,
+        cp: &Checkpoint,
+        rate: u64,
+    ) -> BlobRestoreManager {
+        let store = store.unwrap_or_else(|| Arc::clone(&self.store));
+        let bg = lazy::Background {
+            downloads: 1,
+            max_rate: rate,
+        };
+        let r = self.restorer_on(store, spec, Some(bg));
+        r.init(Some(cp)).await.unwrap();
+        r.restore().await.unwrap();
+        r
+    }
+
     /// Flush, checkpoint, upload, commit: the checkpoint a job would write.
     async fn commit(&mut self, mgr: &BlobBackupManager, db: &RocksStore) -> Checkpoint {
         let id = self.ids.next(self.clock.now_millis()).unwrap();
@@ -528,16 +549,7 @@ mod cases {
             })
         }));
         let dst = fx.spec("dst");
-        let r = fx.restorer_on(
-            hooked,
-            &dst,
-            Some(lazy::Background {
-                downloads: 1,
-                max_rate: 0,
-            }),
-        );
-        r.init(Some(&cp)).await.unwrap();
-        r.restore().await.unwrap();
+        let _r = fx.lazy_restore(Some(hooked), &dst, &cp, 0).await;
         lazy::wait_complete(&dst.dir).await.unwrap();
         let name_of: BTreeMap<blobsnap::blobstore::BlobKey, String> = files
             .iter()
@@ -601,16 +613,7 @@ mod cases {
         let cp = fx.commit(&mgr, &db).await;
         drop(db);
         let dst = fx.spec("dst");
-        let r = lazy_restorer(
-            &fx,
-            &dst,
-            lazy::Background {
-                downloads: 1,
-                max_rate: 1,
-            },
-        );
-        r.init(Some(&cp)).await.unwrap();
-        r.restore().await.unwrap();
+        let _r = fx.lazy_restore(None, &dst, &cp, 1).await;
         let st = lazy::status(&dst.dir).expect("a lazily restored store");
         assert!(st.files_remote >= 3, "{st:?}");
         let db = RocksStore::open_with("counts", &dst.dir, &fifo()).unwrap();
@@ -653,16 +656,7 @@ mod cases {
         }));
         let dst = fx.spec("dst");
         // The background download holds in its first file (1 byte/s).
-        let r = fx.restorer_on(
-            hooked,
-            &dst,
-            Some(lazy::Background {
-                downloads: 1,
-                max_rate: 1,
-            }),
-        );
-        r.init(Some(&cp)).await.unwrap();
-        r.restore().await.unwrap();
+        let _r = fx.lazy_restore(Some(hooked), &dst, &cp, 1).await;
         let mut opts = no_compactions();
         opts.set_level_zero_file_num_compaction_trigger(2);
         let db = RocksStore::open_with("counts", &dst.dir, &opts).unwrap();
@@ -775,16 +769,7 @@ mod cases {
 
         let dst = fx.spec("dst");
         // The background download starts with the larger blob file and holds in it (1 byte/s).
-        let r = lazy_restorer(
-            &fx,
-            &dst,
-            lazy::Background {
-                downloads: 1,
-                max_rate: 1,
-            },
-        );
-        r.init(Some(&cp)).await.unwrap();
-        r.restore().await.unwrap();
+        let _r = fx.lazy_restore(None, &dst, &cp, 1).await;
         let db = RocksStore::open_with("counts", &dst.dir, &blob_options()).unwrap();
         assert!(!dst.dir.join(&small).exists(), "{small} is remote");
         // A read of a value in the larger blob file: RocksDB waits for it, which lifts the
@@ -884,16 +869,7 @@ mod cases {
         }));
         let dst = fx.spec("dst");
         // The background download holds in its first file (1 byte/s).
-        let r = fx.restorer_on(
-            hooked,
-            &dst,
-            Some(lazy::Background {
-                downloads: 1,
-                max_rate: 1,
-            }),
-        );
-        r.init(Some(&cp)).await.unwrap();
-        r.restore().await.unwrap();
+        let _r = fx.lazy_restore(Some(hooked), &dst, &cp, 1).await;
         // B first (a normal open sizes nothing beyond RocksDB's default), with 6 L0 tables.
         let b_spec = fx.spec("b");
         let b = Arc::new(RocksStore::open_with("b", &b_spec.dir, &no_compactions()).unwrap());
