@@ -610,11 +610,14 @@ impl BlobBackupManager {
         //    write, `before_commit`).
         self.check_age(id, &format!("upload of store {}", spec.name))?;
         let mut dir_index = build_dir(&dd, &blob_of, &inline)?;
-        let heat_base = lock(&self.state)?
-            .get(&spec.name)
-            .map(|s| s.heat_base.clone())
-            .unwrap_or_default();
-        add_heat(&mut dir_index, &heat_base, &read_heat(&dir).await);
+        let reads = read_heat(&dir).await;
+        {
+            // No I/O under the lock: the heat file was read above.
+            let state = lock(&self.state)?;
+            let none = HashMap::new();
+            let base = state.get(&spec.name).map_or(&none, |s| &s.heat_base);
+            add_heat(&mut dir_index, base, &reads);
+        }
         // A fork's retained files keep naming the blobs it borrows: the new index declares
         // the scopes they are in (those still named, no others).
         let (borrowed_from, blobs) = match committed.as_ref() {
@@ -923,17 +926,15 @@ fn heat_of(root: &DirIndex) -> HashMap<String, u64> {
 /// unreadable one costs the heat of this snapshot, never the backup (a warning).
 async fn read_heat(dir: &Path) -> HashMap<String, u64> {
     let path = dir.join(crate::index::HEAT_FILE);
-    match tokio::fs::read(&path).await {
-        Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
-            tracing::warn!(file = %path.display(), error = %e, "unreadable heat file: this snapshot records no heat");
-            HashMap::new()
-        }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => HashMap::new(),
-        Err(e) => {
-            tracing::warn!(file = %path.display(), error = %e, "unreadable heat file: this snapshot records no heat");
-            HashMap::new()
-        }
-    }
+    let parsed = match tokio::fs::read(&path).await {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return HashMap::new(),
+        Err(e) => Err(e.to_string()),
+        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| e.to_string()),
+    };
+    parsed.unwrap_or_else(|e| {
+        tracing::warn!(file = %path.display(), error = %e, "unreadable heat file: this snapshot records no heat");
+        HashMap::new()
+    })
 }
 
 /// Set the heat of each root file: what it had when this process started plus the reads

@@ -261,6 +261,25 @@ fn no_compactions() -> rocksdb::Options {
     o
 }
 
+/// The store at `src` opened with `opts`, its backup manager initialized with no
+/// checkpoint, and `ssts` flushed SSTs written (500 keys each: range `i` holds keys
+/// `i * 500 ..`).
+async fn open_ssts(
+    fx: &Fx,
+    opts: &rocksdb::Options,
+    ssts: u32,
+) -> (StoreSpec, RocksStore, BlobBackupManager) {
+    let src = fx.spec("src");
+    let db = RocksStore::open_with("counts", &src.dir, opts).unwrap();
+    let mgr = fx.backup(&src);
+    mgr.init(None).await.unwrap();
+    for i in 0..ssts {
+        write_keys(&db, i * 500, 500, u64::from(i) + 1);
+        db.flush().unwrap();
+    }
+    (src, db, mgr)
+}
+
 /// A store of `ssts` flushed SSTs (500 keys each, no compaction), committed once: the
 /// checkpoint, every key and value, and the SSTs' index entries.
 async fn store_of_ssts(
@@ -271,14 +290,7 @@ async fn store_of_ssts(
     Vec<(Vec<u8>, Vec<u8>)>,
     BTreeMap<String, blobsnap::index::FileIndex>,
 ) {
-    let src = fx.spec("src");
-    let db = RocksStore::open_with("counts", &src.dir, &no_compactions()).unwrap();
-    let mgr = fx.backup(&src);
-    mgr.init(None).await.unwrap();
-    for i in 0..ssts {
-        write_keys(&db, i * 500, 500, u64::from(i) + 1);
-        db.flush().unwrap();
-    }
+    let (src, db, mgr) = open_ssts(fx, &no_compactions(), ssts).await;
     let cp = fx.commit(&mgr, &db).await;
     drop(db);
     let keys = all_keys(&src.dir);
@@ -483,14 +495,7 @@ mod cases {
     pub async fn heat_is_recorded_and_a_lazy_restore_fetches_the_hottest_first(h: &Harness) {
         use std::sync::Mutex;
         let mut fx = Fx::new(h);
-        let src = fx.spec("src");
-        let db = RocksStore::open_with("counts", &src.dir, &no_compactions()).unwrap();
-        let mgr = fx.backup(&src);
-        mgr.init(None).await.unwrap();
-        for i in 0..8 {
-            write_keys(&db, i * 500, 500, u64::from(i) + 1);
-            db.flush().unwrap();
-        }
+        let (src, db, mgr) = open_ssts(&fx, &no_compactions(), 8).await;
         // The table holding keys `range * 500 ..`, and `n` reads of them.
         let table_of = |db: &RocksStore, range: u32| {
             let first = format!("key{:08}", range * 500).into_bytes();
@@ -601,14 +606,7 @@ mod cases {
             o.set_ttl(7 * 86_400);
             o
         };
-        let src = fx.spec("src");
-        let db = RocksStore::open_with("counts", &src.dir, &fifo()).unwrap();
-        let mgr = fx.backup(&src);
-        mgr.init(None).await.unwrap();
-        for i in 0..4 {
-            write_keys(&db, i * 500, 500, u64::from(i) + 1);
-            db.flush().unwrap();
-        }
+        let (_, db, mgr) = open_ssts(&fx, &fifo(), 4).await;
         let expected = keys_of(&db).unwrap();
         let cp = fx.commit(&mgr, &db).await;
         drop(db);
