@@ -147,6 +147,7 @@ async fn day() {
     // Each second: 64 writes of 256-byte values over a key space of 200,000 (updates and
     // inserts), so RocksDB flushes an SST per commit and compacts now and then.
     let started = Instant::now();
+    let mut stage_ms = [0u64; 4];
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
     for s in 0..commits {
         let mut batch = rocksdb::WriteBatch::default();
@@ -159,10 +160,18 @@ async fn day() {
         db.db().write(batch).expect("write");
         clock.0.fetch_add(every_secs * 1_000, Ordering::Relaxed);
         let offsets = BTreeMap::from([(Ssp::new("bench", "in", 0), s.to_string())]);
-        mgr.commit(offsets).await.expect("commit");
+        let r = mgr.commit(offsets).await.expect("commit");
+        for (sum, ms) in stage_ms
+            .iter_mut()
+            .zip([r.sync_ms, r.upload_ms, r.write_ms, r.cleanup_ms])
+        {
+            *sum += ms;
+        }
         if s % 1_000 == 999 {
+            let [sync, upload, write, cleanup] =
+                std::mem::take(&mut stage_ms).map(|ms| ms as f64 / 1e3);
             eprintln!(
-                "day: {} commits, {:.0} s",
+                "day: {} commits, {:.0} s (the last 1000: sync {sync:.0} s, upload {upload:.0} s, checkpoint write {write:.0} s, cleanup {cleanup:.0} s)",
                 s + 1,
                 started.elapsed().as_secs_f64()
             );

@@ -321,6 +321,11 @@ pub struct BlobBackupManager {
     lease: Option<(super::admin::WriterLease, Mutex<Option<Instant>>)>,
     /// A fork's pins on the savepoints its snapshots borrow through, released once unused.
     release: super::fork::Release,
+    /// What keeps this job's doomed keys alive when a cleanup's delete is sent: its
+    /// savepoints (and, with a tiered retention, the task's retained checkpoints). One per
+    /// manager, so that each checkpoint document and index it reads is read once, not at
+    /// every commit.
+    pins: Arc<super::savepoint::Pins>,
     /// Per store, its pre-uploads ([`BackupSettings::pre_upload`]; empty when off).
     pre: HashMap<String, Arc<PreUploads>>,
     /// The task's snapshot generation (bumped by each sync stage) and the generation of each
@@ -409,6 +414,13 @@ impl BlobBackupManager {
             &task.job_id,
             &task.task_name,
         );
+        let pins =
+            super::savepoint::Pins::new(Arc::clone(&blob_store), &task.job_name, &task.job_id)?;
+        let pins = Arc::new(if settings.tiered_retention {
+            pins.with_history(&task.task_name)
+        } else {
+            pins
+        });
         Ok(BlobBackupManager {
             blob_store,
             stores: specs,
@@ -427,6 +439,7 @@ impl BlobBackupManager {
                 )
             }),
             release,
+            pins,
             pre,
             generation,
             generations: Mutex::default(),
@@ -1280,7 +1293,7 @@ impl TaskBackupManager for BlobBackupManager {
             DeferredDeletes {
                 store: Arc::clone(&self.blob_store),
                 keys: expiry.keys.clone(),
-                pins: Some(self.pins()?),
+                pins: Some(Arc::clone(&self.pins) as _),
             }
             .delete_with(&[])
             .await
@@ -1308,7 +1321,7 @@ impl TaskBackupManager for BlobBackupManager {
         Ok(vec![DeferredDeletes {
             store: Arc::clone(&self.blob_store),
             keys,
-            pins: Some(self.pins()?),
+            pins: Some(Arc::clone(&self.pins) as _),
         }])
     }
 
@@ -1373,20 +1386,6 @@ impl BlobBackupManager {
         {
             tracing::warn!(task = %self.task.task_name, error = %e, "could not release a fork pin; retried at the next commit");
         }
-    }
-
-    /// What keeps this job's doomed keys alive when their delete is sent: its savepoints.
-    fn pins(&self) -> Result<Arc<dyn crate::blobstore::DeleteFilter>> {
-        let pins = super::savepoint::Pins::new(
-            Arc::clone(&self.blob_store),
-            &self.task.job_name,
-            &self.task.job_id,
-        )?;
-        Ok(Arc::new(if self.settings.tiered_retention {
-            pins.with_history(&self.task.task_name)
-        } else {
-            pins
-        }))
     }
 
     fn job_scope(&self) -> Result<JobScope> {

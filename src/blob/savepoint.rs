@@ -430,9 +430,14 @@ pub struct Pins {
     /// With a tiered retention: this task's retained checkpoints pin too (the backend's
     /// window counts only the newest; older ones the policy keeps are roots as well).
     history_of: Option<String>,
-    /// (task, store, marker) → the keys that snapshot keeps alive.
+    /// (task, store, marker) → the keys that snapshot keeps alive (indexes never change), for
+    /// the roots of the last call.
     known: Mutex<HashMap<SnapshotId, Arc<HashSet<BlobKey>>>>,
-    /// Checkpoint number → its (store, marker)s, read once (documents never change).
+    /// Checkpoint number → its (store, marker)s, read once. A document below the newest
+    /// number never changes (numbers are dense: the writer writes `n + 1` only once `n` is
+    /// committed); the newest may be withdrawn and written again under the same number (a
+    /// commit abandoned past its bound), so it is read at every call and kept only once a
+    /// newer one is listed.
     docs: Mutex<HashMap<u64, Vec<(String, String)>>>,
 }
 
@@ -451,7 +456,8 @@ impl Pins {
     }
 
     /// Also every retained checkpoint of `task` (one LIST of its history per delete; each
-    /// document read once).
+    /// document read once, but the newest, read at every delete). Keep one `Pins` for the
+    /// task's life: what it has read is what it does not read again.
     pub fn with_history(mut self, task: &str) -> Self {
         self.history_of = Some(task.to_string());
         self
@@ -484,10 +490,15 @@ impl Pins {
         let cps =
             crate::checkpoint::BlobCheckpointStore::new(Arc::clone(&self.store), self.job.clone());
         let seqs = cps.seqs(task).await?;
+        let newest = seqs.last().map(|(seq, _)| *seq);
         let mut out = Vec::new();
         let mut fresh = HashMap::new();
         for (seq, key) in seqs {
-            let cached = self.docs.lock().ok().and_then(|d| d.get(&seq).cloned());
+            let cached = if Some(seq) == newest {
+                None
+            } else {
+                self.docs.lock().ok().and_then(|d| d.get(&seq).cloned())
+            };
             let markers = match cached {
                 Some(m) => m,
                 None => match cps.read(task, seq, &key).await {
@@ -503,7 +514,9 @@ impl Pins {
                 },
             };
             out.extend(markers.iter().cloned());
-            fresh.insert(seq, markers);
+            if Some(seq) != newest {
+                fresh.insert(seq, markers);
+            }
         }
         if let Ok(mut d) = self.docs.lock() {
             *d = fresh;
@@ -545,12 +558,17 @@ impl DeleteFilter for Pins {
             roots.extend(markers.into_iter().map(|(s, m)| (task.clone(), s, m)));
         }
         let mut out = HashSet::new();
-        for id in roots {
+        for id in &roots {
             if !areas.contains(&(id.0.clone(), id.1.clone())) {
                 continue;
             }
-            let live = self.snapshot_keys(id).await?;
+            let live = self.snapshot_keys(id.clone()).await?;
             out.extend(live.iter().filter(|k| doomed.contains(k)).cloned());
+        }
+        // What is no root any more is not read again: forget its keys.
+        let roots: HashSet<&SnapshotId> = roots.iter().collect();
+        if let Ok(mut known) = self.known.lock() {
+            known.retain(|id, _| roots.contains(id));
         }
         Ok(out)
     }
