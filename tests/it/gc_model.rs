@@ -918,7 +918,8 @@ fn a_checkpoint_write_still_running_at_the_bound_is_cancelled() {
 /// 10 minutes of the last hour and one per hour of the day — and every checkpoint the history
 /// retains stays whole (index and blobs present) while the backend's window holds only the
 /// newest 2 and every commit replaces the store's files (a compaction each minute). A sweep
-/// then deletes nothing any retained checkpoint needs.
+/// then deletes nothing any retained checkpoint needs. What a commit reads does not grow
+/// with the points retained.
 #[test]
 fn a_tiered_retention_keeps_every_point_it_selects_whole() {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -928,7 +929,11 @@ fn a_tiered_retention_keeps_every_point_it_selects_whole() {
     rt.block_on(async {
         let clock = Arc::new(VClock(AtomicU64::new(1_800_000_000_000)));
         let model = Model::new(&clock, 5, 0, None);
-        let store: Arc<dyn BlobStore> = model.clone();
+        let counting = Arc::new(blobsnap::blobstore::counting::CountingStore::new(
+            model.clone() as Arc<dyn BlobStore>,
+        ));
+        let counters = counting.counters();
+        let store: Arc<dyn BlobStore> = counting;
         let tmp = tempfile::tempdir().unwrap();
         let policy_text = "last 2, every 10m for 1h, every 1h for 1d";
         let policy: blobsnap::retention::RetentionPolicy = policy_text.parse().unwrap();
@@ -940,6 +945,7 @@ fn a_tiered_retention_keeps_every_point_it_selects_whole() {
         let job = history_job(&store, &clock, tmp.path(), "1", policy_text, None).await;
         let (mgr, dir) = (job.mgr, job.dir);
         let minutes = 180u64;
+        let mut gets = Vec::new();
         for m in 0..minutes {
             // Each minute a "compaction": every file replaced by new ones.
             for e in std::fs::read_dir(&dir).unwrap() {
@@ -954,7 +960,9 @@ fn a_tiered_retention_keeps_every_point_it_selects_whole() {
             }
             clock.0.fetch_add(60_000, Relaxed);
             let offsets = BTreeMap::from([(Ssp::new("s", "in", 0), m.to_string())]);
+            let before = counters.snapshot();
             mgr.commit(offsets).await.unwrap();
+            gets.push(counters.snapshot().since(&before).get.calls);
             let n = retained_intact(&store, &ctx).await;
             assert!(n.is_ok(), "minute {m}: {n:?}");
         }
@@ -974,6 +982,14 @@ fn a_tiered_retention_keeps_every_point_it_selects_whole() {
         let expected = policy.select(&times, times[0]).len();
         assert_eq!(ids.len(), expected, "{history:?}");
         assert!(ids.len() >= 8, "{} points kept", ids.len());
+        // Each retained checkpoint's document and index is read once for the task's life,
+        // not at every commit's delete: a commit reads its new index, the newest document
+        // and the one before it (which is cached from then on), however many points there
+        // are (before, every commit read all of them).
+        assert!(
+            gets[10..].iter().all(|&g| g <= 3),
+            "GETs per commit: {gets:?}"
+        );
         // What the sweep would delete now is no retained checkpoint's.
         let s = SweepSettings {
             job_name: "model".into(),
