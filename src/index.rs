@@ -20,7 +20,11 @@
 //!   sub-directories share one namespace). An index over [`MAX_INDEX_BYTES`] is refused before
 //!   parsing.
 //! - `files-removed` / `sub-dirs-removed` are informational; unlike Samza, the same blob may be
-//!   both present and removed (content identity: an OPTIONS file rewritten identically).
+//!   both present and removed (content identity: an OPTIONS file rewritten identically). A
+//!   `files-removed` entry of a file that traveled inline carries no `inline-data` (its bytes
+//!   are in the previous index): it names the file, its size and hashes, and no blob.
+//!   Readers check only the names of `files-removed` entries, so every reader of formats 1–3
+//!   accepts it.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -130,7 +134,8 @@ pub struct DirIndex {
     pub dir_name: String,
     /// Files in this directory in this snapshot.
     pub files_present: Vec<FileIndex>,
-    /// Files of the previous snapshot that are gone or changed (informational).
+    /// Files of the previous snapshot that are gone or changed (informational; an inline
+    /// one without its `inline-data`).
     pub files_removed: Vec<FileIndex>,
     /// Sub-directories in this snapshot.
     pub sub_dirs_present: Vec<DirIndex>,

@@ -1169,7 +1169,16 @@ fn build_dir(
     Ok(DirIndex {
         dir_name: d.name.clone(),
         files_present: files,
-        files_removed: d.files_removed.iter().map(|f| (*f).clone()).collect(),
+        // A removed inline file is named without its bytes: they are in the previous index,
+        // and copying them again made the removed MANIFEST a third of every index.
+        files_removed: d
+            .files_removed
+            .iter()
+            .map(|f| FileIndex {
+                inline_data: None,
+                ..(*f).clone()
+            })
+            .collect(),
         sub_dirs_present: dirs,
         sub_dirs_removed: d.sub_dirs_removed.iter().map(|d| (*d).clone()).collect(),
     })

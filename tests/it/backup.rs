@@ -899,6 +899,31 @@ mod cases {
             assert_eq!(f.blobs.is_empty(), small, "{path}");
         }
         fx.check_blobs("counts", &idx3).await;
+        // The MANIFEST it replaced is named among the removed files without its bytes: they
+        // are in the previous index (issue 32 §4: a second copy of it made a third of every
+        // index). Name, size and SHA-256 stay; the index parsed above with it.
+        let manifest = |files: Vec<&blobsnap::index::FileIndex>| {
+            files
+                .into_iter()
+                .find(|f| f.file_name.starts_with("MANIFEST-"))
+                .cloned()
+                .expect("a MANIFEST entry")
+        };
+        let before = manifest(idx2.present_files().into_iter().map(|(_, f)| f).collect());
+        assert!(before.inline_data.is_some(), "{before:?}");
+        let removed = manifest(idx3.dir_index.files_removed.iter().collect());
+        assert_eq!(
+            (&removed.file_name, removed.sha256, removed.file_metadata.size),
+            (&before.file_name, before.sha256, before.file_metadata.size)
+        );
+        assert!(
+            idx3.dir_index
+                .files_removed
+                .iter()
+                .all(|f| f.inline_data.is_none()),
+            "{:?}",
+            idx3.dir_index.files_removed
+        );
         // It restores: the inline files are written from the index, verified.
         let dst = StoreSpec {
             name: "counts".into(),
