@@ -913,7 +913,11 @@ mod cases {
         assert!(before.inline_data.is_some(), "{before:?}");
         let removed = manifest(idx3.dir_index.files_removed.iter().collect());
         assert_eq!(
-            (&removed.file_name, removed.sha256, removed.file_metadata.size),
+            (
+                &removed.file_name,
+                removed.sha256,
+                removed.file_metadata.size
+            ),
             (&before.file_name, before.sha256, before.file_metadata.size)
         );
         assert!(
