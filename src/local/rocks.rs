@@ -200,12 +200,11 @@ impl ClosedDb {
 /// index below [`INLINE_BELOW`](crate::blob::backup::INLINE_BELOW), a blob of its own above.
 /// With RocksDB's default it only grows — about 200 bytes a flush, 10.7 MB after 59,000
 /// commits at one a second, re-uploaded at every commit and stored once per retained
-/// point (RESULTS.md §6). Rolled at 4 KiB it stays inline, and small, in a small store's
-/// index (rolled at 16 KiB, a day of one commit a second carried 1.4 % of its data as
-/// metadata, most of it MANIFEST copies; at 4 KiB RocksDB writes a compacted MANIFEST of a
-/// few KB every ~10 flushes instead of every ~60); RocksDB raises the effective bound with the store to
-/// [`MANIFEST_SPACE_AMP_PCT`]'s share over its compacted size, so a store of many files
-/// does not start one at every flush.
+/// point (RESULTS.md §6). Rolled at 4 KiB it stays inline and ~2–4 KB in a small store's
+/// index (at 16 KiB a day of one commit a second kept 1.4 % of its data as metadata, 0.39 %
+/// at 4 KiB); the cost is a compacted MANIFEST of a few KB written every ~10 flushes.
+/// RocksDB raises the effective bound with the store to [`MANIFEST_SPACE_AMP_PCT`]'s share
+/// over its compacted size, so a store of many files does not start one at every flush.
 pub const MAX_MANIFEST_FILE_SIZE: usize = 4 << 10;
 
 /// RocksDB's `max_manifest_space_amp_pct` for a store opened by [`RocksStore::open`]: a new
