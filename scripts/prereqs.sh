@@ -66,6 +66,8 @@ package_of() {
     setsid|flock|unshare) echo util-linux ;;
     ip) echo iproute2 ;;
     ldb) echo rocksdb-tools ;;
+    java|javac) echo openjdk-17-jdk-headless ;;
+    mvn) echo maven ;;
     *) echo "$1" ;;
   esac
 }

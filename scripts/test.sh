@@ -7,7 +7,8 @@
 #    package registries): libclang-dev for RocksDB's bindgen (found by the names bindgen
 #    loads: scripts/prereqs.sh), the tools the suites run (ldb from rocksdb-tools, curl,
 #    python3, ...), LocalStack (once, into ~/.cache/blobsnap, a venv), Garage (once: cargo
-#    install, ~12.5 min, cached in ~/.cache/blobsnap/garage) and the crates (cargo fetch);
+#    install, ~12.5 min, cached in ~/.cache/blobsnap/garage), the crates (cargo fetch), Java 17,
+#    Maven and Samza 1.8.0's jars (one online Maven run of the Samza spike: scripts/samza.sh);
 # 2. runs everything else in a network namespace whose only interface is loopback
 #    (scripts/netns.sh, offline cargo): no test, server or library can reach an address off
 #    this machine. Inside it:
@@ -16,7 +17,8 @@
 #    library alone without default features) and `cargo test` — the unit tests and every
 #    module of the `it` binary (formats, conformance, backup, restore, lifecycle, cli, ...)
 #    against the local store and an in-process s3s-fs server, plus the `secrets` binary — and
-#    the library example (examples/embed.rs, three runs checked by their output);
+#    the library example (examples/embed.rs, three runs checked by their output), and the
+#    Samza spike's Java tests with Maven offline (scripts/samza.sh --offline);
 # 5. runs every `external::` case of the test binaries (conformance, backup, restore,
 #    lifecycle, admin, faults, ...) against LocalStack;
 # 6. the same external suites against a single Garage node, then the node-loss test on a
@@ -47,8 +49,16 @@ if [ "${1:-}" != --suites ]; then
   stage "Garage: install (cached after the first build)"
   bash minio/garage.sh install
 
-  stage "cargo fetch (the last step that uses the network)"
+  stage "cargo fetch"
   cargo fetch --locked
+
+  # Issue 50's spike (docs/samza.md): Samza 1.8.0's jars and Maven's plugins. `go-offline`
+  # misses what surefire resolves lazily (its JUnit provider), so the online step runs the
+  # very goals the offline one runs: the real build and tests, once, before the namespace.
+  stage "Java (the Samza spike): Maven's first run, online (the last step that uses the network)"
+  bash scripts/prereqs.sh --tools java javac mvn
+  cargo fetch --locked --manifest-path samza/spike-jni/Cargo.toml
+  bash scripts/samza.sh
 
   # CI must not run the suites without the guard.
   if [ "${CI:-}" = true ]; then export BLOBSNAP_REQUIRE_NETNS=1; fi
@@ -85,6 +95,9 @@ cargo clippy --locked --lib --no-default-features -- -D warnings
 
 stage "cargo test (unit, formats, conformance on local + in-process s3s-fs)"
 cargo test --locked
+
+stage "Java: the Samza 1.8.0 spike (a job killed and restarted, a JNI future), Maven offline"
+bash scripts/samza.sh --offline
 
 stage "the library example (examples/embed.rs): commits, resumes, restores a lost state dir"
 embed=$(mktemp -d)
