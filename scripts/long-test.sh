@@ -43,9 +43,14 @@ if [ "${1:-}" != --suites ]; then
   bash scripts/fuzz.sh --install
   cargo fetch --locked
 
+  export BLOBSNAP_REQUIRE_NETNS=1
   export CARGO_NET_OFFLINE=true
   exec bash scripts/netns.sh bash scripts/long-test.sh --suites
 fi
+
+export AWS_EC2_METADATA_DISABLED=true
+stage "the namespace: loopback only (the interfaces, checked by a test)"
+cargo test --locked --release --test it -- --ignored --exact loopback_only::the_namespace_has_only_loopback
 
 stage "LocalStack (network namespace: ${BLOBSNAP_NETNS:-none})"
 bash minio/localstack.sh start

@@ -219,6 +219,15 @@ pub trait TaskBackupManager: Send + Sync {
         self.cleanup(id, markers).await.map(|()| Vec::new())
     }
 
+    /// The retention this backend's cleanup assumes: how many of the newest snapshots it
+    /// keeps, and whether it keeps what a tiered history retains beyond them (it reads the
+    /// history). The commit manager refuses to commit when its own history retains more
+    /// (issue 46, S4-5: the backend would delete the snapshots of retained checkpoints).
+    /// `None` (the default): it deletes nothing by count.
+    fn retention_window(&self) -> Option<(usize, bool)> {
+        None
+    }
+
     /// Release resources.
     async fn close(&self) -> Result<()>;
 

@@ -343,6 +343,31 @@ impl TaskCommitManager {
         self
     }
 
+    /// Every backend keeps at least what the history retains (one source of truth for the
+    /// retention, checked before anything is committed or deleted): a backend whose window
+    /// is smaller than the history's count, or that does not read a tiered history, would
+    /// delete the snapshots of checkpoints the history still offers for restore.
+    fn check_windows(&self) -> Result<()> {
+        for b in &self.backends {
+            let Some((window, tiered)) = b.manager.retention_window() else {
+                continue;
+            };
+            if window < self.retention {
+                return Err(Error::invalid(format!(
+                    "backend {}: its cleanup keeps the newest {window} snapshots, the checkpoint history of task {} retains {}: it would delete the snapshots of retained checkpoints; give the backend the same retention (BackupSettings::retention = {})",
+                    b.name, self.task.task_name, self.retention, self.retention
+                )));
+            }
+            if !self.tiers.is_empty() && !tiered {
+                return Err(Error::invalid(format!(
+                    "backend {}: the checkpoint history of task {} keeps retention tiers, the backend does not read them: it would delete the snapshots of tier points; set BackupSettings::tiered_retention",
+                    b.name, self.task.task_name
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// The next id of the task's generator.
     fn next_id(&self) -> Result<CheckpointId> {
         next_of(&self.ids, self.clock.as_ref())
@@ -440,6 +465,7 @@ impl TaskCommitManager {
     /// At most one commit may be between its sync and async stages at a time (the runtime's
     /// policy: a commit that comes due while one is in flight is skipped, up to a max delay).
     pub async fn sync_stage(&self, offsets: BTreeMap<Ssp, String>) -> Result<PendingCommit> {
+        self.check_windows()?;
         let mut st = self.state.lock().await;
         let t = Instant::now();
         let id = self.next_id()?;
@@ -644,9 +670,13 @@ impl TaskCommitManager {
                 Err(_) => {
                     // The cancelled request may still land: withdraw its number.
                     st.withdrawn.push((seq, id));
-                    if let Err(e) = self.withdraw(seq).await {
-                        tracing::warn!(error = %e, seq, "could not withdraw a checkpoint write cancelled past its bound; retried before the next write");
-                        st.withdraw_pending = Some(seq);
+                    match self.withdraw(seq).await {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == ErrorKind::Conflict => return Err(e),
+                        Err(e) => {
+                            tracing::warn!(error = %e, seq, "could not withdraw a checkpoint write cancelled past its bound; retried before the next write");
+                            st.withdraw_pending = Some(seq);
+                        }
                     }
                     metrics::counter!("blobsnap_commit_abandoned_total", "task" => self.task.task_name.clone())
                         .increment(1);
@@ -677,12 +707,33 @@ impl TaskCommitManager {
         Ok(())
     }
 
-    /// Delete this writer's checkpoint `seq` (a withdrawal; deleting a missing one is fine).
+    /// Delete this writer's checkpoint `seq` (a withdrawal): only a document this writer
+    /// wrote (issue 46, S4-2). Number `seq` holding another writer's document, or a newer
+    /// number written, means a successor claimed the task while this write was cancelled:
+    /// `Conflict`, this writer is fenced off (deleting it would free the number for this
+    /// zombie). Not there (yet): nothing to delete; a late landing is found by the next
+    /// write of the number (its `Conflict` names this writer's own withdrawn document).
     async fn withdraw(&self, seq: u64) -> Result<()> {
-        self.checkpoints
-            .delete_seqs(&self.task.task_name, &[seq])
+        let task = &self.task.task_name;
+        let latest = self
+            .checkpoints
+            .latest(task)
             .await
-            .map_err(|e| e.context(format!("withdraw checkpoint {seq}")))
+            .map_err(|e| e.context(format!("withdraw checkpoint {seq}: read it back")))?;
+        match latest {
+            Some(c) if c.seq > seq || (c.seq == seq && c.writer != self.writer) => {
+                Err(Error::conflict(format!(
+                    "checkpoint {} of task {task:?} was written by another writer ({}) after this writer's write of number {seq} was cancelled: this writer ({}) is fenced off and must stop",
+                    c.seq, c.writer, self.writer
+                )))
+            }
+            Some(c) if c.seq == seq => self
+                .checkpoints
+                .delete_seqs(task, &[seq])
+                .await
+                .map_err(|e| e.context(format!("withdraw checkpoint {seq}"))),
+            _ => Ok(()),
+        }
     }
 
     /// The checkpoint is written: record it, trim the history, clean up.

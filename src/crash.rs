@@ -144,6 +144,33 @@ fn hold(name: &str) {
     }
 }
 
+/// A step between two reads that a unit test interleaves with deterministically (the hook
+/// [`TEST_HOOK`] of the calling thread runs here); in any other build a no-op.
+#[inline]
+pub(crate) fn test_point(name: &str) {
+    #[cfg(test)]
+    TEST_HOOK.with(|h| {
+        if let Some((n, f)) = h.borrow_mut().as_mut() {
+            if *n == name {
+                f();
+            }
+        }
+    });
+    #[cfg(not(test))]
+    let _ = name;
+}
+
+/// A hook of [`TEST_HOOK`]: the point's name and what to run there.
+#[cfg(test)]
+pub(crate) type TestHook = Option<(&'static str, Box<dyn FnMut()>)>;
+
+#[cfg(test)]
+thread_local! {
+    /// The calling thread's hook for [`test_point`].
+    pub(crate) static TEST_HOOK: std::cell::RefCell<TestHook> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// Die here with SIGKILL if `BLOBSNAP_CRASH_AT` names this point (and this is the N-th hit);
 /// first hold here if `BLOBSNAP_HOLD_AT` names it.
 pub fn point(name: &str) {

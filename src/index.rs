@@ -81,7 +81,7 @@ pub struct SnapshotIndex {
 }
 
 /// A store scope of another job a fork's index borrows blobs from, and the savepoint of that
-/// job that keeps them (the fork holds a pin on it: [`crate::layout::JobScope::fork_pin_key`]).
+/// job that keeps them (the fork holds a pin on it: `layout::JobScope::fork_pin_key`).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct BorrowedScope {
@@ -317,7 +317,7 @@ pub const RESTORED_MARKER: &str = "RESTORED";
 
 /// Name of the file a lazy restore leaves at the root of a store dir while some of its files
 /// are still only in the blob store (removed once every file is local): a dir holding it is
-/// not a complete database ([`crate::local::lazy`]).
+/// not a complete database (the lazy restore's `local::lazy`).
 pub const LAZY_PENDING: &str = "LAZY-PENDING";
 
 /// Name of the file a checkpoint directory of an open store carries beside RocksDB's files:

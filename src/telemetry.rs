@@ -113,6 +113,7 @@ pub const METRICS: &[Metric] = &[
     m("blobsnap_restore_bytes_reused_total", Counter, TS, "Bytes of the local files restores kept."),
     m("blobsnap_restore_seconds", Histogram, T, "A task's restore, from its plan to the swap."),
     m("blobsnap_restore_fallbacks_total", Counter, T, "Restores that fell back to an older checkpoint than the latest."),
+    m("blobsnap_lazy_background_retries_total", Counter, NONE, "Passes of a lazy restore's background download over files a transient failure left remote (after a backoff of 1 s doubling to 60 s; a corrupt or missing blob is never retried)."),
     m("blobsnap_task_first_message_seconds", Gauge, T, "From the task's start (claim, restore) to its first processed message."),
     m("blobsnap_standby_applied_seq", Gauge, T, "The checkpoint number a warm standby has applied."),
     m("blobsnap_standby_skipped_total", Counter, T, "Checkpoints a warm standby skipped (a newer one came first)."),

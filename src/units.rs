@@ -1,6 +1,7 @@
 //! Sizes and durations in settings, as people write them: `part-size = "16MiB"`,
 //! `read-timeout-ms = "30s"`, or the plain integers of the field's unit (bytes,
-//! milliseconds, seconds) as before. Used with `#[serde(deserialize_with = …)]`.
+//! milliseconds, seconds) as before. Used with `#[serde(deserialize_with = …)]`. And a time
+//! as people read it ([`utc`]).
 
 use std::time::Duration;
 
@@ -173,6 +174,39 @@ mod tests {
         ] {
             let e = read(text).unwrap_err();
             assert!(e.contains(what), "{text}: {e}");
+        }
+    }
+}
+
+/// The last millisecond RFC 3339 can write (9999-12-31T23:59:59.999Z).
+pub const MAX_UTC_MILLIS: u64 = 253_402_300_799_999;
+
+/// `ms` since the epoch as UTC, to the second: `2026-12-02T10:00:00Z`. A time past
+/// 9999-12-31 (a hostile or mis-clocked checkpoint id, a typed `@<huge>`) is written as its
+/// milliseconds, never a panic (issue 46, S4-4: the formatter fails past year 9999).
+pub fn utc(ms: u64) -> String {
+    if ms > MAX_UTC_MILLIS {
+        return format!("{ms} ms since the epoch (past 9999-12-31)");
+    }
+    let t = std::time::UNIX_EPOCH + Duration::from_millis(ms);
+    let mut s = String::new();
+    use std::fmt::Write as _;
+    match write!(s, "{}", humantime::format_rfc3339_seconds(t)) {
+        Ok(()) => s,
+        Err(_) => format!("{ms} ms since the epoch"),
+    }
+}
+
+#[cfg(test)]
+mod utc_tests {
+    use super::*;
+
+    #[test]
+    fn any_millisecond_formats_without_a_panic() {
+        assert_eq!(utc(0), "1970-01-01T00:00:00Z");
+        assert_eq!(utc(MAX_UTC_MILLIS), "9999-12-31T23:59:59Z");
+        for ms in [MAX_UTC_MILLIS + 1, i64::MAX as u64, u64::MAX] {
+            assert!(utc(ms).contains("past 9999-12-31"), "{ms}");
         }
     }
 }

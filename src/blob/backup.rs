@@ -1356,6 +1356,13 @@ impl TaskBackupManager for BlobBackupManager {
             .collect()
     }
 
+    fn retention_window(&self) -> Option<(usize, bool)> {
+        Some((
+            self.settings.retention.max(1),
+            self.settings.tiered_retention,
+        ))
+    }
+
     async fn close(&self) -> Result<()> {
         for h in lock(&self.workers)?.drain(..) {
             h.abort();

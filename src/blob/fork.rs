@@ -30,130 +30,18 @@
 //!   savepoints too), so a chain never depends on a pin it does not hold itself.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fmt;
-use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use futures::TryStreamExt as _;
 
 use super::{hash_object, load_snapshot, Expected, LoadedSnapshot, FACTORY_NAME};
-use crate::blobstore::{BlobKey, BlobStore, PutBody, PutOptions};
+use crate::blobstore::{BlobStore, PutBody, PutOptions};
 use crate::checkpoint::{BlobCheckpointStore, Checkpoint, CheckpointV2};
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::{BorrowedScope, DirIndex, IndexMarker, SnapshotIndex, BORROWED_PREFIX};
-use crate::layout::{parse, JobScope, KeyKind};
+use crate::layout::JobScope;
 
-/// A savepoint of another job: `JOB/JOB-ID/NAME`.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ForkSource {
-    /// The source job's name.
-    pub job_name: String,
-    /// The source job's id.
-    pub job_id: String,
-    /// The source's savepoint.
-    pub savepoint: String,
-}
-
-impl FromStr for ForkSource {
-    type Err = Error;
-
-    /// `JOB/JOB-ID/NAME` (a job name may itself hold `/`: the last two segments are the id and
-    /// the savepoint's name).
-    fn from_str(s: &str) -> Result<Self> {
-        let mut it = s.rsplitn(3, '/');
-        let (Some(name), Some(id), Some(job)) = (it.next(), it.next(), it.next()) else {
-            return Err(Error::invalid(format!(
-                "fork source {s:?}: expected JOB/JOB-ID/SAVEPOINT"
-            )));
-        };
-        if job.is_empty() || id.is_empty() {
-            return Err(Error::invalid(format!(
-                "fork source {s:?}: expected JOB/JOB-ID/SAVEPOINT (a part is empty)"
-            )));
-        }
-        super::savepoint::validate_name(name)?;
-        JobScope::new(job, id)?;
-        Ok(ForkSource {
-            job_name: job.to_string(),
-            job_id: id.to_string(),
-            savepoint: name.to_string(),
-        })
-    }
-}
-
-impl fmt::Display for ForkSource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}/{}", self.job_name, self.job_id, self.savepoint)
-    }
-}
-
-/// The pin one task of a fork holds on a source savepoint.
-#[derive(
-    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "kebab-case")]
-pub struct ForkPin {
-    /// The source job's name.
-    pub source_job: String,
-    /// The source job's id.
-    pub source_id: String,
-    /// The source savepoint pinned.
-    pub savepoint: String,
-    /// The fork's job name.
-    pub fork_job: String,
-    /// The fork's job id.
-    pub fork_id: String,
-    /// The fork's task.
-    pub task: String,
-}
-
-impl ForkPin {
-    /// Its key, in the source's scope.
-    pub fn key(&self) -> Result<BlobKey> {
-        JobScope::new(&self.source_job, &self.source_id)?.fork_pin_key(
-            &self.savepoint,
-            &self.fork_job,
-            &self.fork_id,
-            &self.task,
-        )
-    }
-
-    fn of(b: &BorrowedScope, fork_job: &str, fork_id: &str, task: &str) -> Self {
-        ForkPin {
-            source_job: b.job_name.clone(),
-            source_id: b.job_id.clone(),
-            savepoint: b.savepoint.clone(),
-            fork_job: fork_job.to_string(),
-            fork_id: fork_id.to_string(),
-            task: task.to_string(),
-        }
-    }
-}
-
-impl fmt::Display for ForkPin {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}/{} task {} (on {}/{} savepoint {})",
-            self.fork_job, self.fork_id, self.task, self.source_job, self.source_id, self.savepoint
-        )
-    }
-}
-
-/// The pins of the snapshots an index borrows through.
-pub fn pins_of(
-    index: &SnapshotIndex,
-    fork_job: &str,
-    fork_id: &str,
-    task: &str,
-) -> BTreeSet<ForkPin> {
-    index
-        .borrowed_from
-        .values()
-        .map(|b| ForkPin::of(b, fork_job, fork_id, task))
-        .collect()
-}
+pub use super::record::{dependents, pins_of, ForkPin, ForkSource};
 
 /// What a fork of one task made.
 #[derive(Clone, Debug)]
@@ -455,33 +343,6 @@ async fn write_pin(store: &dyn BlobStore, pin: &ForkPin) -> Result<bool> {
         Err(e) if e.kind() == ErrorKind::Conflict => Ok(false),
         Err(e) => Err(e.context(format!("write fork pin {key}"))),
     }
-}
-
-/// The forks that hold a pin on savepoint `name` of `job` (one LIST).
-pub async fn dependents(store: &dyn BlobStore, job: &JobScope, name: &str) -> Result<Vec<ForkPin>> {
-    let metas: Vec<_> = store.list(&job.fork_pins(name)?).try_collect().await?;
-    Ok(metas
-        .iter()
-        .filter_map(|m| {
-            let p = parse(&m.key)?;
-            match p.kind {
-                KeyKind::ForkPin {
-                    savepoint,
-                    fork_job,
-                    fork_id,
-                    task,
-                } if savepoint == name => Some(ForkPin {
-                    source_job: p.job_name,
-                    source_id: p.job_id,
-                    savepoint,
-                    fork_job,
-                    fork_id,
-                    task,
-                }),
-                _ => None,
-            }
-        })
-        .collect())
 }
 
 /// A fork task's pins, released once nothing of the task needs them: consulted by the blob

@@ -9,7 +9,7 @@
 //! | `#N` | the checkpoint with sequence number `N` |
 //! | `1733133600000-7`, `17331336` | the checkpoint with that id, or the one id starting so (unique among the retained) |
 //! | `@2026-12-02T10:00Z`, `@2026-12-02T10:00:00Z`, `@2026-12-02` | the newest checkpoint made at or before that UTC time (by its id's clock) |
-//! | `savepoint:NAME`, `NAME` | the task's checkpoint in savepoint `NAME` ([`super::savepoint`]) |
+//! | `savepoint:NAME`, `NAME` | the task's checkpoint in savepoint `NAME` (`blob::savepoint`) |
 //!
 //! A bare word is an id (prefix) when it is made of digits and `-`, a savepoint name
 //! otherwise; `savepoint:` forces the name. The history is the task's checkpoint documents
@@ -42,8 +42,8 @@ pub enum CheckpointRef {
     /// The task's checkpoint in a savepoint.
     Savepoint(String),
     /// A savepoint of another job, `savepoint:JOB/JOB-ID/NAME`: a fork point, only for
-    /// `start-from` ([`super::fork`]).
-    Fork(super::fork::ForkSource),
+    /// `start-from` (`blob::fork`).
+    Fork(super::record::ForkSource),
 }
 
 impl FromStr for CheckpointRef {
@@ -71,7 +71,7 @@ impl FromStr for CheckpointRef {
             if name.contains('/') {
                 return name.parse().map(CheckpointRef::Fork);
             }
-            super::savepoint::validate_name(name)?;
+            super::record::validate_name(name)?;
             return Ok(CheckpointRef::Savepoint(name.to_string()));
         }
         if s.is_empty() {
@@ -80,7 +80,7 @@ impl FromStr for CheckpointRef {
         if s.bytes().all(|b| b.is_ascii_digit() || b == b'-') {
             return Ok(CheckpointRef::Id(s.to_string()));
         }
-        super::savepoint::validate_name(s)
+        super::record::validate_name(s)
             .map_err(|_| bad("not an id, a time or a savepoint name"))?;
         Ok(CheckpointRef::Savepoint(s.to_string()))
     }
@@ -119,11 +119,7 @@ pub fn parse_time(t: &str) -> std::result::Result<u64, String> {
         .map_err(|_| format!("{t:?} is before 1970"))
 }
 
-/// `ms` since the epoch as UTC, to the second: `2026-12-02T10:00:00Z`.
-pub fn utc(ms: u64) -> String {
-    humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
-        .to_string()
-}
+pub use crate::units::utc;
 
 /// How many objects of the whole store a failed [`require_job`] reads to list the jobs it
 /// holds (10 LIST pages): a typo costs at most that, however big the bucket.
@@ -224,7 +220,7 @@ pub async fn resolve(
     r: &CheckpointRef,
 ) -> Result<Resolved> {
     if let CheckpointRef::Savepoint(name) = r {
-        let sp = super::savepoint::read(store.as_ref(), job, name).await?;
+        let sp = super::record::read(store.as_ref(), job, name).await?;
         let committed = sp.checkpoint_of(task)?.ok_or_else(|| {
             Error::new(
                 ErrorKind::NotFound,
@@ -393,7 +389,7 @@ pub fn pick<'a>(
     }
 }
 
-fn fork_only(src: &super::fork::ForkSource) -> Error {
+fn fork_only(src: &super::record::ForkSource) -> Error {
     Error::invalid(format!(
         "savepoint:{src} is a savepoint of another job: a fork point for [job] start-from, not a checkpoint of this job"
     ))

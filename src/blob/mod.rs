@@ -26,6 +26,7 @@ pub mod gc;
 pub mod history;
 pub mod manual;
 pub mod preupload;
+pub mod record;
 pub mod restore;
 pub mod savepoint;
 pub mod usage;

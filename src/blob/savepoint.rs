@@ -12,7 +12,7 @@
 //! - the sweep reads every savepoint with the checkpoint histories, and fails closed when one
 //!   cannot be read;
 //! - both fail closed on a fork's pin (`savepoints/<name>/<fork-job>/<fork-id>/<task>.json`,
-//!   [`super::fork`]) whose savepoint has no record ([`list_roots`]).
+//!   `blob::fork`) whose savepoint has no record ([`list_roots`]).
 //!
 //! [`create`] writes the record create-only (a name is taken once), then checks that every
 //! index and blob it names exists — a checkpoint that left retention while it was being pinned
@@ -25,110 +25,19 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::{StreamExt as _, TryStreamExt as _};
-use serde::{Deserialize, Serialize};
 
 use super::history::{self, CheckpointRef};
 use super::{load_snapshot, Expected, FACTORY_NAME};
 use crate::blobstore::{get_bytes, BlobKey, BlobStore, DeleteFilter, PutBody, PutOptions};
-use crate::checkpoint::{Checkpoint, CommittedCheckpoint};
 use crate::digest::Sha256;
 use crate::error::{Error, ErrorKind, Result};
 use crate::layout::{parse, JobScope, KeyKind};
 
-/// The savepoint record's format.
-pub const FORMAT: u32 = 1;
-
-/// At most this many bytes are read of one savepoint record.
-const MAX_RECORD_BYTES: u64 = 64 << 20;
-
-/// A savepoint record.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
-pub struct Savepoint {
-    /// [`FORMAT`].
-    pub format: u32,
-    /// Its name.
-    pub name: String,
-    /// The job.
-    pub job_name: String,
-    /// The job's id.
-    pub job_id: String,
-    /// When it was made, ms since the epoch (this machine's clock).
-    pub created_millis: u64,
-    /// The reference it was made at (`latest`, `@2026-12-02T10:00Z`, …).
-    pub at: String,
-    /// Per task, the checkpoint it records.
-    pub tasks: BTreeMap<String, SavedCheckpoint>,
-}
-
-/// One task's checkpoint in a savepoint.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
-pub struct SavedCheckpoint {
-    /// Its number in the task's history when the savepoint was made.
-    pub seq: u64,
-    /// The checkpoint document, as committed.
-    pub checkpoint: serde_json::Value,
-}
-
-impl Savepoint {
-    /// The checkpoint of `task`, parsed (`Corrupt` if the record's document does not parse).
-    pub fn checkpoint_of(&self, task: &str) -> Result<Option<CommittedCheckpoint>> {
-        let Some(s) = self.tasks.get(task) else {
-            return Ok(None);
-        };
-        let bytes = serde_json::to_vec(&s.checkpoint)
-            .map_err(|e| Error::corrupt(format!("savepoint {:?}: {e}", self.name)))?;
-        let checkpoint = Checkpoint::from_json(&bytes).map_err(|e| {
-            Error::corrupt(format!(
-                "savepoint {:?}: the checkpoint of task {task:?}: {e}",
-                self.name
-            ))
-        })?;
-        Ok(Some(CommittedCheckpoint {
-            seq: s.seq,
-            writer: format!("savepoint:{}", self.name),
-            checkpoint,
-        }))
-    }
-
-    /// Every (task, store, marker) it names (blob backend).
-    pub fn markers(&self) -> Result<Vec<(String, String, String)>> {
-        let mut out = Vec::new();
-        for task in self.tasks.keys() {
-            let Some(c) = self.checkpoint_of(task)? else {
-                continue;
-            };
-            if let Some(m) = c
-                .checkpoint
-                .as_v2()
-                .and_then(|v| v.state_checkpoint_markers.get(FACTORY_NAME))
-            {
-                for (store, marker) in m {
-                    out.push((task.clone(), store.clone(), marker.clone()));
-                }
-            }
-        }
-        Ok(out)
-    }
-}
-
-/// A savepoint name: 1 to 128 of `A-Z a-z 0-9 . _ -`, not starting with `.` or `-`.
-pub fn validate_name(name: &str) -> Result<()> {
-    let ok = !name.is_empty()
-        && name.len() <= 128
-        && !name.starts_with(['.', '-'])
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::invalid(format!(
-            "savepoint name {name:?}: use 1 to 128 of A-Z a-z 0-9 . _ -, not starting with . or -"
-        )))
-    }
-}
+use super::record::{dependents, ForkPin, MAX_RECORD_BYTES};
+pub use super::record::{
+    list, list_all, parse_record, read, validate_name, SavedCheckpoint, Savepoint, Unreadable,
+    FORMAT,
+};
 
 /// Make savepoint `name` of `job` at `at`: every task's checkpoint that `at` names (a task
 /// that has none is refused, naming it, before anything is written). Refused if the name is
@@ -149,19 +58,30 @@ pub async fn create(
             format!("job {job_name}/{job_id} has no checkpoint to save"),
         ));
     }
-    let mut saved = BTreeMap::new();
-    for task in &tasks {
-        let r = history::resolve(store, &job, task, at)
-            .await
-            .map_err(|e| e.context(format!("savepoint {name:?} at {at}")))?;
-        saved.insert(
-            task.clone(),
-            SavedCheckpoint {
-                seq: r.committed.seq,
-                checkpoint: history::checkpoint_json(&r.committed.checkpoint)?,
-            },
-        );
-    }
+    // Every task at once (16 at a time): the longer the resolve, the more of the job's
+    // checkpoints leave the history before the record is written (and the re-check below
+    // withdraws it).
+    let resolved: Vec<(String, SavedCheckpoint)> = futures::stream::iter(tasks.iter())
+        .map(|task| {
+            let job = &job;
+            async move {
+                let r = history::resolve(store, job, task, at)
+                    .await
+                    .map_err(|e| e.context(format!("savepoint {name:?} at {at}")))?;
+                Ok::<_, Error>((
+                    task.clone(),
+                    SavedCheckpoint {
+                        seq: r.committed.seq,
+                        checkpoint: history::checkpoint_json(&r.committed.checkpoint)?,
+                    },
+                ))
+            }
+        })
+        .buffered(16)
+        .try_collect()
+        .await?;
+    let saved: BTreeMap<String, SavedCheckpoint> = resolved.into_iter().collect();
+    crate::crash::test_point("savepoint.after-resolve");
     let sp = Savepoint {
         format: FORMAT,
         name: name.to_string(),
@@ -202,8 +122,20 @@ pub async fn create(
                 e.context(format!("write savepoint {key}"))
             }
         })?;
-    // The record is a root from here on; what it names must still exist (a checkpoint that
-    // left retention while being pinned may have lost its blobs to a cleanup).
+    // The record is a root from here on, for every collector that reads the roots after
+    // this. One that read them before may still delete what a checkpoint that left the
+    // history meanwhile named (issue 46, S4-1): presence now (below) does not prove it will
+    // not. A checkpoint document still in the history after the PUT does: it was a root for
+    // every collector that decided before (documents are trimmed, never re-created, and a
+    // snapshot's keys are deleted only after its document is gone).
+    if let Err(e) = still_retained(store, &job, at, &sp).await {
+        let _ = store.delete_many(std::slice::from_ref(&key)).await;
+        return Err(e.context(format!(
+            "savepoint {name:?} withdrawn: a checkpoint it names left the history while it was being saved; save a newer one"
+        )));
+    }
+    // What it names must still exist (a checkpoint that left retention while being pinned
+    // may have lost its blobs to a cleanup).
     if let Err(e) = check_present(store.as_ref(), &sp).await {
         let _ = store.delete_many(std::slice::from_ref(&key)).await;
         return Err(e.context(format!(
@@ -211,6 +143,55 @@ pub async fn create(
         )));
     }
     Ok(sp)
+}
+
+/// After the record's PUT: each task's checkpoint `sp` names is still in the task's history
+/// under its number (`at` a savepoint: that savepoint's record still names the same ones).
+async fn still_retained(
+    store: &Arc<dyn BlobStore>,
+    job: &JobScope,
+    at: &CheckpointRef,
+    sp: &Savepoint,
+) -> Result<()> {
+    if let CheckpointRef::Savepoint(other) = at {
+        let now = read(store.as_ref(), job, other).await?;
+        for (task, saved) in &sp.tasks {
+            if now.tasks.get(task) != Some(saved) {
+                return Err(Error::new(
+                    ErrorKind::NotFound,
+                    format!("savepoint {other:?} changed or went meanwhile (task {task:?})"),
+                ));
+            }
+        }
+        return Ok(());
+    }
+    let cps = crate::checkpoint::BlobCheckpointStore::new(Arc::clone(store), job.clone());
+    futures::stream::iter(sp.tasks.iter())
+        .map(|(task, saved)| {
+            let cps = &cps;
+            async move {
+                let key = job.checkpoint_key(task, saved.seq)?;
+                let gone = || {
+                    Error::new(
+                        ErrorKind::NotFound,
+                        format!(
+                            "checkpoint #{} of task {task:?} is no longer in its history",
+                            saved.seq
+                        ),
+                    )
+                };
+                match cps.read(task, saved.seq, &key).await {
+                    Ok(c) if history::checkpoint_json(&c.checkpoint)? == saved.checkpoint => Ok(()),
+                    Ok(_) => Err(gone()),
+                    Err(e) if e.kind() == ErrorKind::NotFound => Err(gone()),
+                    Err(e) => Err(e),
+                }
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
 }
 
 /// Every index `sp` names parses and every blob it lists exists (HEAD, 16 at a time).
@@ -244,54 +225,71 @@ pub async fn check_present(store: &dyn BlobStore, sp: &Savepoint) -> Result<()> 
     Ok(())
 }
 
-/// Savepoint `name` of `job` (`NotFound` if there is none).
-pub async fn read(store: &dyn BlobStore, job: &JobScope, name: &str) -> Result<Savepoint> {
+/// What [`remove_any`] removed (or, in a dry run, would remove).
+#[derive(Clone, Debug)]
+pub enum Removed {
+    /// A readable record.
+    Record(Savepoint),
+    /// A record that could not be read, and why.
+    Unreadable(Unreadable),
+}
+
+/// Remove savepoint `name` of `job` whether or not its record can be read (`dry_run`: say
+/// what would go, delete nothing). A readable one as [`remove`]; an unreadable one (its
+/// reason named) under the same guard for forks' pins: refused (`Conflict`) while a fork
+/// pins the name — what the pinned record named is unknown, so the forks must go first.
+pub async fn remove_any(
+    store: &dyn BlobStore,
+    job: &JobScope,
+    name: &str,
+    dry_run: bool,
+) -> Result<Removed> {
     validate_name(name)?;
-    let key = job.savepoint_key(name)?;
-    let bytes = get_bytes(store, &key, MAX_RECORD_BYTES)
-        .await
-        .map_err(|e| {
-            if e.kind() == ErrorKind::NotFound {
-                Error::new(
-                    ErrorKind::NotFound,
-                    format!("no savepoint {name:?} ({key})"),
-                )
-            } else {
-                e.context(format!("read savepoint {key}"))
+    match read(store, job, name).await {
+        Ok(sp) if dry_run => {
+            let forks = dependents(store, job, name).await?;
+            if !forks.is_empty() {
+                return Err(Error::conflict(format!(
+                    "savepoint {name:?} is in use by {} fork task(s); rm would refuse",
+                    forks.len()
+                )));
             }
-        })?;
-    parse_record(&bytes, &key)
-}
-
-fn parse_record(bytes: &[u8], key: &BlobKey) -> Result<Savepoint> {
-    let sp: Savepoint = serde_json::from_slice(bytes)
-        .map_err(|e| Error::corrupt(format!("savepoint {key}: {e}")))?;
-    if sp.format != FORMAT {
-        return Err(Error::corrupt(format!(
-            "savepoint {key}: format {} (this blobsnap reads {FORMAT})",
-            sp.format
-        )));
-    }
-    Ok(sp)
-}
-
-/// Every savepoint of `job`, by name. Fails on one that cannot be read (a collector must not
-/// go on without it).
-pub async fn list(store: &dyn BlobStore, job: &JobScope) -> Result<Vec<Savepoint>> {
-    let mut out = Vec::new();
-    let metas: Vec<_> = store.list(&job.savepoints()?).try_collect().await?;
-    for m in metas {
-        let Some(KeyKind::Savepoint { .. }) = parse(&m.key).map(|p| p.kind) else {
-            continue;
-        };
-        match get_bytes(store, &m.key, MAX_RECORD_BYTES).await {
-            Ok(b) => out.push(parse_record(&b, &m.key)?),
-            Err(e) if e.kind() == ErrorKind::NotFound => continue, // removed meanwhile
-            Err(e) => return Err(e.context(format!("read savepoint {}", m.key))),
+            Ok(Removed::Record(sp))
         }
+        Ok(_) => remove(store, job, name).await.map(Removed::Record),
+        Err(e) if e.kind() == ErrorKind::Corrupt => {
+            let key = job.savepoint_key(name)?;
+            let forks = dependents(store, job, name).await?;
+            if !forks.is_empty() {
+                return Err(Error::conflict(format!(
+                    "savepoint {name:?} cannot be read ({e}) and {} fork task(s) pin it ({}): remove those forks first (their snapshots may read what it named)",
+                    forks.len(),
+                    forks
+                        .iter()
+                        .map(|p| format!("{}/{} task {}", p.fork_job, p.fork_id, p.task))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+            let gone = Unreadable {
+                key: key.to_string(),
+                name: name.to_string(),
+                reason: e.to_string(),
+            };
+            if !dry_run {
+                if let Some((_, e)) = store
+                    .delete_many(std::slice::from_ref(&key))
+                    .await?
+                    .into_iter()
+                    .next()
+                {
+                    return Err(e.context(format!("delete savepoint {key}")));
+                }
+            }
+            Ok(Removed::Unreadable(gone))
+        }
+        Err(e) => Err(e),
     }
-    out.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(out)
 }
 
 /// Every savepoint of `job`, for a collector: as [`list`], and also the forks' pins (one
@@ -338,13 +336,13 @@ pub async fn list_roots(store: &dyn BlobStore, job: &JobScope) -> Result<Vec<Sav
 }
 
 /// Delete savepoint `name` (`NotFound` if there is none). Refused (`Conflict`, naming them)
-/// while forks hold a pin on it ([`super::fork`]): their snapshots read its blobs. A fork
+/// while forks hold a pin on it (`blob::fork`): their snapshots read its blobs. A fork
 /// pinning it while it is being removed is caught by one side: the fork checks the record
 /// after its pin, and this checks the pins again after the delete and puts the record back.
 pub async fn remove(store: &dyn BlobStore, job: &JobScope, name: &str) -> Result<Savepoint> {
     let sp = read(store, job, name).await?;
     let key = job.savepoint_key(name)?;
-    let in_use = |forks: Vec<super::fork::ForkPin>| {
+    let in_use = |forks: Vec<ForkPin>| {
         Error::conflict(format!(
             "savepoint {name:?} is in use by {} fork task(s): {}; it can be removed once they no longer borrow from it (their snapshots were rewritten, or the forks deleted)",
             forks.len(),
@@ -355,7 +353,7 @@ pub async fn remove(store: &dyn BlobStore, job: &JobScope, name: &str) -> Result
                 .join(", ")
         ))
     };
-    let forks = super::fork::dependents(store, job, name).await?;
+    let forks = dependents(store, job, name).await?;
     if !forks.is_empty() {
         return Err(in_use(forks));
     }
@@ -367,25 +365,16 @@ pub async fn remove(store: &dyn BlobStore, job: &JobScope, name: &str) -> Result
     {
         return Err(e.context(format!("delete savepoint {key}")));
     }
-    let forks = super::fork::dependents(store, job, name).await?;
+    // A fork that pinned the savepoint between the check and the delete: the record is never
+    // put back (issue 46, S4-3: a collector that listed the roots while it was gone may
+    // already have taken what it names). A pin without its record makes every collector of
+    // this job fail closed; the fork's own re-read finds the record gone and withdraws its pin.
+    let forks = dependents(store, job, name).await?;
     if !forks.is_empty() {
-        let bytes = serde_json::to_vec_pretty(&sp)
-            .map_err(|e| Error::invalid(format!("savepoint: {e}")))?;
-        let sha = Sha256::of(&bytes);
-        match store
-            .put(
-                &key,
-                PutBody::Bytes(bytes.into()),
-                PutOptions::create_only(sha),
-            )
-            .await
-        {
-            Ok(_) => {}
-            // Created again meanwhile (by another create): that record stands.
-            Err(e) if e.kind() == ErrorKind::Conflict => {}
-            Err(e) => return Err(e.context(format!("put back savepoint {key}"))),
-        }
-        return Err(in_use(forks));
+        let e = in_use(forks);
+        return Err(Error::conflict(format!(
+            "savepoint {name:?} was removed, but a fork pinned it meanwhile ({e}); until that fork withdraws its pin (it does when it finds the savepoint gone) or is removed, gc and the job's cleanup refuse to delete anything"
+        )));
     }
     Ok(sp)
 }
@@ -571,5 +560,61 @@ impl DeleteFilter for Pins {
             known.retain(|id, _| roots.contains(id));
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::{BlobCheckpointStore, Checkpoint, CheckpointStore as _, CheckpointV2};
+
+    fn checkpoint(ms: u64) -> Checkpoint {
+        Checkpoint::V2(CheckpointV2 {
+            id: format!("{ms}-0").parse().unwrap(),
+            input_offsets: Default::default(),
+            state_checkpoint_markers: Default::default(),
+        })
+    }
+
+    /// S4-1 of the third protocol review: a collector that trims the checkpoint a create
+    /// resolved, after the resolve and before the record lands, decided without the record;
+    /// what it deletes afterwards is not seen by a presence check. The create re-reads each
+    /// resolved document after its PUT and withdraws the record when one is gone. (A
+    /// current-thread runtime: the hook at the point runs on this thread, between the two.)
+    #[tokio::test]
+    async fn a_checkpoint_trimmed_between_the_resolve_and_the_record_withdraws_the_savepoint() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("store");
+        let store: Arc<dyn BlobStore> =
+            Arc::new(crate::blobstore::local::LocalStore::new(&root).unwrap());
+        let job = JobScope::new("wc", "1").unwrap();
+        let cps = BlobCheckpointStore::new(Arc::clone(&store), job.clone());
+        for seq in 1..=2 {
+            cps.write("Partition 0", seq, "w", &checkpoint(seq * 1000))
+                .await
+                .unwrap();
+        }
+        // Undisturbed, the same create succeeds.
+        create(&store, "wc", "1", "calm", &CheckpointRef::Latest)
+            .await
+            .unwrap();
+        let doc = root.join(job.checkpoint_key("Partition 0", 2).unwrap().as_str());
+        crate::crash::TEST_HOOK.with(|h| {
+            *h.borrow_mut() = Some((
+                "savepoint.after-resolve",
+                Box::new(move || std::fs::remove_file(&doc).unwrap()),
+            ))
+        });
+        let raced = create(&store, "wc", "1", "raced", &CheckpointRef::Latest).await;
+        crate::crash::TEST_HOOK.with(|h| *h.borrow_mut() = None);
+        let e = raced.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+        assert!(
+            e.to_string().contains("withdrawn")
+                && e.to_string().contains("no longer in its history"),
+            "{e}"
+        );
+        let gone = read(store.as_ref(), &job, "raced").await.unwrap_err();
+        assert_eq!(gone.kind(), ErrorKind::NotFound, "the record was withdrawn");
     }
 }

@@ -118,7 +118,7 @@ fn notice_retrying(
     let left = Duration::from_millis(policy.budget_ms).saturating_sub(start.elapsed());
     // Wall-clock time for the operator (the message only; nothing decides by it).
     let now = crate::backend::Clock::now_millis(&crate::backend::SystemClock);
-    let until = crate::blob::history::utc(now.saturating_add(left.as_millis() as u64));
+    let until = crate::units::utc(now.saturating_add(left.as_millis() as u64));
     tracing::warn!(
         "{what}: attempt {attempt} failed ({e}); retrying until {until} ({}s of the {}s retry budget left)",
         left.as_secs(),

@@ -505,6 +505,25 @@ pub(crate) async fn open_demo_store(
     settings.open_store().await
 }
 
+/// The local blob store a command uses, as a dir no command may replace or write into
+/// (`blobsnap::local::guard`): the flags' or settings' local store, or for `demo` and
+/// `standby` without store flags, `demo_dir/store`. Empty for S3.
+pub(crate) fn protected_store(
+    args: &StoreArgs,
+    demo_dir: Option<&std::path::Path>,
+) -> Vec<blobsnap::local::guard::Protected> {
+    let dir = match demo_dir {
+        Some(d) if !args.names_a_store() => Some(d.join("store")),
+        _ => store_settings(args)
+            .ok()
+            .filter(|s| s.store.kind == StoreKind::Local)
+            .map(|s| s.store.local_dir),
+    };
+    dir.map(|d| blobsnap::local::guard::Protected::new("the local blob store in use", d))
+        .into_iter()
+        .collect()
+}
+
 /// The user's cache dir for blobsnap (`$XDG_CACHE_HOME/blobsnap`, else
 /// `$HOME/.cache/blobsnap`); `None` when neither is set — never a shared temp dir, where
 /// another user could plant a cache or a symlink (the commands then hash instead of caching).

@@ -34,6 +34,12 @@ pub(crate) async fn backup_command(
     db_dir: &std::path::Path,
     name: &str,
 ) -> blobsnap::Result<()> {
+    // The local store never lies in, holds or is the database it backs up.
+    blobsnap::local::guard::refuse_overlap(
+        "--db",
+        db_dir,
+        &super::args::protected_store(args, None),
+    )?;
     let blob_store = open_store(args).await?;
     let stop = super::signal::stop_on_signal(
         "nothing is committed; what was uploaded is left to the sweep, after its grace",

@@ -260,8 +260,8 @@ pub(crate) async fn run(
 /// `ms` since the epoch in this machine's time zone.
 pub(crate) fn local(ms: u64) -> String {
     use chrono::TimeZone as _;
-    match chrono::Local.timestamp_millis_opt(ms as i64) {
-        chrono::LocalResult::Single(t) => t.format("%Y-%m-%d %H:%M:%S %:z").to_string(),
+    match i64::try_from(ms).map(|ms| chrono::Local.timestamp_millis_opt(ms)) {
+        Ok(chrono::LocalResult::Single(t)) => t.format("%Y-%m-%d %H:%M:%S %:z").to_string(),
         _ => "-".into(),
     }
 }

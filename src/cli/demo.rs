@@ -114,6 +114,13 @@ pub(crate) async fn run(
         ));
     }
     let has_store_flags = store_args.names_a_store();
+    // The tasks replace their store dirs under DIR/state by restores: never the blob store
+    // in use, the home, the current dir or a dir holding one of them.
+    blobsnap::local::guard::refuse_special(
+        "--dir's state dir",
+        &dir.join("state"),
+        &super::args::protected_store(store_args, Some(&dir)),
+    )?;
     let blob_store = open_demo_store(store_args, &dir).await?;
     let settings = JobSettings {
         job_name: job_name.unwrap_or(job.name.clone()),

@@ -9,7 +9,7 @@ use blobsnap::blob::restore::{BlobRestoreManager, RestoreSettings};
 use blobsnap::blob::FACTORY_NAME;
 use blobsnap::checkpoint::{Checkpoint, CheckpointV2};
 use blobsnap::index::IndexMarker;
-use blobsnap::{Error, ErrorKind};
+use blobsnap::local::guard;
 use clap::Args;
 
 #[derive(Args)]
@@ -20,17 +20,24 @@ pub(crate) struct RestoreArgs {
     pub(crate) marker: Option<String>,
     #[command(flatten)]
     pub(crate) snap: SnapshotFlags,
-    /// The directory to restore into (created if missing). Its files are replaced by the
-    /// snapshot's (those with the right bytes are reused): a non-empty directory that
-    /// blobsnap did not restore (no `RESTORED` marker) is refused unless `--force`.
+    /// The directory to restore into (created if missing). It is replaced whole by the
+    /// snapshot (files with the right bytes are reused): a non-empty directory that blobsnap
+    /// did not restore (no `RESTORED` marker) is refused unless `--force` (a RocksDB store)
+    /// or `--replace-any-dir` (anything else). Never the blob store in use, a dir inside or
+    /// holding it, a store dir a task holds, `/`, the home or the current directory.
     #[arg(long)]
     pub(crate) to: PathBuf,
     /// Print the plan and stop.
     #[arg(long)]
     pub(crate) dry_run: bool,
-    /// Replace the contents of a non-empty `--to` that blobsnap did not restore.
+    /// Replace a `--to` that holds a RocksDB store blobsnap did not restore (`CURRENT` or a
+    /// `MANIFEST` at its top, no subdirectory but RocksDB's `archive/`).
     #[arg(long)]
     pub(crate) force: bool,
+    /// Replace a `--to` that holds anything at all, deleting every file in it (the plan says
+    /// how many, how many bytes, and its largest subdirectories).
+    #[arg(long)]
+    pub(crate) replace_any_dir: bool,
 }
 
 pub(crate) async fn run(
@@ -44,6 +51,7 @@ pub(crate) async fn run(
         to,
         dry_run,
         force,
+        replace_any_dir,
     } = args;
     let snap = snap.resolve()?;
     // `--to` a symlink to a directory restores into that directory (the link stays a link):
@@ -61,7 +69,17 @@ pub(crate) async fn run(
         })?,
         _ => to,
     };
-    refuse_foreign_dir(&to, force)?;
+    let allow = match (force, replace_any_dir) {
+        (_, true) => guard::Allow::AnyDir,
+        (true, false) => guard::Allow::Store,
+        (false, false) => guard::Allow::Restored,
+    };
+    let replace = guard::check_replace(
+        "--to",
+        &to,
+        &super::args::protected_store(store_args, None),
+        allow,
+    )?;
     let blob_store = open_existing_store(store_args).await?;
     let (marker, _) = snap.resolve_marker(&blob_store, marker).await?;
     let SnapshotArgs {
@@ -119,6 +137,12 @@ pub(crate) async fn run(
         for p in &plans {
             print!("{p}");
         }
+        if let Some(d) = &replace.deletes {
+            println!(
+                "  replaces {}, which blobsnap did not restore: deletes what the snapshot lacks of its {d}",
+                spec.dir.display()
+            );
+        }
     }
     // One document per store, the same shape with and without `--dry-run` (the per-file plan
     // included): a dry run's counts are what the real run would do, a real run's what it did.
@@ -136,6 +160,7 @@ pub(crate) async fn run(
             "files": files,
             "bytes-fetched": fetched,
             "bytes-hashed": blobsnap::digest::bytes_hashed(),
+            "replaces": replace.deletes,
         })
     };
     if dry_run {
@@ -210,41 +235,4 @@ fn plan_files(plan: &blobsnap::blob::restore::RestorePlan) -> serde_json::Value 
         serde_json::json!({"path": l, "size": null, "action": "delete", "from": null, "proof": null})
     }));
     serde_json::Value::Array(rows)
-}
-
-/// `restore --to DIR` replaces DIR's contents: a non-empty DIR that is not a store blobsnap
-/// restored (its `RESTORED` marker) is someone's data, refused unless `--force`. A symlink as
-/// DIR is refused too (a restore never follows one out of the place it was given).
-pub(crate) fn refuse_foreign_dir(dir: &std::path::Path, force: bool) -> blobsnap::Result<()> {
-    let md = match std::fs::symlink_metadata(dir) {
-        Ok(md) => md,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => {
-            return Err(Error::new(
-                ErrorKind::Io,
-                format!("stat {}: {e}", dir.display()),
-            ))
-        }
-    };
-    if !md.is_dir() {
-        return Err(Error::new(
-            ErrorKind::InvalidInput,
-            format!(
-                "--to {} is not a directory (a symlink or a file): nothing restored",
-                dir.display()
-            ),
-        ));
-    }
-    if force || dir.join(blobsnap::index::RESTORED_MARKER).is_file() {
-        return Ok(());
-    }
-    let mut entries = std::fs::read_dir(dir)
-        .map_err(|e| Error::new(ErrorKind::Io, format!("list {}: {e}", dir.display())))?;
-    if entries.next().is_some() {
-        return Err(Error::new(ErrorKind::InvalidInput, format!(
-            "--to {} is not empty and blobsnap did not restore it (no RESTORED marker): its files would be replaced; give --force to do that, or restore into an empty or new directory",
-            dir.display()
-        )));
-    }
-    Ok(())
 }

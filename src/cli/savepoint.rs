@@ -37,13 +37,18 @@ pub(crate) enum SavepointAction {
         #[arg(long = "name")]
         savepoint: String,
     },
-    /// Delete a savepoint: what only it kept alive is left to `gc` (after its grace).
+    /// Delete a savepoint: what only it kept alive is left to `gc` (after its grace). A
+    /// record that cannot be read (damaged, or of a newer format) is removed too, after
+    /// saying why, unless a fork pins it.
     Rm {
         #[command(flatten)]
         job: JobIdFlags,
         /// The savepoint's name.
         #[arg(long = "name")]
         savepoint: String,
+        /// Say what would be removed (and whether the record can be read); remove nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
 }
 
@@ -72,10 +77,14 @@ pub(crate) async fn run(
         }
         SavepointAction::Ls { job } => {
             let (job_name, job_id) = (job.job, job.job_id);
-            let all = savepoint::list(store.as_ref(), &JobScope::new(&job_name, &job_id)?).await?;
+            let (all, unreadable) =
+                savepoint::list_all(store.as_ref(), &JobScope::new(&job_name, &job_id)?).await?;
             if json {
-                println!("{}", serde_json::json!({"schema": 1, "savepoints": all}));
-            } else if all.is_empty() {
+                println!(
+                    "{}",
+                    serde_json::json!({"schema": 1, "savepoints": all, "unreadable": unreadable, "partial": !unreadable.is_empty()})
+                );
+            } else if all.is_empty() && unreadable.is_empty() {
                 println!("job {job_name}/{job_id} has no savepoint");
             } else {
                 for sp in &all {
@@ -88,6 +97,23 @@ pub(crate) async fn run(
                         sp.tasks.len()
                     );
                 }
+                for u in &unreadable {
+                    println!("{}  UNREADABLE  {}", u.name, u.reason);
+                }
+            }
+            if !unreadable.is_empty() {
+                return Err(blobsnap::Error::new(
+                    blobsnap::ErrorKind::Corrupt,
+                    format!(
+                        "partial listing: {} savepoint record(s) of {job_name}/{job_id} cannot be read ({}); the others are listed. `blobsnap savepoint rm --name NAME` removes one (gc and the job's cleanup refuse to delete anything while one is unreadable)",
+                        unreadable.len(),
+                        unreadable
+                            .iter()
+                            .map(|u| u.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ));
             }
         }
         SavepointAction::Show { job, savepoint } => {
@@ -117,21 +143,39 @@ pub(crate) async fn run(
                 }
             }
         }
-        SavepointAction::Rm { job, savepoint } => {
+        SavepointAction::Rm {
+            job,
+            savepoint,
+            dry_run,
+        } => {
             let (job_name, job_id) = (job.job, job.job_id);
-            let sp = savepoint::remove(
+            let removed = savepoint::remove_any(
                 store.as_ref(),
                 &JobScope::new(&job_name, &job_id)?,
                 &savepoint,
+                dry_run,
             )
             .await?;
+            let (name, unreadable) = match &removed {
+                savepoint::Removed::Record(sp) => (sp.name.clone(), None),
+                savepoint::Removed::Unreadable(u) => (u.name.clone(), Some(u)),
+            };
             if json {
-                println!("{}", serde_json::json!({"schema": 1, "removed": sp.name}));
-            } else {
                 println!(
-                    "removed savepoint {} of {job_name}/{job_id}; what only it kept is left to gc",
-                    sp.name
+                    "{}",
+                    serde_json::json!({"schema": 1, "dry-run": dry_run, "removed": name, "unreadable": unreadable})
                 );
+            } else {
+                let verb = if dry_run { "would remove" } else { "removed" };
+                match unreadable {
+                    Some(u) => println!(
+                        "{verb} the unreadable savepoint record {} ({}); what only it kept is left to gc",
+                        u.key, u.reason
+                    ),
+                    None => println!(
+                        "{verb} savepoint {name} of {job_name}/{job_id}; what only it kept is left to gc"
+                    ),
+                }
             }
         }
     }

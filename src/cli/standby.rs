@@ -36,6 +36,13 @@ pub(crate) async fn run(
 ) -> blobsnap::Result<()> {
     let settings = Settings::load(store_args.config.as_deref())?;
     let job = &settings.job;
+    // The tasks replace their store dirs under DIR/state by restores: never the blob store
+    // in use, the home, the current dir or a dir holding one of them.
+    blobsnap::local::guard::refuse_special(
+        "--dir's state dir",
+        &args.dir.join("state"),
+        &super::args::protected_store(store_args, Some(&args.dir)),
+    )?;
     let blob_store = open_demo_store(store_args, &args.dir).await?;
     let job_settings = blobsnap::job::JobSettings {
         job_name: job.name.clone(),

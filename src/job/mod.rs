@@ -541,8 +541,17 @@ async fn run_task_leased(
         None => last,
     };
 
-    let (last, fell_back_to, restored) =
-        restore_task(settings, backend, &ctx, &specs, &clock, &checkpoints, last).await?;
+    let (last, fell_back_to, restored) = restore_task(
+        settings,
+        backend,
+        &ctx,
+        &specs,
+        &clock,
+        &checkpoints,
+        last,
+        (blob_store.as_ref(), job),
+    )
+    .await?;
     crate::crash::point("task.after-restore");
 
     let stores = open_stores(&specs)?;
@@ -765,6 +774,7 @@ type Restored = std::collections::BTreeMap<String, crate::backend::RestoreSummar
 /// `NotFound` snapshot makes it try the older retained checkpoints. Returns the checkpoint
 /// restored (the base of the next commit), after a fallback a note of it, and what the
 /// restore did.
+#[allow(clippy::too_many_arguments)]
 async fn restore_task(
     settings: &JobSettings,
     backend: &Arc<dyn StateBackendFactory>,
@@ -773,6 +783,7 @@ async fn restore_task(
     clock: &Arc<dyn Clock>,
     checkpoints: &Arc<dyn CheckpointStore>,
     last: Option<crate::checkpoint::Checkpoint>,
+    (blob_store, job): (&dyn BlobStore, &JobScope),
 ) -> Result<(
     Option<crate::checkpoint::Checkpoint>,
     Option<String>,
@@ -796,8 +807,21 @@ async fn restore_task(
                     crate::ErrorKind::Corrupt | crate::ErrorKind::NotFound
                 ) =>
         {
-            let (c, why, restored) =
-                restore_fallback(&ctx.task_name, checkpoints, last.as_ref(), e, &restore).await?;
+            // Never past a start-from head (issue 46, S4-6): below it lies the state the
+            // operator rolled back from (or, for a fork, an empty store), and the record says
+            // "applied", so a silent fallback would never retry the rollback.
+            let floor = read_start_from(blob_store, job, &ctx.task_name)
+                .await?
+                .map(|r| r.seq);
+            let (c, why, restored) = restore_fallback(
+                &ctx.task_name,
+                checkpoints,
+                last.as_ref(),
+                floor,
+                e,
+                &restore,
+            )
+            .await?;
             let note = format!(
                 "{} ({why})",
                 c.as_v2()
@@ -824,11 +848,14 @@ fn resumed_offset(last: Option<&crate::checkpoint::Checkpoint>, ssp: &Ssp) -> Re
 }
 
 /// The last checkpoint did not restore (`first_error`): try the older retained ones, newest
-/// first, and return the first that restores, with a note of what was skipped.
+/// first, and return the first that restores, with a note of what was skipped. None older
+/// than checkpoint number `floor` (the head a start-from committed): when that head itself
+/// fails, the task stops with the error.
 async fn restore_fallback<F, Fut, R>(
     task: &str,
     checkpoints: &Arc<dyn CheckpointStore>,
     failed: Option<&crate::checkpoint::Checkpoint>,
+    floor: Option<u64>,
     first_error: Error,
     restore: &F,
 ) -> Result<(crate::checkpoint::Checkpoint, String, R)>
@@ -849,6 +876,9 @@ where
     let mut tried = std::collections::BTreeSet::new();
     tried.extend(failed_id);
     for c in checkpoints.history(task, usize::MAX).await? {
+        if floor.is_some_and(|f| c.seq < f) {
+            break; // newest first: every later one is older still
+        }
         let Some(v2) = c.checkpoint.as_v2() else {
             continue;
         };
@@ -880,10 +910,16 @@ where
             Err(e) => return Err(e),
         }
     }
-    Err(first_error.context(format!(
-        "task {task}: no retained checkpoint restores (tried {})",
-        skipped.len()
-    )))
+    match floor {
+        Some(f) => Err(first_error.context(format!(
+            "task {task}: no checkpoint since its start-from head #{f} restores (tried {}); a start-from point is never fallen back from: restore the point's snapshot (`blobsnap check`), or start from another point",
+            skipped.len()
+        ))),
+        None => Err(first_error.context(format!(
+            "task {task}: no retained checkpoint restores (tried {})",
+            skipped.len()
+        ))),
+    }
 }
 
 struct SweepCtx<'a> {

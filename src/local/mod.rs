@@ -1,8 +1,9 @@
 //! The local disk: RocksDB stores and their checkpoints, directory scans, the hash cache, the
-//! store-dir lock, the atomic swap of a restored tree into a store dir, and the lazy restore's
+//! store-dir lock, what a command may replace (the guard), the atomic swap of a restored tree into a store dir, and the lazy restore's
 //! file system.
 
 pub mod events;
+pub mod guard;
 pub mod hashcache;
 pub mod lazy;
 pub mod lock;

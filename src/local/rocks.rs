@@ -23,6 +23,11 @@ pub struct RocksStore {
     _pools: Option<crate::local::lazy::PoolShare>,
     /// Where its file events go ([`crate::local::events`]; dropped after `db`).
     _events: crate::local::events::Registration,
+    /// The caller's options of a lazy open (dropped after `db`): they keep alive what
+    /// RocksDB uses by pointer (a custom comparator, compaction filter or callback logger).
+    /// The options the lazy open derives with `get_options_from_string` do not carry them
+    /// (rust-rocksdb leaves the derived options' keep-alive list empty; issue 46, L3).
+    _options: Option<rocksdb::Options>,
 }
 
 impl Drop for RocksStore {
@@ -197,7 +202,7 @@ impl ClosedDb {
 ///
 /// A snapshot holds the MANIFEST whole, and the MANIFEST changes at every commit (the
 /// checkpoint's flush appends to it), so each commit stores a new copy of it: inline in the
-/// index below [`INLINE_BELOW`](crate::blob::backup::INLINE_BELOW), a blob of its own above.
+/// index below the backup's inline bound (`blob::backup::INLINE_BELOW`), a blob of its own above.
 /// With RocksDB's default it only grows — about 200 bytes a flush, 10.7 MB after 59,000
 /// commits at one a second, re-uploaded at every commit and stored once per retained
 /// point (RESULTS.md §6). Rolled at 4 KiB it stays inline and ~2–4 KB in a small store's
@@ -257,6 +262,7 @@ impl RocksStore {
         }
         let opts = &opts;
         let mut lifted = false;
+        let mut kept = None;
         let db = if lazy {
             let mut base = opts.clone();
             let mut opts = base
@@ -265,6 +271,7 @@ impl RocksStore {
             opts.set_max_open_files(lazy::LAZY_MAX_OPEN_FILES);
             opts.set_skip_stats_update_on_db_open(true);
             opts.set_max_background_jobs(lazy::LAZY_MAX_BACKGROUND_JOBS);
+            kept = Some(base);
             let abs = lazy::absolute(dir)?;
             match rocksdb::DB::open(&opts, &abs) {
                 // Options that need every table file open (FIFO compaction with a TTL, which
@@ -295,6 +302,7 @@ impl RocksStore {
             lifted: std::sync::atomic::AtomicBool::new(lifted),
             _pools: pools,
             _events: events,
+            _options: kept,
         })
     }
 

@@ -143,6 +143,14 @@ pub fn scan_dir_only(
     owners: &Owners,
     stats: &ScanStats,
 ) -> Result<LocalDir> {
+    // Files of a lazy restore that are still remote, "linked" into this checkpoint by RocksDB
+    // (nothing on disk): listed from their index entry, never read, hashed or cached. Asked
+    // *before* the walk (issue 46, L1): a fetch that lands meanwhile links the file into this
+    // dir and only then drops it from the list, so a name missing from this list was on disk
+    // before the walk began and the walk sees it; asked after, a file placed between the two
+    // would be in neither.
+    let remote = crate::local::lazy::remote_files_in(root);
+    crate::crash::test_point("scan.between-remote-list-and-walk");
     let mut pending = Vec::new();
     let mut tree = scan(
         root,
@@ -153,9 +161,6 @@ pub fn scan_dir_only(
         stats,
         &mut pending,
     )?;
-    // Files of a lazy restore that are still remote, "linked" into this checkpoint by RocksDB
-    // (nothing on disk): listed from their index entry, never read, hashed or cached.
-    let remote = crate::local::lazy::remote_files_in(root);
     if !remote.is_empty() {
         for (name, digest, entry) in remote {
             if only.is_some_and(|only| !only.contains(&name))

@@ -389,8 +389,8 @@ async fn backup_a_closed_db_dedup_restore_ls_and_a_locked_db_is_refused(t: &Targ
         v2["uploaded-bytes"].as_u64().unwrap() < v2["bytes"].as_u64().unwrap(),
         "the second backup reuses: {v2}"
     );
-    // `restore MARKER ... --to DIR [--force]` of this backup name, run; (exit code, stderr).
-    let restore = |marker: String, dir: &Path, force: bool| {
+    // `restore MARKER ... --to DIR [FLAG]` of this backup name, run; (exit code, stderr).
+    let restore = |marker: String, dir: &Path, flag: Option<&str>| {
         let mut args = vec![
             "restore".to_string(),
             marker,
@@ -405,9 +405,7 @@ async fn backup_a_closed_db_dedup_restore_ls_and_a_locked_db_is_refused(t: &Targ
             "--to".into(),
             dir.to_str().unwrap().into(),
         ];
-        if force {
-            args.push("--force".into());
-        }
+        args.extend(flag.map(String::from));
         async move {
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             let (code, _, err) = run(t, &args).await;
@@ -417,7 +415,7 @@ async fn backup_a_closed_db_dedup_restore_ls_and_a_locked_db_is_refused(t: &Targ
     let marker = v2["marker"].as_str().unwrap().to_string();
     // Restore the second backup and read it.
     let to = root.join("back");
-    let (code, err) = restore(marker.clone(), &to, false).await;
+    let (code, err) = restore(marker.clone(), &to, None).await;
     assert_eq!(code, Some(0), "{err}");
     // Again into the same dir: every file is reused, none downloaded, and each reused byte is
     // hashed once — the plan printed is the plan carried out, not planned (and hashed) again.
@@ -481,20 +479,35 @@ async fn backup_a_closed_db_dedup_restore_ls_and_a_locked_db_is_refused(t: &Targ
         "each reused byte not proved by the cache hashed once to plan (and each copied one once more, to verify the copy): {v}"
     );
     // A non-empty directory blobsnap did not restore is somebody's data: refused (exit 5),
-    // untouched; --force replaces it.
+    // untouched, even with --force (it is no store); --replace-any-dir replaces it.
     let foreign = root.join("foreign");
     std::fs::create_dir_all(&foreign).unwrap();
     std::fs::write(foreign.join("precious.txt"), b"mine").unwrap();
-    let (code, err) = restore(marker.clone(), &foreign, false).await;
-    assert_eq!(code, Some(5), "{err}");
-    assert!(err.contains("--force"), "{err}");
-    assert_eq!(
-        std::fs::read(foreign.join("precious.txt")).unwrap(),
-        b"mine"
-    );
-    let (code, err) = restore(marker.clone(), &foreign, true).await;
+    for flag in [None, Some("--force")] {
+        let (code, err) = restore(marker.clone(), &foreign, flag).await;
+        assert_eq!(code, Some(5), "{flag:?}: {err}");
+        assert!(err.contains("--replace-any-dir"), "{err}");
+        assert_eq!(
+            std::fs::read(foreign.join("precious.txt")).unwrap(),
+            b"mine"
+        );
+    }
+    let (code, err) = restore(marker.clone(), &foreign, Some("--replace-any-dir")).await;
     assert_eq!(code, Some(0), "{err}");
     assert!(!foreign.join("precious.txt").exists());
+    // A RocksDB store blobsnap did not restore (a copy of the database): refused without
+    // --force, replaced with it.
+    let copy = root.join("copy");
+    std::fs::create_dir_all(&copy).unwrap();
+    for (name, bytes) in support::files_but_logs(&dbdir) {
+        std::fs::write(copy.join(name), bytes).unwrap();
+    }
+    let (code, err) = restore(marker.clone(), &copy, None).await;
+    assert_eq!(code, Some(5), "{err}");
+    assert!(err.contains("--force"), "{err}");
+    let (code, err) = restore(marker.clone(), &copy, Some("--force")).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(copy.join("RESTORED").is_file());
     // The restore holds the bytes the database had (its live files; no LOCK, no LOG).
     let restored = support::files_but_logs(&to);
     let mut expected = before.clone();
@@ -510,7 +523,7 @@ async fn backup_a_closed_db_dedup_restore_ls_and_a_locked_db_is_refused(t: &Targ
     // A restore into a dir whose database is open (here, in this process) is refused with
     // exit code 6 and touches nothing.
     let held = support::files_but_logs(&to);
-    let (code, err) = restore(v1["marker"].as_str().unwrap().to_string(), &to, false).await;
+    let (code, err) = restore(v1["marker"].as_str().unwrap().to_string(), &to, None).await;
     assert_eq!(code, Some(6), "{err}");
     assert!(err.contains("open in another process"), "{err}");
     assert_eq!(

@@ -632,3 +632,93 @@ async fn failed_commits_leave_no_pile_of_checkpoint_dirs() {
     mgr.commit(offsets(7)).await.unwrap();
     assert_eq!(count(), 1, "only the committed checkpoint's dir");
 }
+
+/// Retention settings that must agree (issue 46, S4-5): a history that retains more
+/// checkpoints than the blob backend's window, or keeps tiers the backend does not read,
+/// would have the backend delete the snapshots of retained checkpoints. The commit manager
+/// refuses the first commit (`InvalidInput`, naming both settings) before anything is
+/// written or deleted; agreeing settings commit.
+#[tokio::test]
+async fn a_backend_window_smaller_than_the_history_is_refused_before_any_commit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store: Arc<dyn BlobStore> = Arc::new(LocalStore::new(tmp.path().join("store")).unwrap());
+    let dir = tmp.path().join("state/counts");
+    let clock = Arc::new(At(AtomicU64::new(1_800_000_000_000)));
+    let db = Arc::new(RocksStore::open("counts", &dir).unwrap());
+    db.db().put(b"k", b"v").unwrap();
+    let tiers: Vec<blobsnap::retention::Tier> = "last 2, every 1h for 1d"
+        .parse::<blobsnap::retention::RetentionPolicy>()
+        .unwrap()
+        .tiers;
+    for (history, window, tiered, with_tiers, ok) in [
+        (5, 2, false, false, false),
+        (2, 2, false, true, false),
+        (5, 5, false, false, true),
+        (2, 2, true, true, true),
+    ] {
+        let checkpoints: Arc<dyn CheckpointStore> = Arc::new(BlobCheckpointStore::new(
+            Arc::clone(&store),
+            JobScope::new("proto", "1").unwrap(),
+        ));
+        let vclock: Arc<dyn Clock> = clock.clone();
+        let (mgr, claim) = TaskCommitManager::start(
+            ctx(),
+            Arc::clone(&checkpoints),
+            Arc::clone(&vclock),
+            history,
+            false,
+        )
+        .await
+        .unwrap();
+        let mgr = if with_tiers {
+            mgr.with_retention_tiers(tiers.clone())
+        } else {
+            mgr
+        };
+        let spec = StoreSpec {
+            name: "counts".into(),
+            dir: dir.clone(),
+        };
+        let backup = Arc::new(
+            BlobBackupManager::new(
+                Arc::clone(&store),
+                ctx(),
+                std::slice::from_ref(&spec),
+                vclock,
+                BackupSettings {
+                    retention: window,
+                    tiered_retention: tiered,
+                    hash_cache: false,
+                    ..Default::default()
+                },
+            )
+            .unwrap(),
+        );
+        backup.init(claim.as_ref()).await.unwrap();
+        let engine: Arc<dyn StoreEngine> = db.clone();
+        let mgr = mgr.with_stores(vec![engine]).with_backends(
+            vec![Backend {
+                name: FACTORY_NAME.into(),
+                manager: backup,
+            }],
+            claim.clone(),
+        );
+        let before = checkpoints.latest_seq(&ctx().task_name).await.unwrap();
+        let r = mgr.commit(offsets(1)).await;
+        if ok {
+            r.unwrap();
+        } else {
+            let e = r.expect_err("a mismatched retention is refused");
+            assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+            assert!(
+                e.to_string().contains("BackupSettings::"),
+                "names the setting: {e}"
+            );
+            assert_eq!(
+                checkpoints.latest_seq(&ctx().task_name).await.unwrap(),
+                before,
+                "nothing committed"
+            );
+        }
+    }
+}

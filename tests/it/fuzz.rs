@@ -1,5 +1,5 @@
 //! Hostile input to every reader of untrusted bytes, for a fixed time: the CheckpointV1/V2
-//! JSON reader, the SnapshotIndex reader, and the marker, checkpoint id, key and scope
+//! JSON reader, the SnapshotIndex reader, the savepoint record reader, and the marker, checkpoint id, key and scope
 //! parsers. A mutational fuzzer (seeded; inputs grown from valid documents by byte flips,
 //! splices, duplications, number swaps to huge / negative / fractional values, deep nesting
 //! and truncation, plus plain random bytes) runs each target on a
@@ -236,7 +236,7 @@ fn fuzz(
     (n, ok)
 }
 
-/// The three targets in one test, one after another. The allocator's counts are the whole
+/// The four targets in one test, one after another. The allocator's counts are the whole
 /// process's (the `it` binary's other tests run beside it): `fuzz` keeps the least of a few
 /// measurements of an input over the bound, which only noise can inflate.
 #[test]
@@ -252,6 +252,19 @@ fn hostile_input_never_panics_and_allocation_stays_bounded() {
     fuzz("index reader", &[INDEX.as_bytes()], budget, 0.005, |b| {
         SnapshotIndex::from_slice(b).is_ok()
     });
+    // The savepoint record reader (issue 47): every record a listing or a collector reads.
+    let savepoint = format!(
+        r#"{{"format":1,"name":"nightly","job-name":"wc","job-id":"1","created-millis":1614147487244,"at":"latest","tasks":{{"Partition 0":{{"seq":3,"checkpoint":{CHECKPOINT_V2}}}}}}}"#
+    );
+    let key =
+        blobsnap::blobstore::BlobKey::new("wc/1/savepoints/nightly.json".to_string()).unwrap();
+    fuzz(
+        "savepoint record reader",
+        &[savepoint.as_bytes()],
+        budget,
+        0.005,
+        |b| blobsnap::blob::savepoint::parse_record(b, &key).is_ok(),
+    );
     fuzz(
         "marker, id, key and scope parsers",
         &[MARKER.as_bytes(), b"1614147487244-33", b"a/b/c", b"scope/"],

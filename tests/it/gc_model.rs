@@ -913,6 +913,54 @@ fn a_checkpoint_write_still_running_at_the_bound_is_cancelled() {
     });
 }
 
+/// Two writers and a cancelled write (issue 46, S4-2): writer 1's checkpoint write hangs;
+/// meanwhile a successor (writer 2) starts and claims that very number; writer 1's bound
+/// cancels its write and it withdraws the number — which must not delete writer 2's claim
+/// (it would free the number for the zombie, and fencing would be bypassed). Writer 1 is
+/// fenced off (`Conflict`) then and at its next commit; writer 2's claim stands and it
+/// commits.
+#[test]
+fn a_cancelled_write_never_withdraws_a_successors_claim() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let clock = Arc::new(VClock(AtomicU64::new(1_800_000_000_000)));
+        let model = Model::new(&clock, 7, 0, None);
+        let store: Arc<dyn BlobStore> = model.clone();
+        let (tmp1, tmp2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (w1, ctx) = two_store_task(&store, &clock, tmp1.path()).await;
+        let cps = BlobCheckpointStore::new(
+            Arc::clone(&store),
+            JobScope::new(&ctx.job_name, &ctx.job_id).unwrap(),
+        );
+        let claimed_by_w1 = cps.latest(&ctx.task_name).await.unwrap().unwrap();
+        *model.slow_put.lock().unwrap() = Some("/checkpoints/".into());
+        let offsets = |i: u64| BTreeMap::from([(Ssp::new("s", "in", 0), i.to_string())]);
+        let successor = async {
+            // Writer 1's write of number n+1 hangs (never lands); writer 2 claims n+1.
+            model.slow_entered.notified().await;
+            two_store_task(&store, &clock, tmp2.path()).await
+        };
+        let (first, (w2, _)) = tokio::join!(w1.commit(offsets(1)), successor);
+        let e = first.expect_err("writer 1's write was cut at the bound");
+        assert_eq!(e.kind(), ErrorKind::Conflict, "fenced off at once: {e}");
+        let head = cps.latest(&ctx.task_name).await.unwrap().unwrap();
+        assert_eq!(head.seq, claimed_by_w1.seq + 1, "writer 2's claim stands");
+        assert_ne!(head.writer, claimed_by_w1.writer, "and it is writer 2's");
+        let e = w1
+            .commit(offsets(2))
+            .await
+            .expect_err("the zombie stays fenced off");
+        assert_eq!(e.kind(), ErrorKind::Conflict, "{e}");
+        w2.commit(offsets(3)).await.unwrap();
+        let head = cps.latest(&ctx.task_name).await.unwrap().unwrap();
+        assert_eq!(head.seq, claimed_by_w1.seq + 2);
+    });
+}
+
 /// Retention by time (issue 32 §4): a task committing once a (virtual) minute for three hours
 /// under "last 2, every 10m for 1h, every 1h for 1d" keeps the newest 2, one checkpoint per
 /// 10 minutes of the last hour and one per hour of the day — and every checkpoint the history

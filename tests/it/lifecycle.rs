@@ -2495,6 +2495,57 @@ async fn a_lazy_restore_of_a_missing_blob_takes_the_fallback() {
     );
 }
 
+/// A start-from point is never fallen back from (issue 46, S4-6): a rollback whose head does
+/// not restore (its index is gone) stops the task with `NotFound` even with the restore
+/// fallback on — the fallback used to restore the pre-rollback latest silently, and the
+/// record, already "applied", never let the rollback be retried. Every later start (with the
+/// same start-from, or none) stops the same way; nothing is committed past the head.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_from_head_that_fails_to_restore_is_never_fallen_back_from() {
+    use blobsnap::blobstore::local::LocalStore;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut settings = job_settings(tmp.path(), &["counts"], true);
+    blobsnap::job::wordcount::generate_input(&settings.input_dir, 1, 3000, 4).unwrap();
+    let store: Arc<dyn BlobStore> = Arc::new(LocalStore::new(tmp.path().join("store")).unwrap());
+    run_job(&settings, Arc::clone(&store)).await.unwrap();
+    let job = JobScope::new("wordcount", "1").unwrap();
+    let cps = BlobCheckpointStore::new(Arc::clone(&store), job.clone());
+    let task = "Partition 0";
+    let history = cps.history(task, usize::MAX).await.unwrap();
+    let (latest, older) = (&history[0], &history[1]);
+    let marker = |c: &blobsnap::checkpoint::CheckpointV2| {
+        c.state_checkpoint_markers[FACTORY_NAME]["counts"].clone()
+    };
+    let (older_marker, latest_marker) = (
+        marker(older.checkpoint.as_v2().unwrap()),
+        marker(latest.checkpoint.as_v2().unwrap()),
+    );
+    assert_ne!(older_marker, latest_marker);
+    let key = job
+        .store(task, "counts")
+        .unwrap()
+        .key(&older_marker)
+        .unwrap();
+    store.delete_many(std::slice::from_ref(&key)).await.unwrap();
+
+    settings.start_from = Some(blobsnap::blob::history::CheckpointRef::Seq(older.seq));
+    for start_from in [true, true, false] {
+        if !start_from {
+            settings.start_from = None;
+        }
+        let _ = std::fs::remove_dir_all(&settings.state_dir);
+        let e = run_job(&settings, Arc::clone(&store)).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+        assert!(e.to_string().contains("never fallen back from"), "{e}");
+        let now = cps.latest(task).await.unwrap().unwrap();
+        assert_eq!(
+            now.checkpoint.as_v2().unwrap().id,
+            older.checkpoint.as_v2().unwrap().id,
+            "the head stays the rollback's: nothing restored or committed past it"
+        );
+    }
+}
+
 /// A task whose last checkpoint is a CheckpointV1 (a job migrating from a changelog backend,
 /// Samza's shape: input offsets mixed with a changelog position): the runtime resumes from
 /// the V1 input offset with empty stores (V1 names no snapshot), and its first commit is a

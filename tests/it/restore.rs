@@ -1648,6 +1648,127 @@ store_suites!([
     cancelled_restore_keeps_old_state,
 ]);
 
+/// L3 of the second lazy-restore review: a lazy `open_with` keeps the caller's options alive
+/// for the DB's life — RocksDB uses a custom comparator (and compaction filter, callback
+/// logger) by pointer, and the options the lazy open derives do not hold them. A comparator
+/// whose closure owns a drop flag: still alive after the caller drops its options, while
+/// the DB reads every key through it; released with the DB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_open_keeps_the_callers_comparator_alive() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    struct Flag(Arc<AtomicBool>);
+    impl Drop for Flag {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let h = support::local().await;
+    let mut fx = Fx::new(&h);
+    let (cp, expected, _) = store_of_ssts(&mut fx, 4).await;
+    let dst = fx.spec("dst");
+    let _r = fx.lazy_restore(None, &dst, &cp, 1).await;
+    let dropped = Arc::new(AtomicBool::new(false));
+    let flag = Flag(Arc::clone(&dropped));
+    let mut opts = no_compactions();
+    // RocksDB's own name: the store was made with the bytewise order, which this keeps.
+    opts.set_comparator(
+        "leveldb.BytewiseComparator",
+        Box::new(move |a: &[u8], b: &[u8]| {
+            let _alive = &flag;
+            a.cmp(b)
+        }),
+    );
+    let db = RocksStore::open_with("counts", &dst.dir, &opts).unwrap();
+    assert!(lazy::is_lazy(&dst.dir), "the store opened lazily");
+    drop(opts);
+    assert!(
+        !dropped.load(Ordering::SeqCst),
+        "the comparator was freed while the DB uses it"
+    );
+    assert_eq!(keys_of(&db).unwrap(), expected);
+    drop(db);
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the comparator is released with the DB"
+    );
+    h.cleanup().await;
+}
+
+/// L6 of the second lazy-restore review: one transient failure of the background download
+/// (three failed GETs of one table's blob: every attempt of its fetch) no longer leaves the
+/// store incomplete for the process's life: a later pass fetches it, the store completes
+/// with every key, and the status counts the retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transient_failure_of_the_background_download_is_retried() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let h = support::local().await;
+    let mut fx = Fx::new(&h);
+    let (cp, expected, ssts) = store_of_ssts(&mut fx, 4).await;
+    let victim = ssts.values().next().unwrap().blobs[0].blob_id.clone();
+    let failed = Arc::new(AtomicU64::new(0));
+    let count = Arc::clone(&failed);
+    let hooked: Arc<dyn BlobStore> = Arc::new(support::Hooked::new(
+        Arc::clone(&fx.store),
+        Box::new(move |key, _| {
+            (key.as_str().ends_with(&victim) && count.fetch_add(1, Ordering::SeqCst) < 3)
+                .then(|| blobsnap::Error::new(ErrorKind::Transient, "injected: 503 SlowDown"))
+        }),
+    ));
+    let dst = fx.spec("dst");
+    let _r = fx.lazy_restore(Some(hooked), &dst, &cp, 0).await;
+    lazy::wait_complete(&dst.dir)
+        .await
+        .expect("the background fetches again what a transient failure left remote");
+    assert!(
+        failed.load(Ordering::SeqCst) >= 3,
+        "the failures were injected"
+    );
+    let st = lazy::completed_status(&dst.dir).expect("complete");
+    assert!(st.background_retries >= 1, "{st:?}");
+    assert_eq!(st.files_remote, 0, "{st:?}");
+    assert_eq!(all_keys(&dst.dir), expected);
+    h.cleanup().await;
+}
+
+/// L5 of the second lazy-restore review: the restore's cancel token (the job's stop token)
+/// does not reach the fetches of the store the restore opened. After a graceful stop, the
+/// messages still being processed read remote tables and the final commit's flush may
+/// compact them: every fetch after the stop used to fail "restore cancelled".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_token_cancelled_after_a_lazy_restore_does_not_fail_its_reads() {
+    let h = support::local().await;
+    let mut fx = Fx::new(&h);
+    let (cp, expected, _) = store_of_ssts(&mut fx, 4).await;
+    let dst = fx.spec("dst");
+    let stop = tokio_util::sync::CancellationToken::new();
+    let r = BlobRestoreManager::new(
+        Arc::clone(&fx.store),
+        fx.task.clone(),
+        std::slice::from_ref(&dst),
+        RestoreSettings {
+            cancel: stop.clone(),
+            // One download at 1 byte/s: every table is still remote at the stop.
+            lazy: Some(lazy::Background {
+                downloads: 1,
+                max_rate: 1,
+            }),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    r.init(Some(&cp)).await.unwrap();
+    r.restore().await.unwrap();
+    let db = RocksStore::open_with("counts", &dst.dir, &no_compactions()).unwrap();
+    stop.cancel();
+    assert_eq!(
+        keys_of(&db).unwrap(),
+        expected,
+        "reads after the stop fetch their tables"
+    );
+    drop(db);
+    h.cleanup().await;
+}
+
 /// Progress advances by bytes within a file (issue 35 §2: `restore`'s bar used to move only
 /// when a whole file had landed): a 4 MiB blob whose body is held after its first MiB shows
 /// between 1 and 4 MiB landed while held — streamed, and in 1 MiB ranges — and exactly its

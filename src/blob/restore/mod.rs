@@ -778,11 +778,13 @@ impl BlobRestoreManager {
     }
 
     fn fetcher(&self, scope: &BlobScopes) -> crate::local::lazy::FetchFn {
-        let (store, scope, settings) = (
-            Arc::clone(&self.blob_store),
-            scope.clone(),
-            self.settings.clone(),
-        );
+        // The restore's cancel token ends the restore, not the store it opened: a lazily
+        // restored store lives on, and after a graceful stop (the job's stop token) its
+        // reads and the compactions of the final commit still fetch (issue 46, L5). The lazy
+        // store's own token ends its fetches when it closes.
+        let mut settings = self.settings.clone();
+        settings.cancel = CancellationToken::new();
+        let (store, scope, settings) = (Arc::clone(&self.blob_store), scope.clone(), settings);
         Arc::new(
             move |entry: FileIndex,
                   tmp: std::path::PathBuf|

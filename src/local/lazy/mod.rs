@@ -196,6 +196,8 @@ impl Remote {
 /// Counters of one lazily restored store.
 #[derive(Debug, Default)]
 pub struct LazyProgress {
+    /// Background passes after the first.
+    pub background_retries: AtomicU64,
     /// Files fetched because RocksDB opened them.
     pub files_on_demand: AtomicU64,
     /// Their bytes.
@@ -217,8 +219,14 @@ pub struct LazyStatus {
     pub files_remote: u64,
     /// Their bytes.
     pub bytes_remote: u64,
-    /// Files whose last fetch failed (retried when RocksDB opens them).
+    /// Files whose last fetch failed (the background retries a transient failure with
+    /// backoff; RocksDB's next open of the file fetches it again).
     pub files_failed: u64,
+    /// Of those, files whose blob is corrupt or missing: never retried by the background
+    /// (a restore fallback's case, not a retry's).
+    pub files_failed_permanently: u64,
+    /// Background passes after the first (each over the files a transient failure left).
+    pub background_retries: u64,
     /// Files fetched on demand / in the background, and dropped.
     pub files_on_demand: u64,
     /// Bytes fetched on demand.
@@ -263,9 +271,10 @@ impl LazyStore {
                     s.files_remote += 1;
                     s.bytes_remote += r.entry.file_metadata.size;
                 }
-                FileState::Failed(..) => {
+                FileState::Failed(kind, _) => {
                     s.files_remote += 1;
                     s.files_failed += 1;
+                    s.files_failed_permanently += u64::from(!retryable(*kind));
                     s.bytes_remote += r.entry.file_metadata.size;
                 }
                 FileState::Local | FileState::Dropped => {}
@@ -278,8 +287,22 @@ impl LazyStore {
         s.bytes_background = p.bytes_background.load(Ordering::Relaxed);
         s.files_dropped = p.files_dropped.load(Ordering::Relaxed);
         s.tail_reads = p.tail_reads.load(Ordering::Relaxed);
+        s.background_retries = p.background_retries.load(Ordering::Relaxed);
         s
     }
+}
+
+/// A failed fetch the background tries again (issue 46, L6): anything but a blob that is
+/// corrupt or missing (those are for the restore fallback, not a retry).
+fn retryable(kind: ErrorKind) -> bool {
+    !matches!(kind, ErrorKind::Corrupt | ErrorKind::NotFound)
+}
+
+/// The background's wait before its pass number `pass` (1 = the first retry): 1 s doubling
+/// to at most a minute.
+fn retry_delay(pass: u32) -> std::time::Duration {
+    std::time::Duration::from_secs(1u64 << pass.saturating_sub(1).min(6))
+        .min(std::time::Duration::from_secs(60))
 }
 
 #[derive(Default)]
@@ -867,11 +890,11 @@ fn link(src: &Path, dst: &Path) -> bool {
         let Ok(dir) = absolute(dir) else {
             return false;
         };
+        // No pruning of dirs that do not exist here (issue 46, L2): another store's
+        // checkpoint may be between RocksDB's rename of its `.tmp` dir and the rename's
+        // callback ([`renamed`]), its records under a name that no longer exists. The commit
+        // manager forgets the dirs it deletes ([`forget_links`]).
         let first = !r.links.contains_key(&dir);
-        if first {
-            // A new checkpoint dir: forget those that were removed since.
-            r.links.retain(|d, _| d.exists());
-        }
         let entry = remote.entry.clone();
         r.links
             .entry(dir.clone())
@@ -1190,53 +1213,84 @@ async fn download_all(store: Arc<LazyStore>, bg: Background) {
     // One token bucket for the whole download, paid chunk by chunk as bodies are read (F8 of
     // the lazy-restore review: a sleep after each file let each file go at line rate).
     let pace = crate::blobstore::limit::Pace::new(bg.max_rate);
-    futures::stream::iter(order)
-        .for_each_concurrent(bg.downloads.max(1), |remote| {
-            let store = Arc::clone(&store);
-            let pace = pace.as_ref().map(|p| p.liftable(Arc::clone(&remote.lift)));
-            async move {
-                if store.cancel.is_cancelled() {
-                    return;
-                }
-                {
-                    let mut st = remote.state();
-                    match *st {
-                        FileState::Remote | FileState::Failed(..) => *st = FileState::Fetching,
-                        _ => return,
+    let mut pass = 0u32;
+    loop {
+        futures::stream::iter(order)
+            .for_each_concurrent(bg.downloads.max(1), |remote| {
+                let store = Arc::clone(&store);
+                let pace = pace.as_ref().map(|p| p.liftable(Arc::clone(&remote.lift)));
+                async move {
+                    if store.cancel.is_cancelled() {
+                        return;
+                    }
+                    {
+                        let mut st = remote.state();
+                        match *st {
+                            FileState::Remote | FileState::Failed(..) => *st = FileState::Fetching,
+                            _ => return,
+                        }
+                    }
+                    let size = remote.entry.file_metadata.size;
+                    // The background lane: at most half the transfer window, so a commit's uploads
+                    // and the on-demand fetches (their urgent lane) always find room beside it.
+                    let fetch = crate::blobstore::limit::background(fetch_one(&store, &remote));
+                    let fetched = match pace {
+                        Some(pace) => crate::blobstore::limit::paced(pace, fetch).await,
+                        None => fetch.await,
+                    };
+                    if fetched {
+                        let p = &store.progress;
+                        p.files_background.fetch_add(1, Ordering::Relaxed);
+                        p.bytes_background.fetch_add(size, Ordering::Relaxed);
                     }
                 }
-                let size = remote.entry.file_metadata.size;
-                // The background lane: at most half the transfer window, so a commit's uploads
-                // and the on-demand fetches (their urgent lane) always find room beside it.
-                let fetch = crate::blobstore::limit::background(fetch_one(&store, &remote));
-                let fetched = match pace {
-                    Some(pace) => crate::blobstore::limit::paced(pace, fetch).await,
-                    None => fetch.await,
-                };
-                if fetched {
-                    let p = &store.progress;
-                    p.files_background.fetch_add(1, Ordering::Relaxed);
-                    p.bytes_background.fetch_add(size, Ordering::Relaxed);
+            })
+            .await;
+        // Files fetched on demand may still be in flight: wait for each to settle.
+        for remote in store.files.values() {
+            let remote = Arc::clone(remote);
+            let settled = tokio::task::spawn_blocking(move || {
+                let mut st = remote.state();
+                while *st == FileState::Fetching {
+                    st = remote
+                        .changed
+                        .wait(st)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
                 }
+            })
+            .await;
+            if settled.is_err() || store.cancel.is_cancelled() {
+                break;
             }
-        })
-        .await;
-    // Files fetched on demand may still be in flight: wait for each to settle.
-    for remote in store.files.values() {
-        let remote = Arc::clone(remote);
-        let settled = tokio::task::spawn_blocking(move || {
-            let mut st = remote.state();
-            while *st == FileState::Fetching {
-                st = remote
-                    .changed
-                    .wait(st)
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-            }
-        })
-        .await;
-        if settled.is_err() || store.cancel.is_cancelled() {
+        }
+        // Another pass, after a capped backoff, over what a transient failure left remote: one
+        // failure must not keep the store incomplete (and its lazy limits on) for the process's
+        // life. A corrupt or missing blob is never retried here.
+        order = store
+            .files
+            .values()
+            .filter(|r| match &*r.state() {
+                FileState::Remote => true,
+                FileState::Failed(kind, _) => retryable(*kind),
+                _ => false,
+            })
+            .cloned()
+            .collect();
+        if order.is_empty() || store.cancel.is_cancelled() {
             break;
         }
+        pass += 1;
+        store
+            .progress
+            .background_retries
+            .fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("blobsnap_lazy_background_retries_total").increment(1);
+        tracing::warn!(store = %store.dir.display(), files = order.len(), pass, "lazy restore: fetching again what a transient failure left remote");
+        tokio::select! {
+            () = tokio::time::sleep(retry_delay(pass)) => {}
+            () = store.cancel.cancelled() => break,
+        }
+        order.sort_by_key(|r| background_rank(&r.entry));
     }
     if !store.cancel.is_cancelled() {
         let st = store.status();
@@ -1557,5 +1611,130 @@ mod tests {
         std::fs::write(dir.path().join(LAZY_PENDING), b"\xff not json").unwrap();
         let e = check_complete(dir.path()).unwrap_err();
         assert!(e.to_string().contains("unreadable"), "{e}");
+    }
+
+    fn entry_of(name: &str, bytes: &[u8]) -> FileIndex {
+        let mut e = entry(name, bytes.len() as u64);
+        e.sha256 = Some(crate::digest::Sha256::of(bytes));
+        e
+    }
+
+    /// Wait (on the file's condition variable, bounded) until `name` of the store at `dir` is
+    /// placed, then link what is placed into the checkpoint dirs that recorded it.
+    fn wait_placed(dir: &Path, name: &str) {
+        let store = registry()
+            .stores
+            .get(&absolute(dir).unwrap())
+            .cloned()
+            .unwrap();
+        let remote = Arc::clone(&store.files[name]);
+        let mut st = remote.state();
+        while *st != FileState::Local {
+            let (next, timeout) = remote
+                .changed
+                .wait_timeout(st, Duration::from_secs(30))
+                .unwrap();
+            assert!(!timeout.timed_out(), "{name} never placed");
+            st = next;
+        }
+        drop(st);
+        materialize();
+    }
+
+    /// L1 of the second lazy-restore review: a file placed (and linked into a checkpoint dir)
+    /// between the scan's two looks at that dir — the walk and the list of its remote files —
+    /// is in the scan. The list is read first: a file it lacks was linked on disk before the
+    /// walk. Read after the walk, a file placed between is in neither, and the commit's index
+    /// lacks a table its MANIFEST names.
+    #[test]
+    fn a_file_placed_while_a_checkpoint_is_scanned_is_in_the_scan() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("store");
+        std::fs::create_dir(&dir).unwrap();
+        let (release_tx, release_rx) = tokio::sync::watch::channel(false);
+        let (started_tx, _started) = mpsc::channel();
+        register(
+            &dir,
+            vec![entry_of("000002.sst", &[7u8; 20])],
+            gated_fetch(release_rx, started_tx),
+            None,
+            Background {
+                downloads: 1,
+                max_rate: 0,
+            },
+        )
+        .unwrap();
+        let (cp_tmp, cp) = (tmp.path().join("cp.tmp"), tmp.path().join("cp"));
+        std::fs::create_dir(&cp_tmp).unwrap();
+        assert!(link(&dir.join("000002.sst"), &cp_tmp.join("000002.sst")));
+        std::fs::rename(&cp_tmp, &cp).unwrap();
+        renamed(&cp_tmp, &cp);
+        assert_eq!(remote_files_in(&cp).len(), 1);
+        let hook_dir = dir.clone();
+        crate::crash::TEST_HOOK.with(|h| {
+            *h.borrow_mut() = Some((
+                "scan.between-remote-list-and-walk",
+                Box::new(move || {
+                    release_tx.send(true).unwrap();
+                    wait_placed(&hook_dir, "000002.sst");
+                }),
+            ))
+        });
+        let scanned = crate::local::scan::scan_dir_only(
+            &cp,
+            None,
+            None,
+            &crate::local::scan::Owners::default(),
+            &crate::local::scan::ScanStats::default(),
+        );
+        crate::crash::TEST_HOOK.with(|h| *h.borrow_mut() = None);
+        let scanned = scanned.unwrap();
+        assert!(cp.join("000002.sst").exists(), "placed during the scan");
+        let names: Vec<_> = scanned.files.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["000002.sst"],
+            "the scan lost the file placed meanwhile"
+        );
+        close(&dir);
+    }
+
+    /// L2 of the second lazy-restore review: a store's first link into a new checkpoint dir
+    /// must not forget another checkpoint's records while that one is between RocksDB's
+    /// rename of its `.tmp` dir and the rename's callback.
+    #[test]
+    fn a_checkpoint_renamed_while_another_links_keeps_its_remote_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("store");
+        std::fs::create_dir(&dir).unwrap();
+        let (_release_tx, release_rx) = tokio::sync::watch::channel(false);
+        let (started_tx, _started) = mpsc::channel();
+        // 000001.sst's fetch never resolves: the file stays remote.
+        register(
+            &dir,
+            vec![entry_of("000001.sst", &[1u8; 10])],
+            gated_fetch(release_rx, started_tx),
+            None,
+            Background {
+                downloads: 1,
+                max_rate: 0,
+            },
+        )
+        .unwrap();
+        let src = dir.join("000001.sst");
+        let (a_tmp, a, b_tmp) = (
+            tmp.path().join("a.tmp"),
+            tmp.path().join("a"),
+            tmp.path().join("b.tmp"),
+        );
+        std::fs::create_dir(&a_tmp).unwrap();
+        std::fs::create_dir(&b_tmp).unwrap();
+        assert!(link(&src, &a_tmp.join("000001.sst")));
+        std::fs::rename(&a_tmp, &a).unwrap();
+        assert!(link(&src, &b_tmp.join("000001.sst")));
+        renamed(&a_tmp, &a);
+        let names: Vec<_> = remote_files_in(&a).into_iter().map(|(n, ..)| n).collect();
+        assert_eq!(names, ["000001.sst"], "checkpoint a lost its remote file");
+        close(&dir);
     }
 }
