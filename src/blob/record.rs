@@ -193,7 +193,7 @@ pub struct Unreadable {
 
 /// Every savepoint of `job`: the readable records, by name, and each unreadable one named
 /// by its key with the reason (an operator's listing: one damaged record never hides the
-/// others; collectors use [`list_roots`], which fails closed instead).
+/// others; collectors use `savepoint::list_roots`, which fails closed instead).
 pub async fn list_all(
     store: &dyn BlobStore,
     job: &JobScope,

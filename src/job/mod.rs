@@ -453,6 +453,17 @@ async fn start_from(
             (chosen.committed.checkpoint, Some(chosen.committed.seq))
         }
     };
+    // The pins of an earlier start-from (a fork started again from another savepoint, or a
+    // fork rolled back to its own) stay in the record until released: overwritten, nothing
+    // would ever release them and the source's savepoint could never be removed (issue 46,
+    // S4-7).
+    if let Some(previous) = read_start_from(blob_store.as_ref(), job, task).await? {
+        for p in previous.pins {
+            if !pins.contains(&p) {
+                pins.push(p);
+            }
+        }
+    }
     let seq = commits.rollback(checkpoint.clone()).await?;
     let record = StartedFrom {
         start_from: point.to_string(),

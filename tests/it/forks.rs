@@ -278,3 +278,101 @@ async fn a_pin_without_its_savepoint_stops_the_collectors() {
         "{report:?}"
     );
 }
+
+/// A fork started again from another savepoint keeps the pins of the first in its start-from
+/// record (issue 46, S4-7): overwritten, nothing would ever release them and the first source
+/// savepoint could never be removed. Both pins are in the record after the second start (the
+/// backend releases each once nothing the fork retains borrows through it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_start_from_keeps_the_pins_of_the_first() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let run = |args: Vec<String>| {
+        let store = store.clone();
+        let cache = tmp.path().join("cache");
+        async move {
+            let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+                .arg("--json")
+                .arg("--local")
+                .arg(&store)
+                .args(&args)
+                .env("XDG_CACHE_HOME", cache)
+                .output()
+                .await
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    };
+    let s = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let demo = |id: &str, dir: &str, lines: &str, extra: &[&str]| {
+        let mut a = s(&[
+            "demo",
+            "--dir",
+            tmp.path().join(dir).to_str().unwrap(),
+            "--partitions",
+            "1",
+            "--lines",
+            lines,
+            "--commit-every",
+            "200",
+            "--job-id",
+            id,
+        ]);
+        a.extend(s(extra));
+        a
+    };
+    run(demo("1", "src", "600", &[])).await;
+    run(s(&[
+        "savepoint",
+        "create",
+        "--job",
+        "wordcount",
+        "--name",
+        "a",
+    ]))
+    .await;
+    run(demo("1", "src", "1200", &[])).await;
+    run(s(&[
+        "savepoint",
+        "create",
+        "--job",
+        "wordcount",
+        "--name",
+        "b",
+    ]))
+    .await;
+    run(demo(
+        "2",
+        "fork",
+        "1200",
+        &["--start-from", "savepoint:wordcount/1/a"],
+    ))
+    .await;
+    run(demo(
+        "2",
+        "fork2",
+        "1200",
+        &["--start-from", "savepoint:wordcount/1/b"],
+    ))
+    .await;
+    let key = JobScope::new("wordcount", "2")
+        .unwrap()
+        .start_from_key(TASK)
+        .unwrap();
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(store.join(key.as_str())).unwrap()).unwrap();
+    let pinned: Vec<&str> = record["pins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["savepoint"].as_str().unwrap())
+        .collect();
+    assert!(
+        pinned.contains(&"a") && pinned.contains(&"b"),
+        "both starts' pins are in the record: {record}"
+    );
+}

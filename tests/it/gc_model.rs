@@ -545,6 +545,7 @@ async fn interleaving_with(
                     announce(blobsnap::local::events::FileEvent::Deleted(victim));
                 }
             }
+            mutable_files(&dir, i);
             let offsets = BTreeMap::from([(Ssp::new("s", "in", 0), i.to_string())]);
             match mgr.commit(offsets).await {
                 Ok(_) => {
@@ -693,6 +694,36 @@ fn without_the_abandon_rule_the_model_finds_a_lost_blob() {
 
 /// Task "Partition 0" of job "model" on `store`: two plain-file stores ("counts", "lengths",
 /// 3 SSTs each) under `root`, retention 2, the sweep grace `GRACE_MS`, on the virtual clock.
+/// The store's mutable files, as RocksDB keeps them (issue 46, the GC models wrote only
+/// `.sst`): a MANIFEST that grows by a few edits a commit and is rolled now and then (inline
+/// in the index while small; over 4 KiB, a retained one becomes a shared blob of the commit
+/// that first shares it) and an OPTIONS file of 5 KiB that stays across commits (shared
+/// inline, so a blob that later commits name). Written to a new inode each time (RocksDB's
+/// checkpoint copies these files, never links them: a rewrite must not reach a checkpoint
+/// dir).
+fn mutable_files(dir: &Path, step: u64) {
+    // Its own draws, so the model's seeded sequence (and the coverage it asserts) is the
+    // same with and without these files.
+    let rng = &mut rand::rngs::StdRng::seed_from_u64(step ^ 0x6d616e);
+    let replace = |name: &str, bytes: &[u8]| {
+        let tmp = dir.join(format!("{name}.tmp"));
+        std::fs::write(&tmp, bytes).unwrap();
+        std::fs::rename(&tmp, dir.join(name)).unwrap();
+    };
+    let manifest = "MANIFEST-000001";
+    let mut m = std::fs::read(dir.join(manifest)).unwrap_or_default();
+    if m.len() > 9 << 10 || rng.random_bool(0.1) {
+        m.clear(); // rolled
+    }
+    for _ in 0..rng.random_range(1..120u32) {
+        m.extend_from_slice(format!("edit {step}\n").as_bytes());
+    }
+    replace(manifest, &m);
+    if !dir.join("OPTIONS-000007").exists() || rng.random_bool(0.05) {
+        replace("OPTIONS-000007", &vec![b'o' + (step % 7) as u8; 5 << 10]);
+    }
+}
+
 async fn two_store_task(
     store: &Arc<dyn BlobStore>,
     clock: &Arc<VClock>,
@@ -1338,6 +1369,7 @@ fn savepoints_forks_and_tiers_never_lose_a_referenced_blob() {
                 std::fs::write(dir.join(format!("{next:06}.sst")), content).unwrap();
                 next += 1;
             }
+            mutable_files(dir, next);
             if rng.random_bool(0.3) {
                 let files: Vec<_> = std::fs::read_dir(dir).unwrap().collect();
                 if files.len() > 1 {
