@@ -280,3 +280,38 @@ impl CheckpointStore for BlobCheckpointStore {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::CheckpointV2;
+
+    /// F21 of the protocol reviews: a checkpoint document of a format this build does not
+    /// read (a newer blobsnap's) is refused naming its format, never read as if it were ours;
+    /// the same document in our format parses.
+    #[test]
+    fn a_document_of_a_foreign_format_is_refused_naming_it() {
+        let c = CommittedCheckpoint {
+            seq: 7,
+            writer: "w".into(),
+            checkpoint: Checkpoint::V2(CheckpointV2 {
+                id: "1000-0".parse().expect("an id"),
+                input_offsets: Default::default(),
+                state_checkpoint_markers: Default::default(),
+            }),
+        };
+        let ours = record_to_json(&c).expect("encodes");
+        assert_eq!(parse_record(&ours).expect("ours parses").seq, 7);
+        let text = String::from_utf8(ours).expect("JSON is UTF-8");
+        assert!(text.contains("\"blobsnap-checkpoint\":1"), "{text}");
+        for format in ["2", "99", "4294967295"] {
+            let foreign = text.replace(
+                "\"blobsnap-checkpoint\":1",
+                &format!("\"blobsnap-checkpoint\":{format}"),
+            );
+            let e = parse_record(foreign.as_bytes()).expect_err("a foreign format");
+            assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+            assert!(e.to_string().contains(&format!("format {format}")), "{e}");
+        }
+    }
+}

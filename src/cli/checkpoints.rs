@@ -79,7 +79,9 @@ pub(crate) async fn run(
             format!("job {job_name}/{job_id} has no checkpoint"),
         ));
     }
-    let savepoints = savepoint::list(store.as_ref(), &job).await?;
+    // A savepoint record that cannot be read costs its labels, not the listing (issue 47):
+    // named at the end, and the command exits non-zero with "partial".
+    let (savepoints, unreadable) = savepoint::list_all(store.as_ref(), &job).await?;
     let mut forks_of: BTreeMap<String, Vec<blobsnap::blob::fork::ForkPin>> = BTreeMap::new();
     for sp in &savepoints {
         forks_of.insert(
@@ -201,12 +203,29 @@ pub(crate) async fn run(
         }
         out.insert(task.clone(), lines);
     }
+    let partial = || {
+        if unreadable.is_empty() {
+            return Ok(());
+        }
+        Err(Error::new(
+            blobsnap::ErrorKind::Corrupt,
+            format!(
+                "partial listing: {} savepoint record(s) of {job_name}/{job_id} cannot be read ({}), so no checkpoint is labelled with them; `blobsnap savepoint ls` names why, `blobsnap savepoint rm --name NAME` removes one",
+                unreadable.len(),
+                unreadable
+                    .iter()
+                    .map(|u| u.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ))
+    };
     if json {
         println!(
             "{}",
-            serde_json::json!({"schema": 1, "job": job_name, "job-id": job_id, "tasks": out})
+            serde_json::json!({"schema": 1, "job": job_name, "job-id": job_id, "tasks": out, "unreadable-savepoints": unreadable, "partial": !unreadable.is_empty()})
         );
-        return Ok(());
+        return partial();
     }
     println!("job {job_name}/{job_id}: retained checkpoints, newest first");
     for (task, lines) in &out {
@@ -254,7 +273,10 @@ pub(crate) async fn run(
             }
         }
     }
-    Ok(())
+    for u in &unreadable {
+        println!("savepoint {}: UNREADABLE  {}", u.name, u.reason);
+    }
+    partial()
 }
 
 /// `ms` since the epoch in this machine's time zone.

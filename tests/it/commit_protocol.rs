@@ -722,3 +722,164 @@ async fn a_backend_window_smaller_than_the_history_is_refused_before_any_commit(
         }
     }
 }
+
+/// A checkpoint store whose next history trim (of either kind) fails once it is armed.
+#[derive(Debug)]
+struct FlakyTrim {
+    inner: BlobCheckpointStore,
+    armed: AtomicBool,
+}
+
+impl FlakyTrim {
+    fn fail(&self) -> Result<()> {
+        if self.armed.swap(false, Relaxed) {
+            return Err(Error::new(
+                ErrorKind::Transient,
+                "injected: the trim failed",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl CheckpointStore for FlakyTrim {
+    async fn enforces_exclusive_writes(&self) -> Result<bool> {
+        self.inner.enforces_exclusive_writes().await
+    }
+    async fn latest(
+        &self,
+        task: &str,
+    ) -> Result<Option<blobsnap::checkpoint::CommittedCheckpoint>> {
+        self.inner.latest(task).await
+    }
+    async fn latest_seq(&self, task: &str) -> Result<Option<u64>> {
+        self.inner.latest_seq(task).await
+    }
+    async fn history(
+        &self,
+        task: &str,
+        limit: usize,
+    ) -> Result<Vec<blobsnap::checkpoint::CommittedCheckpoint>> {
+        self.inner.history(task, limit).await
+    }
+    async fn write(&self, task: &str, seq: u64, writer: &str, c: &Checkpoint) -> Result<()> {
+        self.inner.write(task, seq, writer, c).await
+    }
+    async fn trim(&self, task: &str, keep: usize) -> Result<()> {
+        self.fail()?;
+        self.inner.trim(task, keep).await
+    }
+    async fn delete_seqs(&self, task: &str, seqs: &[u64]) -> Result<()> {
+        self.fail()?;
+        self.inner.delete_seqs(task, seqs).await
+    }
+    async fn delete_seqs_and(
+        &self,
+        task: &str,
+        seqs: &[u64],
+        also: &[blobsnap::blobstore::DeferredDeletes],
+    ) -> Result<()> {
+        self.fail()?;
+        self.inner.delete_seqs_and(task, seqs, also).await
+    }
+}
+
+/// F9 of the protocol reviews: a failed trim of the history never costs a retained
+/// checkpoint its blobs. The commit whose cleanup's trim fails is still committed; the keys
+/// its cleanup handed over wait for a trim that lands (the next commit's), and after it every
+/// checkpoint the history retains restores, and the history is back to its retention.
+#[tokio::test]
+async fn a_failed_trim_keeps_every_retained_checkpoint_whole() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store: Arc<dyn BlobStore> = Arc::new(LocalStore::new(tmp.path().join("store")).unwrap());
+    let dir = tmp.path().join("state/counts");
+    let clock = Arc::new(At(AtomicU64::new(1_800_000_000_000)));
+    let db = Arc::new(RocksStore::open("counts", &dir).unwrap());
+    let checkpoints = Arc::new(FlakyTrim {
+        inner: BlobCheckpointStore::new(Arc::clone(&store), JobScope::new("proto", "1").unwrap()),
+        armed: AtomicBool::new(false),
+    });
+    let vclock: Arc<dyn Clock> = clock.clone();
+    let (mgr, claim) = TaskCommitManager::start(
+        ctx(),
+        Arc::clone(&checkpoints) as Arc<dyn CheckpointStore>,
+        Arc::clone(&vclock),
+        2,
+        false,
+    )
+    .await
+    .unwrap();
+    let spec = StoreSpec {
+        name: "counts".into(),
+        dir: dir.clone(),
+    };
+    let backup = Arc::new(
+        BlobBackupManager::new(
+            Arc::clone(&store),
+            ctx(),
+            std::slice::from_ref(&spec),
+            vclock,
+            BackupSettings {
+                retention: 2,
+                hash_cache: false,
+                inline_below: 0,
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    );
+    backup.init(claim.as_ref()).await.unwrap();
+    let engine: Arc<dyn StoreEngine> = db.clone();
+    let mgr = mgr.with_stores(vec![engine]).with_backends(
+        vec![Backend {
+            name: FACTORY_NAME.into(),
+            manager: backup,
+        }],
+        claim,
+    );
+    for i in 1..=6u64 {
+        // Every commit a new table and one compacted away: each snapshot has blobs of its own.
+        db.db().put(format!("k{i}"), vec![i as u8; 5000]).unwrap();
+        db.flush().unwrap();
+        db.db().compact_range::<&[u8], &[u8]>(None, None);
+        if i == 3 {
+            checkpoints.armed.store(true, Relaxed);
+        }
+        clock.0.fetch_add(1000, Relaxed);
+        mgr.commit(offsets(i)).await.unwrap_or_else(|e| {
+            panic!("commit {i}: a failed trim never fails the commit point: {e}")
+        });
+        assert!(
+            !checkpoints.armed.load(Relaxed) || i < 3,
+            "the trim was tried"
+        );
+        for c in checkpoints
+            .history(&ctx().task_name, usize::MAX)
+            .await
+            .unwrap()
+        {
+            let back = tmp.path().join(format!("back-{i}-{}", c.seq));
+            restore(&store, &c.checkpoint, &back)
+                .await
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "after commit {i}: retained checkpoint #{} does not restore: {e}",
+                        c.seq
+                    )
+                });
+        }
+    }
+    let ids: std::collections::BTreeSet<_> = checkpoints
+        .history(&ctx().task_name, usize::MAX)
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|c| c.checkpoint.as_v2().map(|v| v.id))
+        .collect();
+    assert_eq!(
+        ids.len(),
+        2,
+        "the history is back to its retention: {ids:?}"
+    );
+}

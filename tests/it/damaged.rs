@@ -139,6 +139,28 @@ async fn a_damaged_savepoint_is_listed_by_its_key_and_removable_and_nothing_pani
     assert!(bad["renamed"].contains("its key says"), "{v}");
     assert!(bad["range"].contains("out of range"), "{v}");
 
+    // `checkpoints` lists every retained checkpoint, labelled by the readable savepoints, and
+    // names the unreadable ones: partial, exit 4.
+    let (code, v, err, _) = run(&store, &[&["checkpoints"][..], &job].concat()).await;
+    assert_eq!(code, Some(4), "{err}");
+    assert!(err.contains("partial"), "{err}");
+    assert_eq!(v["partial"], true, "{v}");
+    assert_eq!(
+        v["unreadable-savepoints"].as_array().unwrap().len(),
+        5,
+        "{v}"
+    );
+    let listed = v["tasks"]["Partition 0"].as_array().unwrap();
+    assert!(!listed.is_empty(), "{v}");
+    assert!(
+        listed.iter().any(|l| l["savepoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n == "good")),
+        "the readable savepoints still label their checkpoint: {v}"
+    );
+
     // The text listing too, and `show` of each: no panic, a classified error for the damaged.
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
         .arg("--local")
@@ -250,6 +272,8 @@ async fn a_damaged_savepoint_is_listed_by_its_key_and_removable_and_nothing_pani
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(v["partial"], false, "{v}");
     assert_eq!(v["savepoints"].as_array().unwrap().len(), 2, "{v}");
+    let (code, _, err, _) = run(&store, &[&["checkpoints"][..], &job].concat()).await;
+    assert_eq!(code, Some(0), "{err}");
     let (code, _, err, _) = run(&store, &[&["gc"][..], &job, &["--dry-run"]].concat()).await;
     assert_eq!(
         code,
