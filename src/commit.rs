@@ -310,7 +310,7 @@ impl TaskCommitManager {
 
     /// Retention tiers (`every D for W`, [`crate::retention`]) on top of the newest
     /// `retention`: the history keeps their union. The blob backend must know
-    /// ([`BackupSettings::tiered_retention`](crate::blob::backup::BackupSettings::tiered_retention)).
+    /// ([`BackupSettings::tiered_retention`](crate::blob::commit::backup::BackupSettings::tiered_retention)).
     pub fn with_retention_tiers(mut self, tiers: Vec<crate::retention::Tier>) -> Self {
         self.tiers = tiers;
         self

@@ -102,7 +102,7 @@ pub struct StoreSettings {
     pub max_request_rate: u64,
     /// A running job uploads each table or blob file as soon as RocksDB has finished writing
     /// it, in the background and below the commits' priority, so that a commit after a
-    /// compaction burst uploads only what is not up yet ([`crate::blob::preupload`]). Off by
+    /// compaction burst uploads only what is not up yet ([`crate::blob::commit::preupload`]). Off by
     /// default: it has not met its latency targets everywhere (RESULTS.md §7).
     pub pre_upload: bool,
 }
@@ -206,7 +206,7 @@ impl Default for JobConfig {
             start_from: None,
             deployment_id: "default".into(),
             create_resources: true,
-            index_inline_below: crate::blob::backup::INLINE_BELOW,
+            index_inline_below: crate::blob::commit::backup::INLINE_BELOW,
         }
     }
 }
@@ -224,7 +224,7 @@ pub struct Settings {
     /// Retry policy of every store operation.
     pub retry: RetryPolicy,
     /// Prices for `blobsnap cost` (S3 Standard's list prices by default).
-    pub cost: crate::blob::cost::Prices,
+    pub cost: crate::blob::inspect::cost::Prices,
 }
 
 impl Settings {

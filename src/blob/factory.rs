@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
-use super::admin::BlobStoreAdmin;
-use super::backup::{BackupSettings, BlobBackupManager};
+use super::collect::admin::BlobStoreAdmin;
+use super::commit::backup::{BackupSettings, BlobBackupManager};
 use super::restore::{BlobRestoreManager, RestoreSettings};
-use super::FACTORY_NAME;
+use super::snapshot::FACTORY_NAME;
 use crate::backend::{
     Clock, StateBackendAdmin, StateBackendFactory, StoreSpec, TaskBackupManager, TaskContext,
     TaskRestoreManager,

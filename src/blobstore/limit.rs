@@ -28,7 +28,7 @@
 //! flight.
 //!
 //! **A background lane.** A request made inside [`background`] — a pre-upload of a file no
-//! commit needs yet ([`crate::blob::preupload`]) — first takes one of `max(1, max-transfers /
+//! commit needs yet ([`crate::blob::commit::preupload`]) — first takes one of `max(1, max-transfers /
 //! 2)` background permits, then a transfer permit like any other: background work never holds
 //! more than half the window, so a commit's uploads always find room beside it.
 //!

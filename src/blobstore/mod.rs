@@ -338,7 +338,7 @@ pub struct DeferredDeletes {
 }
 
 /// What may still keep a doomed key alive at the moment its delete is sent (the savepoints of
-/// a job: [`crate::blob::savepoint`]).
+/// a job: [`crate::blob::time::savepoint`]).
 #[async_trait]
 pub trait DeleteFilter: Send + Sync {
     /// The keys of `keys` that must not be deleted now.

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use crate::backend::{
     Clock, StateBackendFactory, StoreEngine, StoreSpec, TaskBackupManager, TaskContext,
 };
-use crate::blob::admin::WriterLease;
+use crate::blob::collect::admin::WriterLease;
 use crate::blobstore::BlobStore;
 use crate::checkpoint::{BlobCheckpointStore, Checkpoint, CheckpointStore, Ssp};
 use crate::commit::{Backend, CommitReport, TaskCommitManager};
@@ -74,7 +74,7 @@ pub struct JobSettings {
     pub deployment_id: String,
     /// Create the job's resources before the first commit (they are validated either way).
     pub create_resources: bool,
-    /// Files smaller than this travel inline in the index ([`BackupSettings::inline_below`](crate::blob::backup::BackupSettings::inline_below); 0: Samza's v1 shape).
+    /// Files smaller than this travel inline in the index ([`BackupSettings::inline_below`](crate::blob::commit::backup::BackupSettings::inline_below); 0: Samza's v1 shape).
     pub index_inline_below: u64,
     /// How the task's stores are restored at its start (default: the verified full restore).
     pub restore_mode: RestoreMode,
@@ -82,16 +82,16 @@ pub struct JobSettings {
     /// default [`DEFAULT_RATE`](crate::local::lazy::DEFAULT_RATE)).
     pub lazy_download_rate: u64,
     /// Upload each table or blob file as soon as RocksDB finishes it, in the background
-    /// ([`crate::blob::preupload`], `store.pre-upload`), so that a commit after a compaction
+    /// ([`crate::blob::commit::preupload`], `store.pre-upload`), so that a commit after a compaction
     /// uploads little.
     pub pre_upload: bool,
     /// Start every task from this point instead of its latest checkpoint (a rollback, or a
     /// roll-forward to a newer retained checkpoint): `savepoint:NAME`, `#N`, a checkpoint id,
-    /// `@TIME` ([`CheckpointRef`](crate::blob::history::CheckpointRef)). Each task claims its
+    /// `@TIME` ([`CheckpointRef`](crate::blob::time::history::CheckpointRef)). Each task claims its
     /// epoch, then commits a new head whose offsets and markers are the point's, and restores
     /// it the usual way. Applied once: the task records it (`start-from/<task>.json`), and a
     /// restart with the same value resumes from the task's latest checkpoint.
-    pub start_from: Option<crate::blob::history::CheckpointRef>,
+    pub start_from: Option<crate::blob::time::history::CheckpointRef>,
     /// Cancel to stop the job gracefully (the `blobsnap` command does on its first SIGINT or
     /// SIGTERM): a task restoring stops its restore (the store dirs unchanged); a task
     /// processing stops taking messages, waits for its commit in flight, commits what it
@@ -307,7 +307,7 @@ struct StartedFrom {
     /// A fork's: the pins its task wrote in the source scopes (the backend releases them
     /// once nothing borrows through them, also after a restart).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pins: Vec<crate::blob::fork::ForkPin>,
+    pins: Vec<crate::blob::time::fork::ForkPin>,
 }
 
 /// Every task of the job has the point `point` names (checked before any task starts, so a
@@ -334,7 +334,7 @@ pub async fn check_start_from(
     // A fork's source is read only while some task has yet to start from it (a fork that
     // applied it long ago restarts even after the source removed the savepoint).
     let fork_source = match point {
-        crate::blob::history::CheckpointRef::Fork(src) if !pending.is_empty() => {
+        crate::blob::time::history::CheckpointRef::Fork(src) if !pending.is_empty() => {
             if (src.job_name.as_str(), src.job_id.as_str())
                 == (settings.job_name.as_str(), settings.job_id.as_str())
             {
@@ -343,7 +343,7 @@ pub async fn check_start_from(
                     src.savepoint
                 )));
             }
-            let sp = crate::blob::savepoint::read(
+            let sp = crate::blob::time::savepoint::read(
                 blob_store.as_ref(),
                 &JobScope::new(&src.job_name, &src.job_id)?,
                 &src.savepoint,
@@ -364,7 +364,7 @@ pub async fn check_start_from(
             }
             continue;
         }
-        crate::blob::history::resolve(blob_store, &job, &task, point)
+        crate::blob::time::history::resolve(blob_store, &job, &task, point)
             .await
             .map_err(|e| {
                 e.context(format!(
@@ -380,7 +380,7 @@ async fn applied(
     store: &dyn BlobStore,
     job: &JobScope,
     task: &str,
-    point: &crate::blob::history::CheckpointRef,
+    point: &crate::blob::time::history::CheckpointRef,
 ) -> Result<Option<StartedFrom>> {
     Ok(read_start_from(store, job, task)
         .await?
@@ -428,7 +428,7 @@ async fn start_from(
     blob_store: &Arc<dyn BlobStore>,
     job: &JobScope,
     task: &str,
-    point: &crate::blob::history::CheckpointRef,
+    point: &crate::blob::time::history::CheckpointRef,
     last: Option<Checkpoint>,
 ) -> Result<Option<Checkpoint>> {
     if let Some(r) = applied(blob_store.as_ref(), job, task, point).await? {
@@ -437,17 +437,22 @@ async fn start_from(
     }
     let mut pins = Vec::new();
     let (checkpoint, from_seq) = match point {
-        crate::blob::history::CheckpointRef::Fork(src) => {
-            let forked =
-                crate::blob::fork::fork_task(blob_store, src, &ctx.job_name, &ctx.job_id, task)
-                    .await
-                    .map_err(|e| e.context(format!("start-from {point}")))?;
+        crate::blob::time::history::CheckpointRef::Fork(src) => {
+            let forked = crate::blob::time::fork::fork_task(
+                blob_store,
+                src,
+                &ctx.job_name,
+                &ctx.job_id,
+                task,
+            )
+            .await
+            .map_err(|e| e.context(format!("start-from {point}")))?;
             tracing::info!(task, start_from = %point, stores = forked.stores, files = forked.files, bytes_borrowed = forked.bytes, requests = forked.requests, "forked: the snapshots borrow the source's blobs, none copied");
             pins = forked.pins.iter().cloned().collect();
             (forked.checkpoint, None)
         }
         _ => {
-            let chosen = crate::blob::history::resolve(blob_store, job, task, point)
+            let chosen = crate::blob::time::history::resolve(blob_store, job, task, point)
                 .await
                 .map_err(|e| e.context(format!("start-from {point}")))?;
             (chosen.committed.checkpoint, Some(chosen.committed.seq))
@@ -957,14 +962,14 @@ async fn finished(
             summary.last_commit = Some(report);
             let every = sweep.settings.sweep_every_commits;
             if every > 0 && summary.commits.is_multiple_of(every) {
-                let s = crate::blob::gc::SweepSettings {
+                let s = crate::blob::collect::gc::SweepSettings {
                     job_name: sweep.settings.job_name.clone(),
                     job_id: sweep.settings.job_id.clone(),
                     task: Some(sweep.task.to_string()),
                     store: None,
                     grace: sweep.settings.gc_grace,
                 };
-                match crate::blob::gc::sweep(sweep.store, &s, false, &mut |_| {}).await {
+                match crate::blob::collect::gc::sweep(sweep.store, &s, false, &mut |_| {}).await {
                     Ok(report) => {
                         summary.sweeps += 1;
                         summary.swept += report.deleted;

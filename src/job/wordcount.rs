@@ -16,7 +16,7 @@ use super::{
     TaskSummary,
 };
 use crate::backend::{Clock, StateBackendAdmin, StateBackendFactory};
-use crate::blob::backup::BackupSettings;
+use crate::blob::commit::backup::BackupSettings;
 use crate::blob::factory::BlobStateBackendFactory;
 use crate::blob::restore::RestoreSettings;
 use crate::blobstore::BlobStore;

@@ -2,7 +2,7 @@
 //! carries a RocksDB `EventListener` (`cpp/lazy_fs.cc`, added through
 //! [`crate::local::lazy`]'s FFI module) that reports every table or blob file RocksDB has
 //! finished writing (created, synced, about to join a version) and every one it deleted.
-//! Whoever wants them — the pre-upload of the blob backend ([`crate::blob::preupload`]) —
+//! Whoever wants them — the pre-upload of the blob backend ([`crate::blob::commit::preupload`]) —
 //! [`subscribe`]s by store directory and receives [`FileEvent`]s on a channel.
 //!
 //! The listener runs on RocksDB's flush and compaction threads: `publish` only looks the

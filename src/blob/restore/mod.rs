@@ -37,8 +37,8 @@ use futures::{StreamExt as _, TryStreamExt as _};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use super::{load_snapshot, BlobScopes, Expected, LoadedSnapshot, FACTORY_NAME};
 use crate::backend::{StoreSpec, TaskContext, TaskRestoreManager};
+use crate::blob::snapshot::{load_snapshot, BlobScopes, Expected, LoadedSnapshot, FACTORY_NAME};
 use crate::blobstore::{download_to_file_counted, BlobStore, DownloadOptions};
 use crate::checkpoint::{Checkpoint, CheckpointId};
 use crate::error::{Error, ErrorKind, Result};
@@ -87,7 +87,7 @@ pub struct RestoreSettings {
     /// keeps, DESIGN §7) instead of reading them, and record every restored immutable file in
     /// it. Off: every reused file is read whole and its SHA-256 compared.
     pub hash_cache: bool,
-    /// Where the hash cache lives (as [`BackupSettings::hash_cache_dir`](super::backup::BackupSettings::hash_cache_dir); `None`: beside the store dir).
+    /// Where the hash cache lives (as [`BackupSettings::hash_cache_dir`](crate::blob::commit::backup::BackupSettings::hash_cache_dir); `None`: beside the store dir).
     pub hash_cache_dir: Option<std::path::PathBuf>,
     /// `Some`: a lazy restore ([`crate::local::lazy`]): only the small files are written
     /// before the restore returns; every SST and blob file to download is fetched when RocksDB

@@ -9,11 +9,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::backup::{BackupProgress, BackupSettings, BlobBackupManager, UploadStats};
-use super::FACTORY_NAME;
 use crate::backend::{
     Clock as _, StoreMarkers, StoreSpec, SystemClock, TaskBackupManager as _, TaskContext,
 };
+use crate::blob::commit::backup::{BackupProgress, BackupSettings, BlobBackupManager, UploadStats};
+use crate::blob::snapshot::FACTORY_NAME;
 use crate::blobstore::BlobStore;
 use crate::checkpoint::{
     BlobCheckpointStore, Checkpoint, CheckpointId, CheckpointIdGen, CheckpointStore as _,
@@ -197,7 +197,7 @@ pub async fn forget(
     dry_run: bool,
 ) -> Result<ForgetReport> {
     let scope = JobScope::manual(name)?;
-    crate::blob::history::require_job(store.as_ref(), &scope).await?;
+    crate::blob::time::history::require_job(store.as_ref(), &scope).await?;
     let pins = BlobCheckpointStore::new(Arc::clone(&store), scope);
     let history = pins.history(TASK, usize::MAX).await?;
     let points: Vec<(u64, String, u64)> = history

@@ -43,7 +43,7 @@ pub enum CheckpointRef {
     Savepoint(String),
     /// A savepoint of another job, `savepoint:JOB/JOB-ID/NAME`: a fork point, only for
     /// `start-from` (`blob::fork`).
-    Fork(super::record::ForkSource),
+    Fork(crate::blob::time::record::ForkSource),
 }
 
 impl FromStr for CheckpointRef {
@@ -71,7 +71,7 @@ impl FromStr for CheckpointRef {
             if name.contains('/') {
                 return name.parse().map(CheckpointRef::Fork);
             }
-            super::record::validate_name(name)?;
+            crate::blob::time::record::validate_name(name)?;
             return Ok(CheckpointRef::Savepoint(name.to_string()));
         }
         if s.is_empty() {
@@ -80,7 +80,7 @@ impl FromStr for CheckpointRef {
         if s.bytes().all(|b| b.is_ascii_digit() || b == b'-') {
             return Ok(CheckpointRef::Id(s.to_string()));
         }
-        super::record::validate_name(s)
+        crate::blob::time::record::validate_name(s)
             .map_err(|_| bad("not an id, a time or a savepoint name"))?;
         Ok(CheckpointRef::Savepoint(s.to_string()))
     }
@@ -206,7 +206,7 @@ impl Resolved {
         self.committed
             .checkpoint
             .as_v2()
-            .and_then(|c| c.marker(super::FACTORY_NAME, store))
+            .and_then(|c| c.marker(crate::blob::snapshot::FACTORY_NAME, store))
     }
 }
 
@@ -220,7 +220,7 @@ pub async fn resolve(
     r: &CheckpointRef,
 ) -> Result<Resolved> {
     if let CheckpointRef::Savepoint(name) = r {
-        let sp = super::record::read(store.as_ref(), job, name).await?;
+        let sp = crate::blob::time::record::read(store.as_ref(), job, name).await?;
         let committed = sp.checkpoint_of(task)?.ok_or_else(|| {
             Error::new(
                 ErrorKind::NotFound,
@@ -389,7 +389,7 @@ pub fn pick<'a>(
     }
 }
 
-fn fork_only(src: &super::record::ForkSource) -> Error {
+fn fork_only(src: &crate::blob::time::record::ForkSource) -> Error {
     Error::invalid(format!(
         "savepoint:{src} is a savepoint of another job: a fork point for [job] start-from, not a checkpoint of this job"
     ))

@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::LoadedSnapshot;
+use crate::blob::snapshot::LoadedSnapshot;
 use crate::blobstore::{hash_object, BlobStore};
 use crate::error::{Error, ErrorKind, Result};
 

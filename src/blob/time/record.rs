@@ -11,7 +11,7 @@ use std::str::FromStr;
 use futures::TryStreamExt as _;
 use serde::{Deserialize, Serialize};
 
-use super::FACTORY_NAME;
+use crate::blob::snapshot::FACTORY_NAME;
 use crate::blobstore::{get_bytes, BlobKey, BlobStore};
 use crate::checkpoint::{Checkpoint, CommittedCheckpoint};
 use crate::error::{Error, ErrorKind, Result};

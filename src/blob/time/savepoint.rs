@@ -26,15 +26,15 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::{StreamExt as _, TryStreamExt as _};
 
-use super::history::{self, CheckpointRef};
-use super::{load_snapshot, Expected, FACTORY_NAME};
+use crate::blob::snapshot::{load_snapshot, Expected, FACTORY_NAME};
+use crate::blob::time::history::{self, CheckpointRef};
 use crate::blobstore::{get_bytes, BlobKey, BlobStore, DeleteFilter, PutBody, PutOptions};
 use crate::digest::Sha256;
 use crate::error::{Error, ErrorKind, Result};
 use crate::layout::{parse, JobScope, KeyKind};
 
-use super::record::{dependents, ForkPin, MAX_RECORD_BYTES};
-pub use super::record::{
+use crate::blob::time::record::{dependents, ForkPin, MAX_RECORD_BYTES};
+pub use crate::blob::time::record::{
     list, list_all, parse_record, read, validate_name, SavedCheckpoint, Savepoint, Unreadable,
     FORMAT,
 };

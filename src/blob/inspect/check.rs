@@ -15,7 +15,7 @@ use std::sync::Arc;
 use futures::StreamExt as _;
 use serde::Serialize;
 
-use super::{load_snapshot, Expected, FACTORY_NAME};
+use crate::blob::snapshot::{load_snapshot, Expected, FACTORY_NAME};
 use crate::blobstore::{hash_object, BlobKey, BlobStore};
 use crate::checkpoint::{BlobCheckpointStore, CheckpointStore as _};
 use crate::digest::Sha256;
@@ -105,18 +105,18 @@ pub async fn check_job(
     job_id: &str,
     opts: &CheckOptions,
 ) -> Result<CheckReport> {
-    super::verify::VerifyOptions {
+    crate::blob::inspect::verify::VerifyOptions {
         deep: opts.read_data,
         sample_pct: opts.subset_pct,
     }
     .validate()?;
     let job = JobScope::new(job_name, job_id)?;
-    super::history::require_job(store.as_ref(), &job).await?;
+    crate::blob::time::history::require_job(store.as_ref(), &job).await?;
     let mut report = CheckReport::default();
     let mut named: Vec<Named> = Vec::new();
 
     // The roots: every task's history, then the savepoints.
-    let tasks = super::history::task_names(store.as_ref(), &job).await?;
+    let tasks = crate::blob::time::history::task_names(store.as_ref(), &job).await?;
     report.tasks = tasks.len() as u64;
     let cps = BlobCheckpointStore::new(Arc::clone(store), job.clone());
     for task in &tasks {
@@ -201,7 +201,7 @@ pub async fn check_job(
             else {
                 continue;
             };
-            match super::savepoint::read(store.as_ref(), &job, &name).await {
+            match crate::blob::time::savepoint::read(store.as_ref(), &job, &name).await {
                 Ok(sp) => savepoints.push(sp),
                 Err(e) => report.add(
                     e.kind(),

@@ -37,10 +37,12 @@ use std::time::Instant;
 use async_trait::async_trait;
 use futures::{StreamExt as _, TryStreamExt as _};
 
-use super::diff::{diff, DirDiff};
-use super::preupload::{PreUploaded, PreUploads};
-use super::{hash_object, load_snapshot, BlobScopes, Expected, LoadedSnapshot, FACTORY_NAME};
 use crate::backend::{Clock, StoreMarkers, StoreSpec, TaskBackupManager, TaskContext};
+use crate::blob::commit::diff::{diff, DirDiff};
+use crate::blob::commit::preupload::{PreUploaded, PreUploads};
+use crate::blob::snapshot::{
+    hash_object, load_snapshot, BlobScopes, Expected, LoadedSnapshot, FACTORY_NAME,
+};
 use crate::blobstore::{BlobKey, BlobStore, DeferredDeletes, PutBody, PutOptions};
 use crate::checkpoint::{Checkpoint, CheckpointId};
 use crate::digest::{FileDigest, Sha256};
@@ -100,7 +102,7 @@ pub struct BackupSettings {
     pub tiered_retention: bool,
     /// Upload each table or blob file as soon as RocksDB has finished writing it, in the
     /// background, so that a commit uploads only what was not pre-uploaded yet
-    /// ([`crate::blob::preupload`]). Takes effect for stores opened as
+    /// ([`crate::blob::commit::preupload`]). Takes effect for stores opened as
     /// [`RocksStore`](crate::local::rocks::RocksStore)s in this process once a commit manager
     /// has attached the backend (it needs the task's id generator). Default off
     /// (`store.pre-upload`).
@@ -176,7 +178,7 @@ pub struct UploadStats {
     /// Added files carried inline in the index (no blob, no request of their own).
     pub files_inline: u64,
     /// Added files whose blobs were pre-uploaded before this commit (nothing sent now;
-    /// [`crate::blob::preupload`]).
+    /// [`crate::blob::commit::preupload`]).
     pub files_pre_uploaded: u64,
     /// Their bytes.
     pub bytes_pre_uploaded: u64,
@@ -318,14 +320,17 @@ pub struct BlobBackupManager {
     /// Commits abandoned by the abandon rule since the last one that committed.
     abandoned_in_a_row: std::sync::atomic::AtomicU32,
     /// The writer lease ([`BackupSettings::writer_lease`]) and when it was last written.
-    lease: Option<(super::admin::WriterLease, Mutex<Option<Instant>>)>,
+    lease: Option<(
+        crate::blob::collect::admin::WriterLease,
+        Mutex<Option<Instant>>,
+    )>,
     /// A fork's pins on the savepoints its snapshots borrow through, released once unused.
-    release: super::fork::Release,
+    release: crate::blob::time::fork::Release,
     /// What keeps this job's doomed keys alive when a cleanup's delete is sent: its
     /// savepoints (and, with a tiered retention, the task's retained checkpoints). One per
     /// manager, so that each checkpoint document and index it reads is read once, not at
     /// every commit.
-    pins: Arc<super::savepoint::Pins>,
+    pins: Arc<crate::blob::time::savepoint::Pins>,
     /// Per store, its pre-uploads ([`BackupSettings::pre_upload`]; empty when off).
     pre: HashMap<String, Arc<PreUploads>>,
     /// The task's snapshot generation (bumped by each sync stage) and the generation of each
@@ -408,14 +413,17 @@ impl BlobBackupManager {
         } else {
             HashMap::new()
         };
-        let release = super::fork::Release::new(
+        let release = crate::blob::time::fork::Release::new(
             Arc::clone(&blob_store),
             &task.job_name,
             &task.job_id,
             &task.task_name,
         );
-        let pins =
-            super::savepoint::Pins::new(Arc::clone(&blob_store), &task.job_name, &task.job_id)?;
+        let pins = crate::blob::time::savepoint::Pins::new(
+            Arc::clone(&blob_store),
+            &task.job_name,
+            &task.job_id,
+        )?;
         let pins = Arc::new(if settings.tiered_retention {
             pins.with_history(&task.task_name)
         } else {
@@ -434,7 +442,10 @@ impl BlobBackupManager {
             abandoned_in_a_row: Default::default(),
             lease: settings.writer_lease.then(|| {
                 (
-                    super::admin::WriterLease::new(&task.task_name, settings.gc_grace),
+                    crate::blob::collect::admin::WriterLease::new(
+                        &task.task_name,
+                        settings.gc_grace,
+                    ),
                     Mutex::new(None),
                 )
             }),
@@ -458,7 +469,7 @@ impl BlobBackupManager {
     pub fn pre_upload_totals(
         &self,
         store: &str,
-    ) -> Option<crate::blob::preupload::PreUploadTotals> {
+    ) -> Option<crate::blob::commit::preupload::PreUploadTotals> {
         self.pre.get(store).map(|p| p.totals())
     }
 
@@ -1519,7 +1530,7 @@ impl BlobBackupManager {
                     .collect()
             })
             .unwrap_or_default();
-        let fresh = super::preupload::fresh_for(self.settings.gc_grace);
+        let fresh = crate::blob::commit::preupload::fresh_for(self.settings.gc_grace);
         for f in dd.added_files() {
             if !is_immutable(&f.name) || held.contains(&f.digest.sha256) {
                 continue;
@@ -1563,7 +1574,7 @@ impl BlobBackupManager {
                 continue;
             };
             let events = crate::local::events::subscribe(&spec.dir);
-            let worker = super::preupload::Worker {
+            let worker = crate::blob::commit::preupload::Worker {
                 blob_store: Arc::clone(&self.blob_store),
                 scope: scope.clone(),
                 cache: cache.clone(),

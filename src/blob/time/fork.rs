@@ -20,7 +20,7 @@
 //!
 //! - a reader resolves a borrowed id only through a declared alias, only inside the declared
 //!   store's `blobs/`, only in another job's scope, and only while the pin exists
-//!   ([`super::load_snapshot`]); every other index keeps the rule that it names its own scope;
+//!   ([`crate::blob::snapshot::load_snapshot`]); every other index keeps the rule that it names its own scope;
 //! - the source's collectors keep the savepoint's blobs (a savepoint is a root), and
 //!   `savepoint rm` refuses while a pin on it exists, naming the forks ([`dependents`]);
 //! - the fork's collectors never delete a borrowed blob (they delete only their own scope), and
@@ -34,14 +34,14 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
-use super::{hash_object, load_snapshot, Expected, LoadedSnapshot, FACTORY_NAME};
+use crate::blob::snapshot::{hash_object, load_snapshot, Expected, LoadedSnapshot, FACTORY_NAME};
 use crate::blobstore::{BlobStore, PutBody, PutOptions};
 use crate::checkpoint::{BlobCheckpointStore, Checkpoint, CheckpointV2};
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::{BorrowedScope, DirIndex, IndexMarker, SnapshotIndex, BORROWED_PREFIX};
 use crate::layout::JobScope;
 
-pub use super::record::{dependents, pins_of, ForkPin, ForkSource};
+pub use crate::blob::time::record::{dependents, pins_of, ForkPin, ForkSource};
 
 /// What a fork of one task made.
 #[derive(Clone, Debug)]
@@ -80,7 +80,8 @@ pub async fn fork_task(
     let fork_scope = JobScope::new(fork_job, fork_id)?;
     let src_scope = JobScope::new(&source.job_name, &source.job_id)?;
     let mut requests = 0u64;
-    let sp = super::savepoint::read(store.as_ref(), &src_scope, &source.savepoint).await?;
+    let sp =
+        crate::blob::time::savepoint::read(store.as_ref(), &src_scope, &source.savepoint).await?;
     requests += 1;
     let committed = sp.checkpoint_of(task)?.ok_or_else(|| {
         Error::new(
@@ -134,7 +135,7 @@ pub async fn fork_task(
         }
         requests += 1;
     }
-    let mut records: BTreeMap<(String, String, String), super::savepoint::Savepoint> =
+    let mut records: BTreeMap<(String, String, String), crate::blob::time::savepoint::Savepoint> =
         BTreeMap::new();
     records.insert(
         (
@@ -152,7 +153,7 @@ pub async fn fork_task(
         );
         let scope = JobScope::new(&pin.source_job, &pin.source_id)?;
         requests += 1;
-        let now = super::savepoint::read(store.as_ref(), &scope, &pin.savepoint).await;
+        let now = crate::blob::time::savepoint::read(store.as_ref(), &scope, &pin.savepoint).await;
         let same = match now {
             Ok(n) => records.get(&id).is_none_or(|before| &n == before),
             Err(e) if e.kind() == ErrorKind::NotFound => false,
@@ -298,7 +299,7 @@ fn rename_own(dir: &mut DirIndex, alias: &str) {
         .chain(dir.files_removed.iter_mut())
     {
         for b in &mut f.blobs {
-            if super::BlobScopes::is_own(&b.blob_id) {
+            if crate::blob::snapshot::BlobScopes::is_own(&b.blob_id) {
                 b.blob_id = format!("{BORROWED_PREFIX}{alias}/{}", b.blob_id);
             }
         }
@@ -502,7 +503,7 @@ impl Release {
     /// The (store, marker)s the fork job's savepoints name for this task.
     async fn savepoint_roots(&self, job: &JobScope) -> Result<Vec<(String, String)>> {
         let mut roots = Vec::new();
-        for sp in super::savepoint::list(self.store.as_ref(), job).await? {
+        for sp in crate::blob::time::savepoint::list(self.store.as_ref(), job).await? {
             if let Some(c) = sp.checkpoint_of(&self.task)? {
                 roots.extend(markers_of(&c.checkpoint));
             }

@@ -87,22 +87,22 @@ pub async fn usage(
     now: SystemTime,
 ) -> Result<UsageReport> {
     let job = JobScope::new(job_name, job_id)?;
-    super::history::require_job(store.as_ref(), &job).await?;
+    crate::blob::time::history::require_job(store.as_ref(), &job).await?;
     let (grace, grace_from) = match grace {
         Some(g) => (g, "given"),
-        None => match super::admin::read_scope_record(store.as_ref(), &job)
+        None => match crate::blob::collect::admin::read_scope_record(store.as_ref(), &job)
             .await?
             .and_then(|r| r.gc_grace_secs)
         {
             Some(s) => (Duration::from_secs(s), "scope.json"),
             None => (
-                Duration::from_secs(super::admin::UNRECORDED_GRACE_SECS),
+                Duration::from_secs(crate::blob::collect::admin::UNRECORDED_GRACE_SECS),
                 "default",
             ),
         },
     };
     let cutoff = now.checked_sub(grace).unwrap_or(SystemTime::UNIX_EPOCH);
-    let roots = super::gc::read_roots(store, &job, job_name, job_id).await?;
+    let roots = crate::blob::collect::gc::read_roots(store, &job, job_name, job_id).await?;
     let mut report = UsageReport {
         grace_secs: grace.as_secs(),
         grace_from: grace_from.into(),
@@ -122,19 +122,19 @@ pub async fn usage(
         names
     };
     for name in &pinned {
-        let sp = match super::savepoint::read(store.as_ref(), &job, name).await {
+        let sp = match crate::blob::time::savepoint::read(store.as_ref(), &job, name).await {
             Ok(sp) => sp,
             Err(e) if e.kind() == crate::error::ErrorKind::NotFound => continue,
             Err(e) => return Err(e),
         };
         for (task, store_name, marker) in sp.markers()? {
-            let who = super::Expected {
+            let who = crate::blob::snapshot::Expected {
                 job_name,
                 job_id,
                 task_name: &task,
                 store_name: &store_name,
             };
-            let snap = super::load_snapshot(store.as_ref(), &who, &marker).await?;
+            let snap = crate::blob::snapshot::load_snapshot(store.as_ref(), &who, &marker).await?;
             borrowed.insert(snap.scope.index_key(&snap.marker)?);
             for (_, f) in snap.index.present_files() {
                 for b in &f.blobs {

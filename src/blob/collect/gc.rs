@@ -9,7 +9,7 @@
 //! small scopes and tests: the plan can be inspected before anything is deleted).
 //!
 //! - Roots: every checkpoint in the history of every task of the job (the history is trimmed
-//!   to the retention), and every savepoint of the job ([`super::savepoint`]). The sweep **fails closed**: if any task's checkpoints or any root index
+//!   to the retention), and every savepoint of the job ([`crate::blob::time::savepoint`]). The sweep **fails closed**: if any task's checkpoints or any root index
 //!   cannot be read, it plans nothing.
 //! - Live: every index named by a root, and every blob those indexes list.
 //! - Candidates: objects under `tasks/` whose key has a known shape (`…/blobs/<id>/<sha256>`,
@@ -31,7 +31,7 @@ use std::time::{Duration, SystemTime};
 use futures::TryStreamExt as _;
 use serde::Serialize;
 
-use super::{load_snapshot, Expected, FACTORY_NAME};
+use crate::blob::snapshot::{load_snapshot, Expected, FACTORY_NAME};
 use crate::blobstore::{BlobKey, BlobStore, MultipartUpload, Probe, PutBody, PutOptions, Scope};
 use crate::checkpoint::{BlobCheckpointStore, CheckpointStore};
 use crate::error::{Error, Result};
@@ -395,7 +395,7 @@ pub(crate) async fn read_roots(
     let store = shared.as_ref();
     // Roots: every task's history, whatever the sweep's area; tasks are found under
     // checkpoints/ (a task without a checkpoint has no root).
-    let tasks: BTreeSet<String> = super::history::task_names(store, job).await?;
+    let tasks: BTreeSet<String> = crate::blob::time::history::task_names(store, job).await?;
     let cps = BlobCheckpointStore::new(std::sync::Arc::clone(shared), job.clone());
     let mut out = Roots::default();
     for task in &tasks {
@@ -446,7 +446,7 @@ pub(crate) async fn read_roots(
         }
     }
     // Savepoints are roots too (fail closed: one that cannot be read stops the sweep).
-    let savepoints = super::savepoint::list_roots(store, job)
+    let savepoints = crate::blob::time::savepoint::list_roots(store, job)
         .await
         .map_err(|e| e.context("sweep reads the job's savepoints (nothing deleted)"))?;
     for sp in &savepoints {

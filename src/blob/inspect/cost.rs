@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{load_snapshot, Expected, LoadedSnapshot, FACTORY_NAME};
+use crate::blob::snapshot::{load_snapshot, Expected, LoadedSnapshot, FACTORY_NAME};
 use crate::blobstore::{BlobStore, Scope};
 use crate::checkpoint::{BlobCheckpointStore, CheckpointStore, CommittedCheckpoint};
 use crate::error::{Error, Result};
@@ -343,14 +343,14 @@ pub async fn estimate(store: &Arc<dyn BlobStore>, opts: &CostOptions) -> Result<
     let blobs: u64 = blob_bytes.values().sum();
     report.window_bytes = blobs.saturating_sub(report.live_bytes);
     report.metadata_bytes = report.stored_bytes.saturating_sub(blobs);
-    report.manual = opts.job_name == super::manual::JOB;
+    report.manual = opts.job_name == crate::blob::time::manual::JOB;
 
     let interval = match opts.commit_interval {
         Some(d) => {
             report.commit_interval_from = "given".into();
             d.as_secs_f64()
         }
-        None if opts.job_name == super::manual::JOB => {
+        None if opts.job_name == crate::blob::time::manual::JOB => {
             report.commit_interval_from = "none (manual backups)".into();
             0.0
         }
@@ -441,7 +441,7 @@ fn blob_sizes(snap: &LoadedSnapshot, f: &crate::index::FileIndex) -> Result<Vec<
     f.blobs
         .iter()
         // A fork's borrowed blobs are stored (and billed) under the job they came from.
-        .filter(|b| super::BlobScopes::is_own(&b.blob_id))
+        .filter(|b| crate::blob::snapshot::BlobScopes::is_own(&b.blob_id))
         .map(|b| {
             Ok((
                 snap.blobs.key(&b.blob_id)?.as_str().to_owned(),
