@@ -1,0 +1,340 @@
+//! What a commit keeps and lets go: a fork's pins, the writer lease, what was committed and
+//! pre-uploaded, the abandon age, and the snapshots that leave the retention window.
+
+use super::*;
+
+impl BlobBackupManager {
+    /// A fork's task: delete the pins none of its snapshots needs any more (best effort: a
+    /// pin kept too long only keeps the source's savepoint from being removed).
+    pub(super) async fn release_pins(&self) {
+        if !self.release.holds_any() {
+            return;
+        }
+        let window: Vec<Arc<SnapshotIndex>> = match lock(&self.state) {
+            Ok(state) => state
+                .values()
+                .flat_map(|st| st.retained.iter().chain(st.uploaded.values()))
+                .map(|s| Arc::clone(&s.index))
+                .collect(),
+            Err(_) => return,
+        };
+        if let Err(e) = self
+            .release
+            .release_unused(window.iter().map(|i| i.as_ref()))
+            .await
+        {
+            tracing::warn!(task = %self.task.task_name, error = %e, "could not release a fork pin; retried at the next commit");
+        }
+    }
+
+    pub(super) fn job_scope(&self) -> Result<JobScope> {
+        if self.task.job_name == crate::layout::MANUAL_JOB {
+            JobScope::manual(&self.task.job_id)
+        } else {
+            JobScope::new(&self.task.job_name, &self.task.job_id)
+        }
+    }
+
+    /// Write the writer lease, or refresh it once it is older than a quarter of the grace:
+    /// an upload starting now has its lease for at least three quarters of the grace, longer
+    /// than the half the abandon rule lets it run.
+    pub(super) async fn renew_lease(&self) -> Result<()> {
+        let Some((lease, renewed)) = &self.lease else {
+            return Ok(());
+        };
+        let due = lock(renewed)?.is_none_or(|t| t.elapsed() >= self.settings.gc_grace / 4);
+        if due {
+            lease
+                .announce(self.blob_store.as_ref(), &self.job_scope()?)
+                .await?;
+            *lock(renewed)? = Some(Instant::now());
+        }
+        Ok(())
+    }
+}
+
+impl BlobBackupManager {
+    /// The checkpoint naming `markers` is committed: each store's index named there becomes
+    /// the baseline of the next upload and joins the retention window. Returns the keys of
+    /// pre-uploaded blobs no index named whose files RocksDB has deleted since: waste, which
+    /// no commit can name any more ([`PreUploads::settle`]).
+    pub(super) async fn note_committed(
+        &self,
+        id: CheckpointId,
+        markers: &StoreMarkers,
+    ) -> Result<Vec<BlobKey>> {
+        // Uploads up to this one will never commit now: their clocks are done.
+        lock(&self.first_put)?.retain(|k, _| *k > id);
+        let mut wasted = Vec::new();
+        let generation = {
+            let mut g = lock(&self.generations)?;
+            let mine = g.get(&id).copied();
+            g.retain(|k, _| *k > id);
+            mine
+        };
+        if let Some(generation) = generation {
+            for (spec, scope, _) in &self.stores {
+                if let Some(pre) = self.pre.get(&spec.name) {
+                    for blob in pre.settle(id, generation) {
+                        wasted.push(scope.key(&blob)?);
+                    }
+                }
+            }
+        }
+        self.abandoned_in_a_row
+            .store(0, std::sync::atomic::Ordering::Relaxed);
+        for (spec, _, _) in &self.stores {
+            let Some(marker_str) = markers.get(&spec.name) else {
+                continue;
+            };
+            let marker: IndexMarker = marker_str.parse()?;
+            let known = {
+                let mut state = lock(&self.state)?;
+                let st = state.entry(spec.name.clone()).or_default();
+                if st.committed.as_ref().is_some_and(|c| c.marker == marker) {
+                    continue;
+                }
+                let found = st.uploaded.remove(&marker);
+                if found.is_some() {
+                    // Uploads older than the committed one can never commit now.
+                    st.uploaded
+                        .retain(|m, _| m.checkpoint_id > marker.checkpoint_id);
+                }
+                found
+            };
+            let snap = match known {
+                Some(s) => s,
+                None => self.load_committed(spec, marker_str).await?,
+            };
+            tracing::debug!(store = %spec.name, checkpoint = %id, marker = %snap.marker, "committed");
+            self.release.note(&snap.index);
+            let mut state = lock(&self.state)?;
+            let st = state.entry(spec.name.clone()).or_default();
+            st.committed = Some(snap.clone());
+            if st.retained.back().map(|s| s.marker) != Some(snap.marker) {
+                st.retained.push_back(snap);
+            }
+        }
+        Ok(wasted)
+    }
+
+    /// The pre-uploaded blobs upload `id` of `store` can name for the table and blob files it
+    /// adds (waiting for pre-uploads in flight), by content. Files the committed snapshot
+    /// already holds are not asked for (they reuse its blob).
+    pub(super) async fn pre_uploaded(
+        &self,
+        id: CheckpointId,
+        store: &str,
+        dd: &DirDiff<'_>,
+    ) -> HashMap<Sha256, PreUploaded> {
+        let mut out = HashMap::new();
+        let Some(pre) = self.pre.get(store) else {
+            return out;
+        };
+        let held: std::collections::HashSet<Sha256> = lock(&self.state)
+            .ok()
+            .and_then(|s| s.get(store).and_then(|s| s.committed.clone()))
+            .map(|c| {
+                c.index
+                    .present_files()
+                    .iter()
+                    .filter_map(|(_, f)| f.sha256)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let fresh = crate::blob::commit::preupload::fresh_for(self.settings.gc_grace);
+        for f in dd.added_files() {
+            if !is_immutable(&f.name) || held.contains(&f.digest.sha256) {
+                continue;
+            }
+            let now = self.clock.now_millis();
+            if let Some(p) = pre.resolve(id, &f.name, &f.digest, now, fresh).await {
+                out.insert(p.digest.sha256, p);
+            }
+        }
+        out
+    }
+
+    /// Upload `id` names a blob whose PUT started at `at`: its first PUT is at the latest then.
+    pub(super) fn note_put_at(&self, id: CheckpointId, at: (Instant, u64)) -> Result<()> {
+        let mut first = lock(&self.first_put)?;
+        let e = first.entry(id).or_insert(at);
+        if at.0 < e.0 {
+            e.0 = at.0;
+        }
+        if at.1 < e.1 {
+            e.1 = at.1;
+        }
+        Ok(())
+    }
+
+    /// Start the pre-upload workers (once, when the commit manager hands over its ids; in a
+    /// tokio runtime only).
+    pub(super) fn start_pre_uploads(&self, ids: crate::backend::IdSource) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            tracing::debug!(task = %self.task.task_name, "no tokio runtime: no pre-upload");
+            return;
+        };
+        let Ok(mut workers) = lock(&self.workers) else {
+            return;
+        };
+        if !workers.is_empty() {
+            return;
+        }
+        for (spec, scope, cache) in &self.stores {
+            let Some(pre) = self.pre.get(&spec.name) else {
+                continue;
+            };
+            let events = crate::local::events::subscribe(&spec.dir);
+            let worker = crate::blob::commit::preupload::Worker {
+                blob_store: Arc::clone(&self.blob_store),
+                scope: scope.clone(),
+                cache: cache.clone(),
+                ids: Arc::clone(&ids),
+                clock: Arc::clone(&self.clock),
+            };
+            let h = rt.spawn(Arc::clone(pre).run(events, worker));
+            workers.push(h.abort_handle());
+        }
+    }
+
+    /// The time of upload `id`'s first PUT: now, unless a store of the same upload put first.
+    pub(super) fn note_first_put(&self, id: CheckpointId) -> Result<(Instant, u64)> {
+        let mut first = lock(&self.first_put)?;
+        Ok(*first
+            .entry(id)
+            .or_insert_with(|| (Instant::now(), self.clock.now_millis())))
+    }
+
+    /// Abandon upload `id` if its first PUT is older than half the sweep's grace. Measured on
+    /// the monotonic clock and on the task's clock (the one the tests inject), whichever says
+    /// longer. An upload that never PUT anything is not bounded.
+    ///
+    /// `Ok(Some(left))`: the time left before the bound (on whichever clock says less).
+    pub(super) fn check_age(
+        &self,
+        id: CheckpointId,
+        what: &str,
+    ) -> Result<Option<std::time::Duration>> {
+        let Some((t0, t0_ms)) = lock(&self.first_put)?.get(&id).copied() else {
+            return Ok(None);
+        };
+        let ran = t0.elapsed().max(std::time::Duration::from_millis(
+            self.clock.now_millis().saturating_sub(t0_ms),
+        ));
+        if self.settings.abandon_rule && ran > self.settings.gc_grace / 2 {
+            lock(&self.first_put)?.remove(&id);
+            metrics::counter!("blobsnap_commit_abandoned_total", "task" => self.task.task_name.clone())
+                .increment(1);
+            let n = self
+                .abandoned_in_a_row
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                + 1;
+            if n >= ABANDON_LIMIT {
+                // Not transient: every next commit uploads at least as much and is abandoned
+                // again (a livelock that never commits). Stop the task, saying what to change.
+                return Err(Error::invalid(format!(
+                    "{what} at {id}: {n} commits in a row were abandoned because their uploads outlived half the sweep's grace ({:?}; this one's first PUT was {ran:?} ago): the store's uploads take longer than gc-grace / 2. Raise job.gc-grace-secs above twice the upload time, or make each commit upload less",
+                    self.settings.gc_grace
+                )));
+            }
+            return Err(Error::transient(format!(
+                "{what} at {id}: its first PUT was {ran:?} ago, over half the sweep's grace ({:?}): abandoned ({n} in a row); the next commit starts afresh",
+                self.settings.gc_grace
+            )));
+        }
+        if !self.settings.abandon_rule {
+            return Ok(None);
+        }
+        Ok(Some((self.settings.gc_grace / 2).saturating_sub(ran)))
+    }
+
+    /// What leaves retention now: exactly
+    /// `blobs(leaving) − blobs(retained ∪ uploaded-but-uncommitted)`, computed by key from the
+    /// indexes in hand (no listing), and the leaving indexes — every store's, for one batch
+    /// delete for the whole task (DESIGN §7 step 4). Changes nothing:
+    /// [`retire`](Self::retire) takes the snapshots out of the window once their deletes were
+    /// sent or handed over.
+    pub(super) fn expiry(&self) -> Result<Expiry> {
+        let mut out = Expiry::default();
+        for (spec, scope, _) in &self.stores {
+            let (leaving, keep) = {
+                let state = lock(&self.state)?;
+                let Some(st) = state.get(&spec.name) else {
+                    continue;
+                };
+                let n = st
+                    .retained
+                    .len()
+                    .saturating_sub(self.settings.retention.max(1));
+                if n == 0 {
+                    continue;
+                }
+                let leaving: Vec<LoadedSnapshot> = st.retained.iter().take(n).cloned().collect();
+                let keep: Vec<LoadedSnapshot> = st
+                    .retained
+                    .iter()
+                    .skip(n)
+                    .chain(st.uploaded.values())
+                    .cloned()
+                    .collect();
+                (leaving, keep)
+            };
+            let mut doomed = BTreeMap::new();
+            for l in &leaving {
+                doomed.extend(blob_keys(scope, &l.index)?);
+            }
+            for k in &keep {
+                for key in blob_keys(scope, &k.index)?.keys() {
+                    doomed.remove(key);
+                }
+            }
+            out.stats.bytes_deleted += doomed.values().sum::<u64>();
+            out.stats.blobs_deleted += doomed.len() as u64;
+            out.keys.extend(doomed.into_keys());
+            // A leaving index goes unless a snapshot kept names the same marker (markers are
+            // carried forward: DESIGN §7 step 4).
+            for l in &leaving {
+                if !keep.iter().any(|k| k.marker == l.marker) {
+                    out.keys.push(scope.index_key(&l.marker)?);
+                }
+                tracing::info!(store = %spec.name, expired = %l.marker, "snapshot left retention");
+            }
+            out.stats.snapshots_expired += leaving.len() as u64;
+            out.leaving.push((spec.name.clone(), leaving.len()));
+        }
+        Ok(out)
+    }
+
+    /// Take the snapshots of `expiry` out of the retention window and count them.
+    pub(super) fn retire(&self, expiry: Expiry) -> Result<()> {
+        {
+            let mut state = lock(&self.state)?;
+            for (store, n) in expiry.leaving {
+                if let Some(st) = state.get_mut(&store) {
+                    for _ in 0..n {
+                        st.retained.pop_front();
+                    }
+                }
+            }
+        }
+        let total = expiry.stats;
+        if total.snapshots_expired > 0 {
+            let labels = [("task", self.task.task_name.clone())];
+            metrics::counter!("blobsnap_gc_blobs_deleted_total", &labels)
+                .increment(total.blobs_deleted);
+            metrics::counter!("blobsnap_gc_bytes_deleted_total", &labels)
+                .increment(total.bytes_deleted);
+        }
+        let mut c = lock(&self.cleanup_stats)?;
+        c.snapshots_expired += total.snapshots_expired;
+        c.blobs_deleted += total.blobs_deleted;
+        c.bytes_deleted += total.bytes_deleted;
+        Ok(())
+    }
+
+    /// What cleanup has deleted since this manager was created.
+    pub fn cleanup_stats(&self) -> CleanupStats {
+        self.cleanup_stats.lock().map(|c| *c).unwrap_or_default()
+    }
+}

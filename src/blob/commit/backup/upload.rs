@@ -1,0 +1,412 @@
+//! The upload of one store at a commit: scan the checkpoint dir, carry an unchanged store's
+//! marker forward, PUT the blobs the committed snapshot lacks, then the index.
+
+use super::*;
+
+impl BlobBackupManager {
+    #[tracing::instrument(level = "info", skip_all, fields(task = %self.task.task_name, store = %spec.name, checkpoint = %id))]
+    pub(super) async fn upload_store(
+        &self,
+        id: CheckpointId,
+        spec: &StoreSpec,
+        scope: &StoreScope,
+        cache: Option<Arc<HashCache>>,
+        dir: PathBuf,
+    ) -> Result<IndexMarker> {
+        // 0. the commit manager's checkpoint directory of the committed snapshot, handed again
+        //    (the store did not change): nothing read. A directory elsewhere (a caller's own)
+        //    is always scanned.
+        let same =
+            lock(&self.state)?
+                .get(&spec.name)
+                .and_then(|s| match (&s.last_dir, &s.committed) {
+                    (Some((d, m)), Some(c))
+                        if *d == dir
+                            && *m == c.marker
+                            && dir.parent() == Some(&spec.checkpoints_dir()) =>
+                    {
+                        Some(c.clone())
+                    }
+                    _ => None,
+                });
+        if let Some(base) = same {
+            let (files, bytes) = base
+                .index
+                .present_files()
+                .iter()
+                .fold((0, 0), |(n, b), (_, f)| (n + 1, b + f.file_metadata.size));
+            let stats = UploadStats {
+                files,
+                bytes,
+                files_retained: files,
+                bytes_retained: bytes,
+                carried_forward: true,
+                ..Default::default()
+            };
+            return self.carry_forward(spec, &base, stats);
+        }
+        let started = Instant::now();
+        // 1. scan
+        let (local, scan_stats) = self.scan(cache, dir.clone()).await?;
+        let scan_ms = started.elapsed().as_millis() as u64;
+
+        // 2. diff against the committed snapshot
+        let committed = lock(&self.state)?
+            .get(&spec.name)
+            .and_then(|s| s.committed.clone());
+        let prev_dir = committed.as_ref().map(|c| &c.index.dir_index);
+        let dd = diff(&local, prev_dir);
+        let totals = dd.totals();
+
+        // An unchanged store costs no request: its snapshot holds exactly the files of the
+        // diff base, so the base's marker is handed back and no index is written (DESIGN §7
+        // step 2; restore and cleanup accept a marker named by several checkpoints).
+        if let Some(base) = committed.as_ref().filter(|_| dd.is_unchanged()) {
+            let stats = UploadStats {
+                files: totals.files_retained,
+                bytes: totals.bytes_retained,
+                files_retained: totals.files_retained,
+                bytes_retained: totals.bytes_retained,
+                bytes_hashed: scan_stats.bytes_hashed.load(Ordering::Relaxed),
+                hash_cache_hits: scan_stats.cache_hits.load(Ordering::Relaxed),
+                scan_ms,
+                carried_forward: true,
+                ..Default::default()
+            };
+            let marker = self.carry_forward(spec, base, stats)?;
+            lock(&self.state)?
+                .entry(spec.name.clone())
+                .or_default()
+                .last_dir = Some((dir, marker));
+            return Ok(marker);
+        }
+
+        // 3. plan the blobs: reuse what the committed snapshot holds and what was pre-uploaded,
+        //    send each new content once
+        let pre = self.pre_uploaded(id, &spec.name, &dd).await;
+        let (blob_of, to_put, to_inline, deduplicated) = plan_blobs(
+            id,
+            committed.as_ref(),
+            &dd,
+            self.settings.inline_below,
+            &pre,
+        );
+        let pre_used: Vec<&PreUploaded> = pre
+            .values()
+            .filter(|p| blob_of.get(&p.digest.sha256) == Some(&p.blob_id))
+            .collect();
+        let progress = self.progress.get(&spec.name).cloned().unwrap_or_default();
+        progress.reset();
+        progress
+            .files_to_upload
+            .store(to_put.len() as u64, Ordering::Relaxed);
+        progress.bytes_to_upload.store(
+            to_put.iter().map(|f| f.digest.size).sum(),
+            Ordering::Relaxed,
+        );
+        // A retained inline file shared as a blob now counts once: as an upload, or (already a
+        // blob elsewhere) as deduplicated.
+        let shared = retained_inline(&dd).len() as u64;
+        progress.files_to_retain.store(
+            totals.files_retained.saturating_sub(shared) + deduplicated,
+            Ordering::Relaxed,
+        );
+        progress.bytes_to_retain.store(
+            totals.bytes_added + totals.bytes_retained
+                - to_put.iter().map(|f| f.digest.size).sum::<u64>(),
+            Ordering::Relaxed,
+        );
+        let upload_started = Instant::now();
+        self.note_first_put(id)?;
+        // A named pre-upload's PUT is this commit's too: the abandon rule measures from the
+        // earliest (DESIGN §7 step 2).
+        for p in &pre_used {
+            self.note_put_at(id, p.put_at)?;
+        }
+        if !pre_used.is_empty() {
+            crate::crash::point("preupload.after-named");
+        }
+        let requests = self.put_blobs(id, scope, &to_put, &progress).await?;
+        let inline = read_inline(&to_inline).await?;
+
+        // 4. the index — unless the commit's uploads took so long that the sweep could have
+        //    taken their first blobs (DESIGN §7 step 2; checked again before the checkpoint
+        //    write, `before_commit`).
+        self.check_age(id, &format!("upload of store {}", spec.name))?;
+        let mut dir_index = build_dir(&dd, &blob_of, &inline)?;
+        let reads = read_heat(&dir).await;
+        {
+            // No I/O under the lock: the heat file was read above.
+            let state = lock(&self.state)?;
+            let none = HashMap::new();
+            let base = state.get(&spec.name).map_or(&none, |s| &s.heat_base);
+            add_heat(&mut dir_index, base, &reads);
+        }
+        // A fork's retained files keep naming the blobs it borrows: the new index declares
+        // the scopes they are in (those still named, no others).
+        let (borrowed_from, blobs) = match committed.as_ref() {
+            Some(c) => still_borrowed(c, &dir_index),
+            None => (BTreeMap::new(), BlobScopes::own(scope.clone())),
+        };
+        let index = SnapshotIndex {
+            format_version: if !borrowed_from.is_empty() {
+                crate::index::FORMAT_FORK
+            } else if has_inline(&dir_index) {
+                FORMAT_INLINE
+            } else {
+                FORMAT_V1
+            },
+            creation_time_millis: self.clock.now_millis(),
+            snapshot_metadata: SnapshotMetadata {
+                checkpoint_id: id,
+                job_name: self.task.job_name.clone(),
+                job_id: self.task.job_id.clone(),
+                task_name: self.task.task_name.clone(),
+                store_name: spec.name.clone(),
+            },
+            dir_index,
+            prev_snapshot_index_blob_id: committed.as_ref().map(|c| c.marker.to_string()),
+            borrowed_from,
+        };
+        let (marker, index_len) = self.put_index(id, scope, &index).await?;
+
+        let stats = UploadStats {
+            files: totals.files_added + totals.files_retained,
+            bytes: totals.bytes_added + totals.bytes_retained,
+            files_added: totals.files_added,
+            bytes_added: totals.bytes_added,
+            files_retained: totals.files_retained,
+            bytes_retained: totals.bytes_retained,
+            files_removed: totals.files_removed,
+            bytes_removed: totals.bytes_removed,
+            blobs_uploaded: to_put.len() as u64,
+            bytes_uploaded: to_put.iter().map(|f| f.digest.size).sum(),
+            blobs_deduplicated: deduplicated,
+            requests: requests + 1,
+            bytes_hashed: scan_stats
+                .bytes_hashed
+                .load(std::sync::atomic::Ordering::Relaxed),
+            hash_cache_hits: scan_stats
+                .cache_hits
+                .load(std::sync::atomic::Ordering::Relaxed),
+            index_bytes: index_len,
+            scan_ms,
+            upload_ms: upload_started.elapsed().as_millis() as u64,
+            carried_forward: false,
+            files_inline: to_inline.len() as u64,
+            files_pre_uploaded: pre_used.len() as u64,
+            bytes_pre_uploaded: pre_used.iter().map(|p| p.digest.size).sum(),
+        };
+        if let Some(p) = self.pre.get(&spec.name) {
+            p.used(stats.files_pre_uploaded, stats.bytes_pre_uploaded);
+        }
+        tracing::info!(
+            marker = %marker,
+            files = stats.files,
+            files_added = stats.files_added,
+            files_retained = stats.files_retained,
+            files_removed = stats.files_removed,
+            blobs_uploaded = stats.blobs_uploaded,
+            bytes_uploaded = stats.bytes_uploaded,
+            files_pre_uploaded = stats.files_pre_uploaded,
+            bytes_retained = stats.bytes_retained,
+            requests = stats.requests,
+            bytes_hashed = stats.bytes_hashed,
+            scan_ms = stats.scan_ms,
+            upload_ms = stats.upload_ms,
+            "uploaded store snapshot"
+        );
+        record_upload_metrics(&self.task.task_name, &spec.name, &stats);
+        lock(&self.stats)?.insert(spec.name.clone(), stats);
+        let mut state = lock(&self.state)?;
+        let st = state.entry(spec.name.clone()).or_default();
+        st.uploaded.insert(
+            marker,
+            LoadedSnapshot {
+                scope: scope.clone(),
+                blobs,
+                marker,
+                index: Arc::new(index),
+            },
+        );
+        st.last_dir = Some((dir, marker));
+        Ok(marker)
+    }
+
+    /// Hand back `base`'s marker for an unchanged store (DESIGN §7 step 2): no request.
+    pub(super) fn carry_forward(
+        &self,
+        spec: &StoreSpec,
+        base: &LoadedSnapshot,
+        stats: UploadStats,
+    ) -> Result<IndexMarker> {
+        if let Some(p) = self.progress.get(&spec.name) {
+            p.reset();
+        }
+        tracing::debug!(marker = %base.marker, files = stats.files, "store unchanged: marker carried forward, nothing uploaded");
+        record_upload_metrics(&self.task.task_name, &spec.name, &stats);
+        lock(&self.stats)?.insert(spec.name.clone(), stats);
+        Ok(base.marker)
+    }
+
+    /// Scan a checkpoint dir (blocking, off the async threads), through the hash cache.
+    pub(super) async fn scan(
+        &self,
+        cache: Option<Arc<HashCache>>,
+        dir: PathBuf,
+    ) -> Result<(LocalDir, Arc<ScanStats>)> {
+        let scan_stats = Arc::new(ScanStats::default());
+        let (owners, stats, only) = (
+            Arc::clone(&self.owners),
+            Arc::clone(&scan_stats),
+            self.settings.only.clone(),
+        );
+        let tree = tokio::task::spawn_blocking(move || {
+            let tree = scan_dir_only(&dir, only.as_ref(), cache.as_deref(), &owners, &stats)?;
+            if let Some(c) = &cache {
+                if let Err(e) = c.save() {
+                    tracing::warn!(error = %e, "could not save the hash cache");
+                }
+            }
+            Ok::<_, Error>(tree)
+        })
+        .await
+        .map_err(|e| Error::task("scan", e))??;
+        Ok((tree, scan_stats))
+    }
+
+    /// PUT the planned blobs (create-only, at most [`UPLOADS_IN_HAND`] at once; the store's
+    /// transfer budget bounds what is on the wire across the process); returns the requests
+    /// they took.
+    pub(super) async fn put_blobs(
+        &self,
+        id: CheckpointId,
+        scope: &StoreScope,
+        to_put: &[&LocalFile],
+        progress: &Arc<BackupProgress>,
+    ) -> Result<u64> {
+        let jobs: Vec<(String, PathBuf, u64, FileDigest)> = to_put
+            .iter()
+            .map(|f| {
+                (
+                    StoreScope::blob_id(id, f.digest.sha256),
+                    f.path.clone(),
+                    f.digest.size,
+                    f.digest,
+                )
+            })
+            .collect();
+        futures::stream::iter(jobs)
+            .map(|(blob_id, path, len, digest)| {
+                let progress = Arc::clone(progress);
+                async move {
+                    // A multipart upload's parts count as they land (never past the file's
+                    // size, whatever retries resend); the rest once the put returns.
+                    let reported = Arc::new(AtomicU64::new(0));
+                    let report: Arc<dyn Fn(u64) + Send + Sync> = {
+                        let (progress, reported) = (Arc::clone(&progress), Arc::clone(&reported));
+                        Arc::new(move |n| {
+                            let before = reported.fetch_add(n, Ordering::Relaxed);
+                            let add = n.min(len.saturating_sub(before));
+                            progress.bytes_uploaded.fetch_add(add, Ordering::Relaxed);
+                        })
+                    };
+                    let r = crate::blobstore::with_put_progress(
+                        report,
+                        self.put_blob(scope, blob_id, path, len, digest),
+                    )
+                    .await?;
+                    crate::crash::point("backup.mid-upload");
+                    progress.files_uploaded.fetch_add(1, Ordering::Relaxed);
+                    let counted = reported.load(Ordering::Relaxed).min(len);
+                    progress
+                        .bytes_uploaded
+                        .fetch_add(len - counted, Ordering::Relaxed);
+                    Ok::<_, Error>(r)
+                }
+            })
+            .buffer_unordered(UPLOADS_IN_HAND)
+            .try_fold(0u64, |acc, r| async move { Ok(acc + r) })
+            .await
+    }
+
+    /// PUT `index` create-only under its marker's key; returns the marker and the index's size.
+    pub(super) async fn put_index(
+        &self,
+        id: CheckpointId,
+        scope: &StoreScope,
+        index: &SnapshotIndex,
+    ) -> Result<(IndexMarker, u64)> {
+        let bytes = index.to_bytes()?;
+        let marker = IndexMarker::of(id, &bytes);
+        let key = scope.index_key(&marker)?;
+        let index_len = bytes.len() as u64;
+        // Never commit an index no reader would accept: the commit fails (nothing committed
+        // is lost) and says why.
+        if index_len > crate::index::MAX_INDEX_BYTES {
+            return Err(Error::invalid(format!(
+                "the index of store {:?} at checkpoint {id} would be {index_len} bytes, over the {}-byte cap every reader enforces ({} files): not committed",
+                index.snapshot_metadata.store_name,
+                crate::index::MAX_INDEX_BYTES,
+                index.present_files().len()
+            )));
+        }
+        match self
+            .blob_store
+            .put(
+                &key,
+                PutBody::Bytes(bytes.into()),
+                PutOptions::create_only(marker.sha256),
+            )
+            .await
+        {
+            Ok(_) => Ok((marker, index_len)),
+            // The key is the hash of the bytes: an existing object with the same key and the
+            // same hash is this very index (a retried upload).
+            Err(e) if e.kind() == ErrorKind::Conflict => {
+                let (sha, _) = hash_object(self.blob_store.as_ref(), &key).await?;
+                if sha != marker.sha256 {
+                    return Err(e.context(format!("index {key} exists with other bytes")));
+                }
+                Ok((marker, index_len))
+            }
+            Err(e) => Err(e.context(format!("put index {key}"))),
+        }
+    }
+
+    /// PUT one blob (create-only); returns the requests it took.
+    pub(super) async fn put_blob(
+        &self,
+        scope: &StoreScope,
+        blob_id: String,
+        path: PathBuf,
+        len: u64,
+        digest: FileDigest,
+    ) -> Result<u64> {
+        let key = scope.key(&blob_id)?;
+        let body = PutBody::File {
+            path: path.clone(),
+            len,
+        };
+        match self
+            .blob_store
+            .put(
+                &key,
+                body,
+                PutOptions::create_only(digest.sha256).with_crc32(digest.crc32),
+            )
+            .await
+        {
+            Ok(r) => Ok(u64::from(r.requests)),
+            // The key names this upload's checkpoint id, which carries this process's epoch:
+            // no other writer makes it, and the retry layer has already settled a retried PUT
+            // of ours. An object there is foreign or an earlier incarnation's orphan — one a
+            // sweep may be deleting right now (its last-modified is old): never reuse it, and
+            // abandon the commit; the next one has a new id.
+            Err(e) if e.kind() == ErrorKind::Conflict => Err(Error::transient(format!(
+                "blob {key} already exists although its checkpoint id is this upload's own: not reused (it may be an orphan a sweep is deleting); the commit is abandoned and the next one starts afresh ({e})"
+            ))),
+            Err(e) => Err(e.context(format!("upload {} as {key}", path.display()))),
+        }
+    }
+}
