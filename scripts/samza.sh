@@ -20,4 +20,4 @@ CARGO_TARGET_DIR=$target cargo build --locked "${cargo_offline[@]}" --manifest-p
 lib=$target/debug/libblobsnap_spike_jni.so
 [ -f "$lib" ] || { echo "samza.sh: $lib was not built" >&2; exit 1; }
 cd samza
-mvn -B "${offline[@]}" -Dspike.jni.lib="$lib" clean test
+mvn -B -ntp -Dstyle.color=never "${offline[@]}" -Dspike.jni.lib="$lib" clean test
