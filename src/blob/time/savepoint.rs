@@ -39,6 +39,15 @@ pub use crate::blob::time::record::{
     FORMAT,
 };
 
+/// The fork tasks of `forks`, for a message: `JOB/ID task T, …`.
+fn fork_tasks(forks: &[ForkPin]) -> String {
+    forks
+        .iter()
+        .map(|p| format!("{}/{} task {}", p.fork_job, p.fork_id, p.task))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Make savepoint `name` of `job` at `at`: every task's checkpoint that `at` names (a task
 /// that has none is refused, naming it, before anything is written). Refused if the name is
 /// taken (`Conflict`) or the job has no checkpoint (`NotFound`).
@@ -264,11 +273,7 @@ pub async fn remove_any(
                 return Err(Error::conflict(format!(
                     "savepoint {name:?} cannot be read ({e}) and {} fork task(s) pin it ({}): remove those forks first (their snapshots may read what it named)",
                     forks.len(),
-                    forks
-                        .iter()
-                        .map(|p| format!("{}/{} task {}", p.fork_job, p.fork_id, p.task))
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    fork_tasks(&forks)
                 )));
             }
             let gone = Unreadable {
@@ -338,7 +343,9 @@ pub async fn list_roots(store: &dyn BlobStore, job: &JobScope) -> Result<Vec<Sav
 /// Delete savepoint `name` (`NotFound` if there is none). Refused (`Conflict`, naming them)
 /// while forks hold a pin on it (`blob::fork`): their snapshots read its blobs. A fork
 /// pinning it while it is being removed is caught by one side: the fork checks the record
-/// after its pin, and this checks the pins again after the delete and puts the record back.
+/// after its pin, and this checks the pins again after the delete (and never puts the
+/// record back: a collector may have acted on its absence; the pin without its record keeps
+/// every collector failing closed until the fork withdraws it).
 pub async fn remove(store: &dyn BlobStore, job: &JobScope, name: &str) -> Result<Savepoint> {
     let sp = read(store, job, name).await?;
     let key = job.savepoint_key(name)?;
@@ -346,11 +353,7 @@ pub async fn remove(store: &dyn BlobStore, job: &JobScope, name: &str) -> Result
         Error::conflict(format!(
             "savepoint {name:?} is in use by {} fork task(s): {}; it can be removed once they no longer borrow from it (their snapshots were rewritten, or the forks deleted)",
             forks.len(),
-            forks
-                .iter()
-                .map(|p| format!("{}/{} task {}", p.fork_job, p.fork_id, p.task))
-                .collect::<Vec<_>>()
-                .join(", ")
+            fork_tasks(&forks)
         ))
     };
     let forks = dependents(store, job, name).await?;
