@@ -190,10 +190,29 @@ async fn a_damaged_savepoint_is_listed_by_its_key_and_removable_and_nothing_pani
         assert_eq!(code, Some(4), "{name}: {err}");
         assert!(!err.contains("panicked"), "{err}");
     }
-    // gc fails closed while one is unreadable (a root it cannot read).
-    let (code, _, err, _) = run(&store, &[&["gc"][..], &job, &["--dry-run"]].concat()).await;
-    assert_ne!(code, Some(0), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
+    // gc and usage fail closed while one is unreadable (a root they cannot read), and say
+    // what names the records and what removes one; check lists each as a problem.
+    for cmd in [&["gc", "--dry-run"][..], &["usage"][..]] {
+        let (code, _, err, _) = run(&store, &[&cmd[..1], &job, &cmd[1..]].concat()).await;
+        assert_eq!(code, Some(4), "{cmd:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(
+            err.contains("savepoint ls") && err.contains("savepoint rm"),
+            "{cmd:?} names the way out: {err}"
+        );
+    }
+    let (code, v, err, _) = run(&store, &[&["check"][..], &job].concat()).await;
+    assert_eq!(code, Some(4), "{err}");
+    let problems = v["report"]["problems"].as_array().unwrap();
+    for name in bad.keys() {
+        assert!(
+            problems.iter().any(|p| p["message"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("savepoint {name:?}"))),
+            "check names {name}: {v}"
+        );
+    }
 
     // A typed reference past year 9999 is an error, never a panic (issue 46, S4-4).
     let to = tmp.path().join("r");

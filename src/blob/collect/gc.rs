@@ -448,7 +448,16 @@ pub(crate) async fn read_roots(
     // Savepoints are roots too (fail closed: one that cannot be read stops the sweep).
     let savepoints = crate::blob::time::savepoint::list_roots(store, job)
         .await
-        .map_err(|e| e.context("sweep reads the job's savepoints (nothing deleted)"))?;
+        .map_err(|e| {
+            let hint = if e.kind() == crate::error::ErrorKind::Corrupt {
+                ": a savepoint record cannot be read; `blobsnap savepoint ls` names every unreadable one and why, `blobsnap savepoint rm --name NAME` removes one"
+            } else {
+                ""
+            };
+            e.context(format!(
+                "sweep reads the job's savepoints (nothing deleted){hint}"
+            ))
+        })?;
     for sp in &savepoints {
         out.roots += 1;
         for (task, store_name, marker) in sp.markers()? {
