@@ -94,6 +94,40 @@ impl StoreEngine for Files {
     }
 }
 
+/// `mgr` with `engine` and a blob backend of `settings` on `store`, `init`-ed with
+/// `restored`.
+async fn attach(
+    mgr: TaskCommitManager,
+    store: &Arc<dyn BlobStore>,
+    clock: Arc<dyn Clock>,
+    engine: Arc<dyn StoreEngine>,
+    settings: BackupSettings,
+    restored: Option<Checkpoint>,
+) -> TaskCommitManager {
+    let spec = StoreSpec {
+        name: "counts".into(),
+        dir: engine.dir().to_path_buf(),
+    };
+    let backup = Arc::new(
+        BlobBackupManager::new(
+            Arc::clone(store),
+            ctx(),
+            std::slice::from_ref(&spec),
+            clock,
+            settings,
+        )
+        .unwrap(),
+    );
+    backup.init(restored.as_ref()).await.unwrap();
+    mgr.with_stores(vec![engine]).with_backends(
+        vec![Backend {
+            name: FACTORY_NAME.into(),
+            manager: backup,
+        }],
+        restored,
+    )
+}
+
 /// One process of the task: a claim, a backup manager `init`-ed with `restored`, the engine.
 async fn process(
     store: &Arc<dyn BlobStore>,
@@ -112,35 +146,15 @@ async fn process(
             .await
             .unwrap();
     let restored = restored.or_else(|| claim.clone());
-    let spec = StoreSpec {
-        name: "counts".into(),
-        dir: engine.dir().to_path_buf(),
+    // The stores here are plain files: every one a blob (none inline), whose keys the
+    // protocol cases look at.
+    let settings = BackupSettings {
+        retention,
+        hash_cache: false,
+        inline_below: 0,
+        ..Default::default()
     };
-    let backup = Arc::new(
-        BlobBackupManager::new(
-            Arc::clone(store),
-            ctx(),
-            std::slice::from_ref(&spec),
-            vclock,
-            // The stores here are plain files: every one a blob (none inline), whose keys
-            // the protocol cases look at.
-            BackupSettings {
-                retention,
-                hash_cache: false,
-                inline_below: 0,
-                ..Default::default()
-            },
-        )
-        .unwrap(),
-    );
-    backup.init(restored.as_ref()).await.unwrap();
-    let mgr = mgr.with_stores(vec![engine]).with_backends(
-        vec![Backend {
-            name: FACTORY_NAME.into(),
-            manager: backup,
-        }],
-        restored,
-    );
+    let mgr = attach(mgr, store, vclock, engine, settings, restored).await;
     (mgr, claim)
 }
 
@@ -675,34 +689,13 @@ async fn a_backend_window_smaller_than_the_history_is_refused_before_any_commit(
         } else {
             mgr
         };
-        let spec = StoreSpec {
-            name: "counts".into(),
-            dir: dir.clone(),
+        let settings = BackupSettings {
+            retention: window,
+            tiered_retention: tiered,
+            hash_cache: false,
+            ..Default::default()
         };
-        let backup = Arc::new(
-            BlobBackupManager::new(
-                Arc::clone(&store),
-                ctx(),
-                std::slice::from_ref(&spec),
-                vclock,
-                BackupSettings {
-                    retention: window,
-                    tiered_retention: tiered,
-                    hash_cache: false,
-                    ..Default::default()
-                },
-            )
-            .unwrap(),
-        );
-        backup.init(claim.as_ref()).await.unwrap();
-        let engine: Arc<dyn StoreEngine> = db.clone();
-        let mgr = mgr.with_stores(vec![engine]).with_backends(
-            vec![Backend {
-                name: FACTORY_NAME.into(),
-                manager: backup,
-            }],
-            claim.clone(),
-        );
+        let mgr = attach(mgr, &store, vclock, db.clone(), settings, claim).await;
         let before = checkpoints.latest_seq(&ctx().task_name).await.unwrap();
         let r = mgr.commit(offsets(1)).await;
         if ok {
@@ -810,34 +803,13 @@ async fn a_failed_trim_keeps_every_retained_checkpoint_whole() {
     )
     .await
     .unwrap();
-    let spec = StoreSpec {
-        name: "counts".into(),
-        dir: dir.clone(),
+    let settings = BackupSettings {
+        retention: 2,
+        hash_cache: false,
+        inline_below: 0,
+        ..Default::default()
     };
-    let backup = Arc::new(
-        BlobBackupManager::new(
-            Arc::clone(&store),
-            ctx(),
-            std::slice::from_ref(&spec),
-            vclock,
-            BackupSettings {
-                retention: 2,
-                hash_cache: false,
-                inline_below: 0,
-                ..Default::default()
-            },
-        )
-        .unwrap(),
-    );
-    backup.init(claim.as_ref()).await.unwrap();
-    let engine: Arc<dyn StoreEngine> = db.clone();
-    let mgr = mgr.with_stores(vec![engine]).with_backends(
-        vec![Backend {
-            name: FACTORY_NAME.into(),
-            manager: backup,
-        }],
-        claim,
-    );
+    let mgr = attach(mgr, &store, vclock, db.clone(), settings, claim).await;
     for i in 1..=6u64 {
         // Every commit a new table and one compacted away: each snapshot has blobs of its own.
         db.db().put(format!("k{i}"), vec![i as u8; 5000]).unwrap();

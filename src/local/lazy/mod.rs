@@ -1619,6 +1619,25 @@ mod tests {
         e
     }
 
+    /// Register `dir` with one remote file fetched by [`gated_fetch`], one background
+    /// download at a time; the returned sender releases the fetch.
+    fn register_gated(dir: &Path, e: FileIndex) -> tokio::sync::watch::Sender<bool> {
+        let (release_tx, release_rx) = tokio::sync::watch::channel(false);
+        let (started_tx, _started) = mpsc::channel();
+        register(
+            dir,
+            vec![e],
+            gated_fetch(release_rx, started_tx),
+            None,
+            Background {
+                downloads: 1,
+                max_rate: 0,
+            },
+        )
+        .unwrap();
+        release_tx
+    }
+
     /// Wait (on the file's condition variable, bounded) until `name` of the store at `dir` is
     /// placed, then link what is placed into the checkpoint dirs that recorded it.
     fn wait_placed(dir: &Path, name: &str) {
@@ -1651,19 +1670,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("store");
         std::fs::create_dir(&dir).unwrap();
-        let (release_tx, release_rx) = tokio::sync::watch::channel(false);
-        let (started_tx, _started) = mpsc::channel();
-        register(
-            &dir,
-            vec![entry_of("000002.sst", &[7u8; 20])],
-            gated_fetch(release_rx, started_tx),
-            None,
-            Background {
-                downloads: 1,
-                max_rate: 0,
-            },
-        )
-        .unwrap();
+        let release_tx = register_gated(&dir, entry_of("000002.sst", &[7u8; 20]));
         let (cp_tmp, cp) = (tmp.path().join("cp.tmp"), tmp.path().join("cp"));
         std::fs::create_dir(&cp_tmp).unwrap();
         assert!(link(&dir.join("000002.sst"), &cp_tmp.join("000002.sst")));
@@ -1707,20 +1714,8 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("store");
         std::fs::create_dir(&dir).unwrap();
-        let (_release_tx, release_rx) = tokio::sync::watch::channel(false);
-        let (started_tx, _started) = mpsc::channel();
         // 000001.sst's fetch never resolves: the file stays remote.
-        register(
-            &dir,
-            vec![entry_of("000001.sst", &[1u8; 10])],
-            gated_fetch(release_rx, started_tx),
-            None,
-            Background {
-                downloads: 1,
-                max_rate: 0,
-            },
-        )
-        .unwrap();
+        let _release = register_gated(&dir, entry_of("000001.sst", &[1u8; 10]));
         let src = dir.join("000001.sst");
         let (a_tmp, a, b_tmp) = (
             tmp.path().join("a.tmp"),
