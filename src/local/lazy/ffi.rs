@@ -221,7 +221,7 @@ fn guarded<T>(on_panic: T, f: impl FnOnce() -> T) -> T {
 
 extern "C" fn on_remote_size(ptr: *const c_char, len: usize, size: *mut u64) -> i32 {
     guarded(0, || {
-        let Some(s) = path(ptr, len).and_then(super::remote_size) else {
+        let Some(s) = path(ptr, len).and_then(super::fs::remote_size) else {
             return 0;
         };
         if !size.is_null() {
@@ -243,7 +243,7 @@ const FETCH_RETRYABLE: i32 = -2;
 extern "C" fn on_fetch(ptr: *const c_char, len: usize, msg: *mut c_char, msg_cap: usize) -> i32 {
     let r = guarded(
         Err((crate::ErrorKind::Io, "panic while fetching".to_string())),
-        || path(ptr, len).map_or(Ok(()), super::fetch_now),
+        || path(ptr, len).map_or(Ok(()), super::fs::fetch_now),
     );
     match r {
         Ok(()) => FETCH_OK,
@@ -279,21 +279,21 @@ extern "C" fn on_link(
     dst_len: usize,
 ) -> i32 {
     guarded(0, || match (path(src, src_len), path(dst, dst_len)) {
-        (Some(s), Some(d)) => i32::from(super::link(s, d)),
+        (Some(s), Some(d)) => i32::from(super::links::link(s, d)),
         _ => 0,
     })
 }
 
 extern "C" fn on_drop(ptr: *const c_char, len: usize) -> i32 {
     guarded(0, || {
-        path(ptr, len).map_or(0, |p| i32::from(super::drop_file(p)))
+        path(ptr, len).map_or(0, |p| i32::from(super::fs::drop_file(p)))
     })
 }
 
 extern "C" fn on_renamed(src: *const c_char, src_len: usize, dst: *const c_char, dst_len: usize) {
     guarded((), || {
         if let (Some(s), Some(d)) = (path(src, src_len), path(dst, dst_len)) {
-            super::renamed(s, d);
+            super::fs::renamed(s, d);
         }
     });
 }
@@ -306,11 +306,11 @@ extern "C" fn on_read_tail(
     buf: *mut c_char,
 ) -> i32 {
     guarded(0, || {
-        if buf.is_null() || n == 0 || n > super::MAX_TAIL {
+        if buf.is_null() || n == 0 || n > super::registry::MAX_TAIL {
             return 0;
         }
         let Some(p) = path(ptr, len) else { return 0 };
-        let Some(bytes) = super::read_tail(p, offset, n) else {
+        let Some(bytes) = super::fs::read_tail(p, offset, n) else {
             return 0;
         };
         if bytes.len() != n {
