@@ -38,7 +38,6 @@ use async_trait::async_trait;
 use futures::{StreamExt as _, TryStreamExt as _};
 
 use crate::backend::{Clock, StoreMarkers, StoreSpec, TaskBackupManager, TaskContext};
-use crate::blob::commit::diff::{diff, DirDiff};
 use crate::blob::commit::preupload::{PreUploaded, PreUploads};
 use crate::blob::snapshot::{
     hash_object, load_snapshot, BlobScopes, Expected, LoadedSnapshot, FACTORY_NAME,
@@ -59,8 +58,8 @@ mod build;
 mod retention;
 mod upload;
 
-pub use build::SHARE_INLINE_FROM;
 use build::*;
+pub use build::{diff, DiffTotals, DirDiff, SHARE_INLINE_FROM};
 
 /// Blob uploads of one store at once: each holds an open file and, on S3, a connection, so
 /// this bounds a store's descriptors even where no transfer budget

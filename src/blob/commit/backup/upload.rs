@@ -1,5 +1,6 @@
-//! The upload of one store at a commit: scan the checkpoint dir, carry an unchanged store's
-//! marker forward, PUT the blobs the committed snapshot lacks, then the index.
+//! The upload of one store at a commit: renew the writer lease, scan the checkpoint dir,
+//! carry an unchanged store's marker forward, PUT the blobs the committed snapshot lacks (or
+//! name the pre-uploaded ones), bounded by the abandon age, then the index.
 
 use super::*;
 
@@ -408,5 +409,133 @@ impl BlobBackupManager {
             ))),
             Err(e) => Err(e.context(format!("upload {} as {key}", path.display()))),
         }
+    }
+
+    // ---- before a PUT: the writer lease, pre-uploaded blobs, the abandon age ----
+
+    pub(super) fn job_scope(&self) -> Result<JobScope> {
+        if self.task.job_name == crate::layout::MANUAL_JOB {
+            JobScope::manual(&self.task.job_id)
+        } else {
+            JobScope::new(&self.task.job_name, &self.task.job_id)
+        }
+    }
+
+    /// Write the writer lease, or refresh it once it is older than a quarter of the grace:
+    /// an upload starting now has its lease for at least three quarters of the grace, longer
+    /// than the half the abandon rule lets it run.
+    pub(super) async fn renew_lease(&self) -> Result<()> {
+        let Some((lease, renewed)) = &self.lease else {
+            return Ok(());
+        };
+        let due = lock(renewed)?.is_none_or(|t| t.elapsed() >= self.settings.gc_grace / 4);
+        if due {
+            lease
+                .announce(self.blob_store.as_ref(), &self.job_scope()?)
+                .await?;
+            *lock(renewed)? = Some(Instant::now());
+        }
+        Ok(())
+    }
+
+    /// The pre-uploaded blobs upload `id` of `store` can name for the table and blob files it
+    /// adds (waiting for pre-uploads in flight), by content. Files the committed snapshot
+    /// already holds are not asked for (they reuse its blob).
+    pub(super) async fn pre_uploaded(
+        &self,
+        id: CheckpointId,
+        store: &str,
+        dd: &DirDiff<'_>,
+    ) -> HashMap<Sha256, PreUploaded> {
+        let mut out = HashMap::new();
+        let Some(pre) = self.pre.get(store) else {
+            return out;
+        };
+        let held: std::collections::HashSet<Sha256> = lock(&self.state)
+            .ok()
+            .and_then(|s| s.get(store).and_then(|s| s.committed.clone()))
+            .map(|c| {
+                c.index
+                    .present_files()
+                    .iter()
+                    .filter_map(|(_, f)| f.sha256)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let fresh = crate::blob::commit::preupload::fresh_for(self.settings.gc_grace);
+        for f in dd.added_files() {
+            if !is_immutable(&f.name) || held.contains(&f.digest.sha256) {
+                continue;
+            }
+            let now = self.clock.now_millis();
+            if let Some(p) = pre.resolve(id, &f.name, &f.digest, now, fresh).await {
+                out.insert(p.digest.sha256, p);
+            }
+        }
+        out
+    }
+
+    /// Upload `id` names a blob whose PUT started at `at`: its first PUT is at the latest then.
+    pub(super) fn note_put_at(&self, id: CheckpointId, at: (Instant, u64)) -> Result<()> {
+        let mut first = lock(&self.first_put)?;
+        let e = first.entry(id).or_insert(at);
+        if at.0 < e.0 {
+            e.0 = at.0;
+        }
+        if at.1 < e.1 {
+            e.1 = at.1;
+        }
+        Ok(())
+    }
+
+    /// The time of upload `id`'s first PUT: now, unless a store of the same upload put first.
+    pub(super) fn note_first_put(&self, id: CheckpointId) -> Result<(Instant, u64)> {
+        let mut first = lock(&self.first_put)?;
+        Ok(*first
+            .entry(id)
+            .or_insert_with(|| (Instant::now(), self.clock.now_millis())))
+    }
+
+    /// Abandon upload `id` if its first PUT is older than half the sweep's grace. Measured on
+    /// the monotonic clock and on the task's clock (the one the tests inject), whichever says
+    /// longer. An upload that never PUT anything is not bounded.
+    ///
+    /// `Ok(Some(left))`: the time left before the bound (on whichever clock says less).
+    pub(super) fn check_age(
+        &self,
+        id: CheckpointId,
+        what: &str,
+    ) -> Result<Option<std::time::Duration>> {
+        let Some((t0, t0_ms)) = lock(&self.first_put)?.get(&id).copied() else {
+            return Ok(None);
+        };
+        let ran = t0.elapsed().max(std::time::Duration::from_millis(
+            self.clock.now_millis().saturating_sub(t0_ms),
+        ));
+        if self.settings.abandon_rule && ran > self.settings.gc_grace / 2 {
+            lock(&self.first_put)?.remove(&id);
+            metrics::counter!("blobsnap_commit_abandoned_total", "task" => self.task.task_name.clone())
+                .increment(1);
+            let n = self
+                .abandoned_in_a_row
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                + 1;
+            if n >= ABANDON_LIMIT {
+                // Not transient: every next commit uploads at least as much and is abandoned
+                // again (a livelock that never commits). Stop the task, saying what to change.
+                return Err(Error::invalid(format!(
+                    "{what} at {id}: {n} commits in a row were abandoned because their uploads outlived half the sweep's grace ({:?}; this one's first PUT was {ran:?} ago): the store's uploads take longer than gc-grace / 2. Raise job.gc-grace-secs above twice the upload time, or make each commit upload less",
+                    self.settings.gc_grace
+                )));
+            }
+            return Err(Error::transient(format!(
+                "{what} at {id}: its first PUT was {ran:?} ago, over half the sweep's grace ({:?}): abandoned ({n} in a row); the next commit starts afresh",
+                self.settings.gc_grace
+            )));
+        }
+        if !self.settings.abandon_rule {
+            return Ok(None);
+        }
+        Ok(Some((self.settings.gc_grace / 2).saturating_sub(ran)))
     }
 }
