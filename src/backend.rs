@@ -18,15 +18,16 @@
 //! [`StateBackendFactory::name`].
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 
 use crate::blobstore::DeferredDeletes;
 use crate::checkpoint::{Checkpoint, CheckpointId};
 use crate::error::{Error, Result};
+pub use crate::local::engine::{sibling_of, StoreEngine};
+pub use crate::units::{Clock, SystemClock};
 
 /// Store name → marker.
 pub type StoreMarkers = BTreeMap<String, String>;
@@ -34,54 +35,6 @@ pub type StoreMarkers = BTreeMap<String, String>;
 /// Fresh checkpoint ids from the task's one generator (the commit manager's): each carries
 /// the task's epoch and is never made again, by this process or any other.
 pub type IdSource = Arc<dyn Fn() -> Result<CheckpointId> + Send + Sync>;
-
-/// Wall-clock time, injected so that ages and ids are testable without sleeping.
-pub trait Clock: Send + Sync + std::fmt::Debug {
-    /// Milliseconds since the Unix epoch.
-    fn now_millis(&self) -> u64;
-
-    /// The same instant as a [`SystemTime`].
-    fn now(&self) -> SystemTime {
-        UNIX_EPOCH + std::time::Duration::from_millis(self.now_millis())
-    }
-}
-
-/// The system clock.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now_millis(&self) -> u64 {
-        #[allow(clippy::disallowed_methods)]
-        let now = SystemTime::now();
-        now.duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0)
-    }
-}
-
-/// The handle of one open store. Only the owner of an open RocksDB can checkpoint it (it holds
-/// the DB's LOCK), so the engine, not a path, is what the commit manager is given.
-pub trait StoreEngine: Send + Sync {
-    /// The store's name.
-    fn name(&self) -> &str;
-    /// The live store directory.
-    fn dir(&self) -> &Path;
-    /// Flush buffered writes to disk.
-    fn flush(&self) -> Result<()>;
-    /// Create a checkpoint of the store at `path` (which must not exist): immutable files
-    /// hard-linked, the rest copied.
-    fn checkpoint_to(&self, path: &Path) -> Result<()>;
-    /// A value that differs whenever the store's content or files may have changed since it
-    /// was read (RocksDB: the last sequence number, which every write moves, and the
-    /// super-version number, which every flush, compaction and options change moves), or
-    /// `None` if the engine cannot tell. The commit manager hands the backends the last
-    /// checkpoint directory again, instead of flushing and making a new one, for a store whose
-    /// token is the one it had when that checkpoint was made.
-    fn change_token(&self) -> Option<(u64, u64)> {
-        None
-    }
-}
 
 /// Who is running: the job and the task.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -139,24 +92,6 @@ impl StoreSpec {
             name: self.name.clone(),
             dir,
         })
-    }
-}
-
-/// `dir` with `suffix` appended to its last component: a sibling in the same parent, also for
-/// a dir written with a trailing `/` (`a/db/` → `a/db.checkpoints`). A path without a last
-/// name (`/`, `..`) gets the suffix appended as it is.
-pub fn sibling_of(dir: &Path, suffix: &str) -> PathBuf {
-    match dir.file_name() {
-        Some(name) if !dir.ends_with("..") => {
-            let mut n = name.to_os_string();
-            n.push(suffix);
-            dir.with_file_name(n)
-        }
-        _ => {
-            let mut base = dir.as_os_str().to_owned();
-            base.push(suffix);
-            PathBuf::from(base)
-        }
     }
 }
 

@@ -1,9 +1,9 @@
 //! Sizes and durations in settings, as people write them: `part-size = "16MiB"`,
 //! `read-timeout-ms = "30s"`, or the plain integers of the field's unit (bytes,
 //! milliseconds, seconds) as before. Used with `#[serde(deserialize_with = …)]`. And a time
-//! as people read it ([`utc`]).
+//! as people read it ([`utc`]), and the wall clock the library reads it from ([`Clock`]).
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::de::{self, Deserializer, Visitor};
 
@@ -110,6 +110,31 @@ pub fn millis<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
 /// A duration in seconds: an integer, or `"24h"`, `"90s"`.
 pub fn secs<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     d.deserialize_any(Human(Unit::Secs))
+}
+
+/// Wall-clock time, injected so that ages and ids are testable without sleeping.
+pub trait Clock: Send + Sync + std::fmt::Debug {
+    /// Milliseconds since the Unix epoch.
+    fn now_millis(&self) -> u64;
+
+    /// The same instant as a [`SystemTime`].
+    fn now(&self) -> SystemTime {
+        UNIX_EPOCH + std::time::Duration::from_millis(self.now_millis())
+    }
+}
+
+/// The system clock.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_millis(&self) -> u64 {
+        #[allow(clippy::disallowed_methods)]
+        let now = SystemTime::now();
+        now.duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0)
+    }
 }
 
 #[cfg(test)]

@@ -117,7 +117,7 @@ fn notice_retrying(
     }
     let left = Duration::from_millis(policy.budget_ms).saturating_sub(start.elapsed());
     // Wall-clock time for the operator (the message only; nothing decides by it).
-    let now = crate::backend::Clock::now_millis(&crate::backend::SystemClock);
+    let now = crate::units::Clock::now_millis(&crate::units::SystemClock);
     let until = crate::units::utc(now.saturating_add(left.as_millis() as u64));
     tracing::warn!(
         "{what}: attempt {attempt} failed ({e}); retrying until {until} ({}s of the {}s retry budget left)",
@@ -475,9 +475,9 @@ mod tests {
     /// the counting layer saw one request per attempt.
     #[tokio::test(start_paused = true)]
     async fn attempts_and_their_spacing_follow_the_backoff_schedule() {
+        use super::super::local::LocalStore;
         use crate::blobstore::counting::CountingStore;
         use crate::blobstore::fault::{FaultConfig, FaultStore, OpRates};
-        use crate::blobstore::local::LocalStore;
         let tmp = tempfile_dir();
         let policy = RetryPolicy {
             initial_delay_ms: 100,

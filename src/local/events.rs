@@ -95,7 +95,7 @@ pub fn subscribe(dir: &Path) -> UnboundedReceiver<FileEvent> {
     rx
 }
 
-/// Tell `dir`'s subscribers of `event` directly: a [`StoreEngine`](crate::backend::StoreEngine)
+/// Tell `dir`'s subscribers of `event` directly: a [`StoreEngine`](super::engine::StoreEngine)
 /// that is not a [`RocksStore`](crate::local::rocks::RocksStore) announces the immutable files
 /// it has finished (`*.sst`, `*.blob`: never written again) and the ones it deleted, so that
 /// they are pre-uploaded too.

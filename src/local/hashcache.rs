@@ -127,7 +127,7 @@ impl HashCache {
 
     /// The cache file of the store at `store_dir`.
     pub fn path_for(store_dir: &Path) -> PathBuf {
-        crate::backend::sibling_of(store_dir, ".blobsnap-hashcache")
+        super::engine::sibling_of(store_dir, ".blobsnap-hashcache")
     }
 
     /// Load the cache at `path`; a missing, torn or corrupt file gives an empty cache, and so

@@ -2,6 +2,7 @@
 //! store-dir lock, what a command may replace (the guard), the atomic swap of a restored tree into a store dir, and the lazy restore's
 //! file system.
 
+pub mod engine;
 pub mod events;
 pub mod guard;
 pub mod hashcache;

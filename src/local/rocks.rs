@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::backend::StoreEngine;
+use super::engine::StoreEngine;
 use crate::error::{Error, ErrorKind, Result};
 
 /// An open RocksDB store.

@@ -1,8 +1,8 @@
 //! The unit tests of `blobstore/limit.rs` (in a file of their own beside it).
 
+use super::super::local::LocalStore;
 use super::*;
 use crate::blobstore::fault::{FaultConfig, FaultStore, OpRates};
-use crate::blobstore::local::LocalStore;
 use bytes::Bytes;
 use futures::FutureExt as _;
 
