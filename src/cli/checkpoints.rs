@@ -212,11 +212,7 @@ pub(crate) async fn run(
             format!(
                 "partial listing: {} savepoint record(s) of {job_name}/{job_id} cannot be read ({}), so no checkpoint is labelled with them; `blobsnap savepoint ls` names why, `blobsnap savepoint rm --name NAME` removes one",
                 unreadable.len(),
-                unreadable
-                    .iter()
-                    .map(|u| u.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                blobsnap::blob::savepoint::Unreadable::names(&unreadable)
             ),
         ))
     };

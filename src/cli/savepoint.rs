@@ -107,11 +107,7 @@ pub(crate) async fn run(
                     format!(
                         "partial listing: {} savepoint record(s) of {job_name}/{job_id} cannot be read ({}); the others are listed. `blobsnap savepoint rm --name NAME` removes one (gc and the job's cleanup refuse to delete anything while one is unreadable)",
                         unreadable.len(),
-                        unreadable
-                            .iter()
-                            .map(|u| u.name.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
+                        blobsnap::blob::savepoint::Unreadable::names(&unreadable)
                     ),
                 ));
             }

@@ -76,23 +76,7 @@ fn compare_by_path_and_content() {
         inline_data: None,
         heat: None,
     };
-    let index = |files: Vec<FileIndex>| SnapshotIndex {
-        format_version: FORMAT_V1,
-        creation_time_millis: 0,
-        snapshot_metadata: SnapshotMetadata {
-            checkpoint_id: "1-0".parse().unwrap(),
-            job_name: "j".into(),
-            job_id: "1".into(),
-            task_name: "t".into(),
-            store_name: "s".into(),
-        },
-        dir_index: DirIndex {
-            files_present: files,
-            ..DirIndex::default()
-        },
-        prev_snapshot_index_blob_id: None,
-        borrowed_from: Default::default(),
-    };
+    let index = |files: Vec<FileIndex>| test_index(files, Vec::new());
     let old = index(vec![
         file("a", b"same"),
         file("b", b"old"),

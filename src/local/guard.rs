@@ -11,6 +11,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::swap::entries;
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::RESTORED_MARKER;
 
@@ -395,12 +396,7 @@ pub fn contents(dir: &Path) -> Result<Contents> {
 pub fn deletion(dir: &Path) -> Result<Deletion> {
     fn walk(dir: &Path) -> Result<(u64, u64)> {
         let (mut files, mut bytes) = (0u64, 0u64);
-        for entry in
-            std::fs::read_dir(dir).map_err(Error::io_with(format!("list {}", dir.display())))?
-        {
-            let entry = entry.map_err(Error::io_with(format!("list {}", dir.display())))?;
-            let md = std::fs::symlink_metadata(entry.path())
-                .map_err(Error::io_with(format!("stat {}", entry.path().display())))?;
+        for (entry, md) in entries(dir)? {
             if md.is_dir() {
                 let (f, b) = walk(&entry.path())?;
                 files = files.saturating_add(f);
@@ -413,12 +409,7 @@ pub fn deletion(dir: &Path) -> Result<Deletion> {
         Ok((files, bytes))
     }
     let mut out = Deletion::default();
-    for entry in
-        std::fs::read_dir(dir).map_err(Error::io_with(format!("list {}", dir.display())))?
-    {
-        let entry = entry.map_err(Error::io_with(format!("list {}", dir.display())))?;
-        let md = std::fs::symlink_metadata(entry.path())
-            .map_err(Error::io_with(format!("stat {}", entry.path().display())))?;
+    for (entry, md) in entries(dir)? {
         if md.is_dir() {
             let (files, bytes) = walk(&entry.path())?;
             out.files = out.files.saturating_add(files);

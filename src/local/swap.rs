@@ -67,17 +67,27 @@ pub fn fsync_dir(dir: &Path) -> Result<()> {
 
 /// fsync every directory of a tree, bottom-up (files are fsynced as they are written).
 pub fn fsync_tree(dir: &Path) -> Result<()> {
-    for entry in
-        std::fs::read_dir(dir).map_err(Error::io_with(format!("list {}", dir.display())))?
-    {
-        let entry = entry.map_err(Error::io_with(format!("list {}", dir.display())))?;
-        let md = std::fs::symlink_metadata(entry.path())
-            .map_err(Error::io_with(format!("stat {}", entry.path().display())))?;
+    for (entry, md) in entries(dir)? {
         if md.is_dir() {
             fsync_tree(&entry.path())?;
         }
     }
     fsync_dir(dir)
+}
+
+/// The entries of `dir` with their own metadata (a symlink's, never its target's); an error
+/// names the dir or the entry.
+pub fn entries(dir: &Path) -> Result<Vec<(std::fs::DirEntry, std::fs::Metadata)>> {
+    let list = Error::io_with(format!("list {}", dir.display()));
+    std::fs::read_dir(dir)
+        .map_err(list)?
+        .map(|entry| {
+            let entry = entry.map_err(Error::io_with(format!("list {}", dir.display())))?;
+            let md = std::fs::symlink_metadata(entry.path())
+                .map_err(Error::io_with(format!("stat {}", entry.path().display())))?;
+            Ok((entry, md))
+        })
+        .collect()
 }
 
 /// Remove a tree; a missing one is not an error. Symlinks are removed, never followed.

@@ -75,13 +75,7 @@ impl BlobRestoreManager {
         let width = (self.settings.downloads.max(1) * self.settings.part_concurrency.max(1)).max(4);
         futures::stream::iter(remote.iter().cloned())
             .map(|entry: FileIndex| async move {
-                let blob = &entry
-                    .blobs
-                    .first()
-                    .ok_or_else(|| {
-                        Error::corrupt(format!("index entry {} has no blob", entry.file_name))
-                    })?
-                    .blob_id;
+                let blob = entry.first_blob_id(&entry.file_name)?;
                 let key = scope.key(blob)?;
                 let meta = self
                     .blob_store
@@ -149,13 +143,7 @@ impl BlobRestoreManager {
                   -> futures::future::BoxFuture<'static, Result<bytes::Bytes>> {
                 let (store, scope) = (Arc::clone(&store), scope.clone());
                 Box::pin(async move {
-                    let blob = &entry
-                        .blobs
-                        .first()
-                        .ok_or_else(|| {
-                            Error::corrupt(format!("index entry {} has no blob", entry.file_name))
-                        })?
-                        .blob_id;
+                    let blob = entry.first_blob_id(&entry.file_name)?;
                     let key = scope.key(blob)?;
                     let (size, bytes) =
                         crate::blobstore::get_range_bytes(store.as_ref(), &key, range).await?;
@@ -193,11 +181,7 @@ pub(super) async fn fetch_verified(
     settings: &RestoreSettings,
     landed: &AtomicU64,
 ) -> Result<()> {
-    let blob = &entry
-        .blobs
-        .first()
-        .ok_or_else(|| Error::corrupt(format!("index entry {path} has no blob")))?
-        .blob_id;
+    let blob = entry.first_blob_id(path)?;
     let key = scope.key(blob)?;
     let opts = DownloadOptions {
         expected_size: entry.file_metadata.size,

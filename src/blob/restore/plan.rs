@@ -510,7 +510,7 @@ pub fn decide(
 mod tests {
     //! [`decide`] alone: no disk, no store — the inventory and the hashes are given.
     use super::*;
-    use crate::index::{DirIndex, FileBlob, FileMetadata, SnapshotMetadata};
+    use crate::index::{DirIndex, FileBlob, FileMetadata};
 
     fn sha(b: &[u8]) -> Sha256 {
         Sha256::of(b)
@@ -539,24 +539,7 @@ mod tests {
     }
 
     fn index(files: Vec<FileIndex>, sub: Vec<DirIndex>) -> SnapshotIndex {
-        SnapshotIndex {
-            format_version: crate::index::FORMAT_V1,
-            creation_time_millis: 0,
-            snapshot_metadata: SnapshotMetadata {
-                checkpoint_id: "1-0".parse().unwrap(),
-                job_name: "j".into(),
-                job_id: "1".into(),
-                task_name: "t".into(),
-                store_name: "s".into(),
-            },
-            dir_index: DirIndex {
-                files_present: files,
-                sub_dirs_present: sub,
-                ..DirIndex::default()
-            },
-            prev_snapshot_index_blob_id: None,
-            borrowed_from: Default::default(),
-        }
+        crate::index::test_index(files, sub)
     }
 
     /// An inventory of (relative path, size) in the live and staging dirs and of full paths

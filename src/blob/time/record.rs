@@ -191,6 +191,17 @@ pub struct Unreadable {
     pub reason: String,
 }
 
+impl Unreadable {
+    /// The names of `records`, comma-separated (for a message).
+    pub fn names(records: &[Unreadable]) -> String {
+        records
+            .iter()
+            .map(|u| u.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
 /// Every savepoint of `job`: the readable records, by name, and each unreadable one named
 /// by its key with the reason (an operator's listing: one damaged record never hides the
 /// others; collectors use `savepoint::list_roots`, which fails closed instead).

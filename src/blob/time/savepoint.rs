@@ -282,14 +282,7 @@ pub async fn remove_any(
                 reason: e.to_string(),
             };
             if !dry_run {
-                if let Some((_, e)) = store
-                    .delete_many(std::slice::from_ref(&key))
-                    .await?
-                    .into_iter()
-                    .next()
-                {
-                    return Err(e.context(format!("delete savepoint {key}")));
-                }
+                delete_record(store, &key).await?;
             }
             Ok(Removed::Unreadable(gone))
         }
@@ -360,14 +353,7 @@ pub async fn remove(store: &dyn BlobStore, job: &JobScope, name: &str) -> Result
     if !forks.is_empty() {
         return Err(in_use(forks));
     }
-    if let Some((_, e)) = store
-        .delete_many(std::slice::from_ref(&key))
-        .await?
-        .into_iter()
-        .next()
-    {
-        return Err(e.context(format!("delete savepoint {key}")));
-    }
+    delete_record(store, &key).await?;
     // A fork that pinned the savepoint between the check and the delete: the record is never
     // put back (issue 46, S4-3: a collector that listed the roots while it was gone may
     // already have taken what it names). A pin without its record makes every collector of
@@ -563,6 +549,19 @@ impl DeleteFilter for Pins {
             known.retain(|id, _| roots.contains(id));
         }
         Ok(out)
+    }
+}
+
+/// Delete the savepoint record at `key` (one request; an error names the key).
+async fn delete_record(store: &dyn BlobStore, key: &BlobKey) -> Result<()> {
+    match store
+        .delete_many(std::slice::from_ref(key))
+        .await?
+        .into_iter()
+        .next()
+    {
+        Some((_, e)) => Err(e.context(format!("delete savepoint {key}"))),
+        None => Ok(()),
     }
 }
 

@@ -157,3 +157,16 @@ pub(super) fn body_stream(
     })
     .boxed()
 }
+
+/// The body of an upload from `len` bytes of the file at `path` from `offset`, streamed.
+pub(super) async fn file_body(path: &std::path::Path, offset: u64, len: u64) -> Result<ByteStream> {
+    ByteStream::read_from()
+        .path(path)
+        .offset(offset)
+        .length(Length::Exact(len))
+        .build()
+        .await
+        .map_err(|e| {
+            Error::new(ErrorKind::Io, format!("open {} for upload", path.display())).with_source(e)
+        })
+}

@@ -233,15 +233,7 @@ impl S3Store {
                         d.sha256
                     }
                 };
-                let stream = ByteStream::read_from()
-                    .path(&path)
-                    .length(Length::Exact(len))
-                    .build()
-                    .await
-                    .map_err(|e| {
-                        Error::new(ErrorKind::Io, format!("open {} for upload", path.display()))
-                            .with_source(e)
-                    })?;
+                let stream = body::file_body(&path, 0, len).await?;
                 (stream, len, sha)
             }
         };

@@ -257,16 +257,7 @@ impl S3Store {
             .map_ok(|(n, offset, want, sum, _permit)| {
                 let path = path.clone();
                 async move {
-                    let body = ByteStream::read_from()
-                        .path(&path)
-                        .offset(offset)
-                        .length(Length::Exact(want))
-                        .build()
-                        .await
-                        .map_err(|e| {
-                            Error::new(ErrorKind::Io, format!("open {} for upload", path.display()))
-                                .with_source(e)
-                        })?;
+                    let body = super::body::file_body(&path, offset, want).await?;
                     let req = self
                         .client
                         .upload_part()

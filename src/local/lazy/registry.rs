@@ -272,7 +272,7 @@ pub(super) fn is_served(dir: &Path) -> bool {
 }
 
 /// Whether `dir` is a lazily restored store with files still remote (open it with
-/// [`ENV_OPTION`]).
+/// `ENV_OPTION`).
 pub fn is_lazy(dir: &Path) -> bool {
     if ACTIVE.load(Ordering::Acquire) == 0 {
         return false;
