@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Coverage-guided fuzzing (libFuzzer, through cargo-fuzz) of blobsnap's readers of untrusted
-# bytes: the CheckpointV1/V2 reader, the snapshot-index reader, and the marker, id, key and
-# scope parsers (fuzz/fuzz_targets/). Each target also checks that what it accepts writes back
+# bytes: the CheckpointV1/V2 reader, the snapshot-index reader, the marker, id, key and
+# scope parsers, and the records of state through time — savepoints, checkpoint documents,
+# start-from records, fork pins' keys (fuzz/fuzz_targets/). Each target also checks that what it accepts writes back
 # to something that reads as the same value. Run by scripts/long-test.sh.
 #
 #   scripts/fuzz.sh [SECONDS per target]     # default $BLOBSNAP_LIBFUZZER_SECS or 600
@@ -31,7 +32,7 @@ target_dir=${BLOBSNAP_FUZZ_TARGET_DIR:-/var/tmp/blobsnap-fuzz-target}
 work=$(mktemp -d /var/tmp/blobsnap-fuzz-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 export RUSTC_BOOTSTRAP=1
-for t in checkpoint index parsers; do
+for t in checkpoint index parsers records; do
   mkdir -p "$work/$t"
   echo "fuzz.sh: $t for $secs s" >&2
   (cd fuzz && cargo fuzz run --sanitizer none --target-dir "$target_dir" "$t" "$work/$t" "corpus/$t" -- \

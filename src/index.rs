@@ -353,17 +353,29 @@ pub const RESTORED_MARKER: &str = "RESTORED";
 /// not a complete database (the lazy restore's `local::lazy`).
 pub const LAZY_PENDING: &str = "LAZY-PENDING";
 
+/// Name of the file a lazy restore leaves at the root of a store dir when a remote file's
+/// blob turned out corrupt or missing at its fetch (one JSON line each: file, blob, kind, why):
+/// the next restore of that dir downloads and verifies those files before the store opens,
+/// so a bad blob fails the restore (where `restore-fallback` acts) instead of every start's
+/// first read of it (issue 46, L4). Gone with the swap of the next restored tree.
+pub const LAZY_FAILED: &str = "LAZY-FAILED";
+
 /// Name of the file a checkpoint directory of an open store carries beside RocksDB's files:
 /// the sampled read count of each table file (JSON, name → count), which the backup turns
 /// into the index's `heat` ([`FileIndex::heat`]). Never a file of the snapshot.
 pub const HEAT_FILE: &str = "BLOBSNAP-HEAT";
 
 /// Names blobsnap itself uses inside a store dir, which no snapshot may list: the restore
-/// markers at the root ([`RESTORED_MARKER`], [`LAZY_PENDING`]) and a checkpoint's
+/// markers at the root ([`RESTORED_MARKER`], [`LAZY_PENDING`], [`LAZY_FAILED`]) and a checkpoint's
 /// [`HEAT_FILE`], and `.<name>.blobsnap-part` (a download in progress) anywhere. An index
 /// listing one would have the restore overwrite or delete its own bookkeeping.
 pub fn reserved_name(name: &str, root: bool) -> Result<()> {
-    if root && (name == RESTORED_MARKER || name == LAZY_PENDING || name == HEAT_FILE) {
+    if root
+        && (name == RESTORED_MARKER
+            || name == LAZY_PENDING
+            || name == LAZY_FAILED
+            || name == HEAT_FILE)
+    {
         return Err(Error::corrupt(format!(
             "index entry name {name:?} is reserved (blobsnap's restore markers and heat file)"
         )));

@@ -31,7 +31,76 @@ struct Document {
     format: u32,
     seq: u64,
     writer: String,
-    checkpoint: serde_json::Value,
+    /// The checkpoint; absent in a removal's record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    checkpoint: Option<serde_json::Value>,
+    /// Set when `blobsnap forget --checkpoint` replaced a document that could not be read:
+    /// the number stays taken (no writer, live or zombie, can commit under it again) and
+    /// every reader passes over it as removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    removed: Option<Removal>,
+}
+
+/// Why and when a checkpoint document that could not be read was removed (its number kept).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Removal {
+    /// When it was removed, ms since the epoch.
+    pub at_millis: u64,
+    /// Why the document could not be read, as it was reported then.
+    pub reason: String,
+}
+
+/// One stored checkpoint document: a committed checkpoint, or the record of a removed one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Record {
+    /// A committed checkpoint.
+    Checkpoint(CommittedCheckpoint),
+    /// Number `seq`, whose document could not be read, removed by an operator.
+    Removed {
+        /// The number it held (and keeps).
+        seq: u64,
+        /// When and why.
+        removal: Removal,
+    },
+}
+
+impl Record {
+    /// The document's number.
+    pub fn seq(&self) -> u64 {
+        match self {
+            Record::Checkpoint(c) => c.seq,
+            Record::Removed { seq, .. } => *seq,
+        }
+    }
+}
+
+/// One listed document of a task's history, as an operator's listing sees it: read, removed,
+/// or unreadable (with why).
+#[derive(Debug)]
+pub struct Listed {
+    /// Its number.
+    pub seq: u64,
+    /// Its key.
+    pub key: BlobKey,
+    /// What it holds, or why it cannot be read.
+    pub record: Result<Record>,
+}
+
+/// What [`BlobCheckpointStore::remove_unreadable`] did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct RemovedReport {
+    /// The document's key.
+    pub key: String,
+    /// Its task.
+    pub task: String,
+    /// Its number (kept taken).
+    pub seq: u64,
+    /// Why it could not be read.
+    pub reason: String,
+    /// False: it had been removed before (nothing written).
+    pub changed: bool,
 }
 
 /// Committed checkpoints of one job deployment, in a blob store.
@@ -67,23 +136,143 @@ impl BlobCheckpointStore {
         Ok(out)
     }
 
+    /// Checkpoint `seq` of `task`, stored at `key`. A removed one is `NotFound`, as a trimmed
+    /// one is: neither is a root, nor a point to restore.
     pub(crate) async fn read(
         &self,
         task: &str,
         seq: u64,
         key: &BlobKey,
     ) -> Result<CommittedCheckpoint> {
+        match self.read_record(task, seq, key).await? {
+            Record::Checkpoint(c) => Ok(c),
+            Record::Removed { removal, .. } => Err(removed_error(task, seq, &removal)),
+        }
+    }
+
+    /// The document `seq` of `task`, stored at `key`, as it is: a checkpoint or a removal.
+    pub(crate) async fn read_record(&self, task: &str, seq: u64, key: &BlobKey) -> Result<Record> {
         let bytes = get_bytes(self.store.as_ref(), key, MAX_CHECKPOINT_BYTES as u64).await?;
-        let c = parse_record(&bytes)
+        let r = parse_entry(&bytes)
             .map_err(|e| e.context(format!("checkpoint {key} of task {task}")))?;
-        if c.seq != seq {
+        if r.seq() != seq {
             return Err(Error::corrupt(format!(
                 "checkpoint {key} says it is number {}, its key says {seq}",
-                c.seq
+                r.seq()
             )));
         }
-        Ok(c)
+        Ok(r)
     }
+
+    /// Every document of `task`'s history, newest first, each read, removed or unreadable
+    /// with why (an operator's listing: one damaged document never hides the others). A
+    /// document trimmed between the listing and its read is left out.
+    pub async fn listing(&self, task: &str) -> Result<Vec<Listed>> {
+        let seqs = self.seqs(task).await?;
+        let reads: Vec<_> = seqs
+            .into_iter()
+            .rev()
+            .map(|(seq, key)| async move {
+                let record = self.read_record(task, seq, &key).await;
+                Listed { seq, key, record }
+            })
+            .collect();
+        Ok(futures::stream::iter(reads)
+            .buffered(16)
+            .filter(|l| {
+                let trimmed = matches!(&l.record, Err(e) if e.kind() == ErrorKind::NotFound);
+                async move { !trimmed }
+            })
+            .collect()
+            .await)
+    }
+
+    /// Remove checkpoint document `seq` of `task` because it cannot be read: it is replaced
+    /// by a removal's record, so its number stays taken (a writer whose lease is still live,
+    /// or a zombie, can never commit under a freed number) and every reader passes over it
+    /// (`checkpoints` lists it as removed; the sweep and the restore do not see it). Refused
+    /// for a document that can be read (retention removes those). `dry_run`: nothing written.
+    pub async fn remove_unreadable(
+        &self,
+        task: &str,
+        seq: u64,
+        now_millis: u64,
+        dry_run: bool,
+    ) -> Result<RemovedReport> {
+        let key = self.job.checkpoint_key(task, seq)?;
+        let reason = match self.read_record(task, seq, &key).await {
+            Ok(Record::Checkpoint(_)) => {
+                return Err(Error::invalid(format!(
+                    "checkpoint #{seq} of task {task:?} ({key}) can be read: `forget --checkpoint` removes only a document that cannot be read (retention removes the others; `blobsnap start-from` moves a task back)"
+                )))
+            }
+            Ok(Record::Removed { removal, .. }) => {
+                return Ok(RemovedReport {
+                    key: key.to_string(),
+                    task: task.to_string(),
+                    seq,
+                    reason: removal.reason,
+                    changed: false,
+                })
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                return Err(e.context(format!("checkpoint #{seq} of task {task:?}")))
+            }
+            Err(e) if e.kind() == ErrorKind::Corrupt => e.to_string(),
+            Err(e) => return Err(e),
+        };
+        let report = RemovedReport {
+            key: key.to_string(),
+            task: task.to_string(),
+            seq,
+            reason: reason.clone(),
+            changed: !dry_run,
+        };
+        if dry_run {
+            return Ok(report);
+        }
+        let doc = Document {
+            format: FORMAT,
+            seq,
+            writer: "blobsnap forget --checkpoint".into(),
+            checkpoint: None,
+            removed: Some(Removal {
+                at_millis: now_millis,
+                reason,
+            }),
+        };
+        let bytes =
+            serde_json::to_vec(&doc).map_err(|e| Error::invalid(format!("removal: {e}")))?;
+        let sha = Sha256::of(&bytes);
+        self.store
+            .put(
+                &key,
+                PutBody::Bytes(Bytes::from(bytes)),
+                PutOptions {
+                    sha256: Some(sha),
+                    ..PutOptions::default()
+                },
+            )
+            .await
+            .map_err(|e| e.context(format!("replace {key} by its removal")))?;
+        // Read back: what stands there now is the removal.
+        match self.read_record(task, seq, &key).await? {
+            Record::Removed { .. } => Ok(report),
+            Record::Checkpoint(_) => Err(Error::conflict(format!(
+                "{key} holds a readable checkpoint after its removal was written: another process wrote it; nothing else changed"
+            ))),
+        }
+    }
+}
+
+fn removed_error(task: &str, seq: u64, removal: &Removal) -> Error {
+    Error::new(
+        ErrorKind::NotFound,
+        format!(
+            "checkpoint #{seq} of task {task:?} was removed (`blobsnap forget --checkpoint`, at {} ms): {}",
+            removal.at_millis, removal.reason
+        ),
+    )
 }
 
 /// Whether `bytes` look like a stored checkpoint record (a JSON object with a
@@ -96,7 +285,24 @@ pub fn is_record(bytes: &[u8]) -> bool {
 
 /// Parse one stored checkpoint record (what `checkpoints/<task>/<seq>.json` holds: its format,
 /// number, writer and the checkpoint in Samza's JSON). `Corrupt` names what is wrong.
+/// A removal's record (see [`Record::Removed`]) is `NotFound`.
 pub fn parse_record(bytes: &[u8]) -> Result<CommittedCheckpoint> {
+    match parse_entry(bytes)? {
+        Record::Checkpoint(c) => Ok(c),
+        Record::Removed { seq, removal } => Err(Error::new(
+            ErrorKind::NotFound,
+            format!(
+                "checkpoint record number {seq} was removed: {}",
+                removal.reason
+            ),
+        )),
+    }
+}
+
+/// Parse one stored checkpoint document: a checkpoint, or a removal's record. `Corrupt`
+/// names what is wrong (at most [`MAX_CHECKPOINT_BYTES`] are ever read; serde_json's
+/// nesting limit bounds the depth).
+pub fn parse_entry(bytes: &[u8]) -> Result<Record> {
     let doc: Document = serde_json::from_slice(bytes)
         .map_err(|e| Error::corrupt(format!("checkpoint record: {e}")))?;
     if doc.format != FORMAT {
@@ -105,15 +311,31 @@ pub fn parse_record(bytes: &[u8]) -> Result<CommittedCheckpoint> {
             doc.format
         )));
     }
-    let raw = serde_json::to_vec(&doc.checkpoint)
-        .map_err(|e| Error::corrupt(format!("checkpoint record: {e}")))?;
-    let checkpoint = Checkpoint::from_json(&raw)
-        .map_err(|e| e.context(format!("checkpoint record number {}", doc.seq)))?;
-    Ok(CommittedCheckpoint {
-        seq: doc.seq,
-        writer: doc.writer,
-        checkpoint,
-    })
+    match (doc.checkpoint, doc.removed) {
+        (None, Some(removal)) => Ok(Record::Removed {
+            seq: doc.seq,
+            removal,
+        }),
+        (Some(checkpoint), None) => {
+            let raw = serde_json::to_vec(&checkpoint)
+                .map_err(|e| Error::corrupt(format!("checkpoint record: {e}")))?;
+            let checkpoint = Checkpoint::from_json(&raw)
+                .map_err(|e| e.context(format!("checkpoint record number {}", doc.seq)))?;
+            Ok(Record::Checkpoint(CommittedCheckpoint {
+                seq: doc.seq,
+                writer: doc.writer,
+                checkpoint,
+            }))
+        }
+        (Some(_), Some(_)) => Err(Error::corrupt(format!(
+            "checkpoint record number {} holds both a checkpoint and a removal",
+            doc.seq
+        ))),
+        (None, None) => Err(Error::corrupt(format!(
+            "checkpoint record number {} holds no checkpoint",
+            doc.seq
+        ))),
+    }
 }
 
 /// A stored checkpoint record's JSON, as [`BlobCheckpointStore`] writes it (the checkpoint
@@ -125,7 +347,8 @@ pub fn record_to_json(c: &CommittedCheckpoint) -> Result<Vec<u8>> {
         format: FORMAT,
         seq: c.seq,
         writer: c.writer.clone(),
-        checkpoint,
+        checkpoint: Some(checkpoint),
+        removed: None,
     })
     .map_err(|e| Error::invalid(format!("checkpoint record: {e}")))
 }
@@ -136,11 +359,15 @@ impl CheckpointStore for BlobCheckpointStore {
         Ok(self.store.capabilities(Probe::IfUnknown).await?.create_only == CreateOnly::Atomic)
     }
 
+    /// The newest document that is not a removal's record.
     async fn latest(&self, task: &str) -> Result<Option<CommittedCheckpoint>> {
-        match self.seqs(task).await?.pop() {
-            Some((seq, key)) => self.read(task, seq, &key).await.map(Some),
-            None => Ok(None),
+        for (seq, key) in self.seqs(task).await?.into_iter().rev() {
+            match self.read_record(task, seq, &key).await? {
+                Record::Checkpoint(c) => return Ok(Some(c)),
+                Record::Removed { .. } => {}
+            }
         }
+        Ok(None)
     }
 
     async fn latest_seq(&self, task: &str) -> Result<Option<u64>> {
@@ -162,12 +389,14 @@ impl CheckpointStore for BlobCheckpointStore {
                 .into_iter()
                 .rev()
                 .take(limit)
-                .map(|(seq, key)| async move { self.read(task, seq, &key).await })
+                .map(|(seq, key)| async move { self.read_record(task, seq, &key).await })
                 .collect();
             let mut reads = futures::stream::iter(reads).buffered(16);
             while let Some(r) = reads.next().await {
                 match r {
-                    Ok(c) => out.push(c),
+                    Ok(Record::Checkpoint(c)) => out.push(c),
+                    // Removed by an operator: neither a root nor a point to restore.
+                    Ok(Record::Removed { .. }) => {}
                     Err(e) if e.kind() == ErrorKind::NotFound && attempt < 3 => {
                         tracing::debug!(
                             task,
@@ -200,7 +429,8 @@ impl CheckpointStore for BlobCheckpointStore {
             format: FORMAT,
             seq,
             writer: writer.to_string(),
-            checkpoint: checkpoint_json,
+            checkpoint: Some(checkpoint_json),
+            removed: None,
         };
         let bytes =
             serde_json::to_vec(&doc).map_err(|e| Error::invalid(format!("checkpoint: {e}")))?;
@@ -261,7 +491,10 @@ impl CheckpointStore for BlobCheckpointStore {
         let mut ids = std::collections::HashSet::new();
         let mut cut = 0;
         for (i, (seq, key)) in seqs.iter().enumerate().rev() {
-            let c = self.read(task, *seq, key).await?;
+            let c = match self.read_record(task, *seq, key).await? {
+                Record::Checkpoint(c) => c,
+                Record::Removed { .. } => continue,
+            };
             let id = c.checkpoint.as_v2().map(|v| v.id.to_string());
             ids.insert(id.unwrap_or_else(|| format!("v1-{seq}")));
             if ids.len() > keep {

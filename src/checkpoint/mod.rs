@@ -28,7 +28,10 @@ use serde::Serialize;
 use serde_json::Value;
 
 pub use crate::id::{CheckpointId, CheckpointIdGen, EPOCHS, EPOCH_STRIDE};
-pub use blob_store::{is_record, parse_record, record_to_json, BlobCheckpointStore};
+pub use blob_store::{
+    is_record, parse_entry, parse_record, record_to_json, BlobCheckpointStore, Listed, Record,
+    Removal, RemovedReport,
+};
 pub use store::{CheckpointStore, CommittedCheckpoint};
 
 use crate::error::{Error, Result};

@@ -10,7 +10,7 @@ use super::args::{open_existing_store, JobFlags, StoreArgs};
 use blobsnap::blob::history::{task_names, utc};
 use blobsnap::blob::savepoint;
 use blobsnap::blob::{load_snapshot, Expected, FACTORY_NAME};
-use blobsnap::checkpoint::{BlobCheckpointStore, CheckpointStore as _};
+use blobsnap::checkpoint::{BlobCheckpointStore, Record};
 use blobsnap::Error;
 use clap::Args;
 
@@ -60,6 +60,28 @@ struct Line {
     start_from: Option<String>,
 }
 
+/// A checkpoint document an operator removed because it could not be read (its number stays
+/// taken).
+#[derive(serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+struct RemovedLine {
+    task: String,
+    seq: u64,
+    key: String,
+    at_millis: u64,
+    reason: String,
+}
+
+/// A checkpoint document that cannot be read, by its key, with why.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+struct UnreadableLine {
+    task: String,
+    seq: u64,
+    key: String,
+    reason: String,
+}
+
 pub(crate) async fn run(
     store_args: &StoreArgs,
     json: bool,
@@ -91,8 +113,32 @@ pub(crate) async fn run(
     }
     let cps = BlobCheckpointStore::new(Arc::clone(&store), job.clone());
     let mut out: BTreeMap<String, Vec<Line>> = BTreeMap::new();
+    let mut removed: Vec<RemovedLine> = Vec::new();
+    let mut damaged: Vec<UnreadableLine> = Vec::new();
     for task in &tasks {
-        let history = cps.history(task, usize::MAX).await?;
+        // One damaged checkpoint document costs its own line, not the listing (issue 47).
+        let mut history = Vec::new();
+        for l in cps.listing(task).await? {
+            match l.record {
+                Ok(Record::Checkpoint(c)) => history.push(c),
+                Ok(Record::Removed { removal, .. }) => removed.push(RemovedLine {
+                    task: task.clone(),
+                    seq: l.seq,
+                    key: l.key.to_string(),
+                    at_millis: removal.at_millis,
+                    reason: removal.reason,
+                }),
+                Err(e) if e.kind() == blobsnap::ErrorKind::Corrupt => {
+                    damaged.push(UnreadableLine {
+                        task: task.clone(),
+                        seq: l.seq,
+                        key: l.key.to_string(),
+                        reason: e.to_string(),
+                    })
+                }
+                Err(e) => return Err(e),
+            }
+        }
         // A damaged start-from record costs its label, not the listing.
         let last_start = match blobsnap::job::last_start_from(store.as_ref(), &job, task).await {
             Ok(r) => r,
@@ -204,22 +250,38 @@ pub(crate) async fn run(
         out.insert(task.clone(), lines);
     }
     let partial = || {
-        if unreadable.is_empty() {
+        let mut why = Vec::new();
+        if !damaged.is_empty() {
+            why.push(format!(
+                "{} checkpoint document(s) cannot be read ({}), the others are listed; `blobsnap forget --checkpoint KEY` removes one (gc and the job's cleanup refuse to delete anything while one is unreadable)",
+                damaged.len(),
+                damaged
+                    .iter()
+                    .map(|d| d.key.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        if !unreadable.is_empty() {
+            why.push(format!(
+                "{} savepoint record(s) of {job_name}/{job_id} cannot be read ({}), so no checkpoint is labelled with them; `blobsnap savepoint ls` names why, `blobsnap savepoint rm --name NAME` removes one",
+                unreadable.len(),
+                blobsnap::blob::savepoint::Unreadable::names(&unreadable)
+            ));
+        }
+        if why.is_empty() {
             return Ok(());
         }
         Err(Error::new(
             blobsnap::ErrorKind::Corrupt,
-            format!(
-                "partial listing: {} savepoint record(s) of {job_name}/{job_id} cannot be read ({}), so no checkpoint is labelled with them; `blobsnap savepoint ls` names why, `blobsnap savepoint rm --name NAME` removes one",
-                unreadable.len(),
-                blobsnap::blob::savepoint::Unreadable::names(&unreadable)
-            ),
+            format!("partial listing: {}", why.join("; ")),
         ))
     };
+    let is_partial = !unreadable.is_empty() || !damaged.is_empty();
     if json {
         println!(
             "{}",
-            serde_json::json!({"schema": 1, "job": job_name, "job-id": job_id, "tasks": out, "unreadable-savepoints": unreadable, "partial": !unreadable.is_empty()})
+            serde_json::json!({"schema": 1, "job": job_name, "job-id": job_id, "tasks": out, "removed-checkpoints": removed, "unreadable-checkpoints": damaged, "unreadable-savepoints": unreadable, "partial": is_partial})
         );
         return partial();
     }
@@ -268,6 +330,23 @@ pub(crate) async fn run(
                 println!("         borrowed by fork(s): {}", l.forks.join(", "));
             }
         }
+    }
+    for r in &removed {
+        println!(
+            "task {}: #{} REMOVED {} ({}): {}  [{}]",
+            r.task,
+            r.seq,
+            utc(r.at_millis),
+            local(r.at_millis),
+            r.reason,
+            r.key
+        );
+    }
+    for d in &damaged {
+        println!(
+            "task {}: #{} UNREADABLE  {}  [{}]",
+            d.task, d.seq, d.reason, d.key
+        );
     }
     for u in &unreadable {
         println!("savepoint {}: UNREADABLE  {}", u.name, u.reason);

@@ -11,13 +11,19 @@ use clap::Args;
 #[derive(Args)]
 pub(crate) struct ForgetArgs {
     /// The manual backup (`blobsnap backup --name NAME`).
-    #[arg(long)]
-    pub(crate) name: String,
+    #[arg(long, required_unless_present = "checkpoint", requires = "keep")]
+    pub(crate) name: Option<String>,
     /// What to keep: a count ("7"), or rules such as "last 3, every 1d for 30d, every 7d for
     /// 1y" (the newest N; the newest of each period within the window). The newest backup
     /// always stays.
-    #[arg(long)]
-    pub(crate) keep: String,
+    #[arg(long, requires = "name")]
+    pub(crate) keep: Option<String>,
+    /// Remove one checkpoint document that cannot be read, by its key as `blobsnap
+    /// checkpoints` names it (`JOB/ID/checkpoints/TASK/SEQ.json`): it is replaced by the record
+    /// of its removal, so its number stays taken, and every reader passes over it. A readable
+    /// checkpoint is refused.
+    #[arg(long, value_name = "KEY", conflicts_with_all = ["name", "keep"])]
+    pub(crate) checkpoint: Option<String>,
     /// Print what would be kept and removed; remove nothing.
     #[arg(long)]
     pub(crate) dry_run: bool,
@@ -28,6 +34,20 @@ pub(crate) async fn run(
     json: bool,
     args: ForgetArgs,
 ) -> blobsnap::Result<()> {
+    if let Some(key) = &args.checkpoint {
+        return forget_checkpoint(store_args, json, key, args.dry_run).await;
+    }
+    let (Some(name), Some(keep)) = (args.name.clone(), args.keep.clone()) else {
+        return Err(blobsnap::Error::new(
+            blobsnap::ErrorKind::InvalidInput,
+            "forget takes --name NAME --keep POLICY, or --checkpoint KEY",
+        ));
+    };
+    let args = Named {
+        name,
+        keep,
+        dry_run: args.dry_run,
+    };
     let policy: RetentionPolicy = args.keep.parse()?;
     let store = open_existing_store(store_args).await?;
     let now = blobsnap::backend::SystemClock.now_millis();
@@ -66,6 +86,61 @@ pub(crate) async fn run(
             "removed"
         },
         args.name
+    );
+    Ok(())
+}
+
+/// `forget --name`'s arguments, checked.
+struct Named {
+    name: String,
+    keep: String,
+    dry_run: bool,
+}
+
+/// `forget --checkpoint KEY`: replace one unreadable checkpoint document by its removal.
+async fn forget_checkpoint(
+    store_args: &StoreArgs,
+    json: bool,
+    key: &str,
+    dry_run: bool,
+) -> blobsnap::Result<()> {
+    let parsed = blobsnap::blobstore::BlobKey::new(key.to_string())
+        .ok()
+        .and_then(|k| blobsnap::layout::parse(&k));
+    let Some(blobsnap::layout::ParsedKey {
+        job_name,
+        job_id,
+        kind: blobsnap::layout::KeyKind::Checkpoint { task, seq },
+    }) = parsed
+    else {
+        return Err(blobsnap::Error::new(blobsnap::ErrorKind::InvalidInput, format!(
+            "--checkpoint {key:?} is not the key of a checkpoint document (JOB/ID/checkpoints/TASK/SEQ.json, as `blobsnap checkpoints` names it)"
+        )));
+    };
+    let job = if job_name == blobsnap::layout::MANUAL_JOB {
+        blobsnap::layout::JobScope::manual(&job_id)?
+    } else {
+        blobsnap::layout::JobScope::new(&job_name, &job_id)?
+    };
+    let store = open_existing_store(store_args).await?;
+    let cps = blobsnap::checkpoint::BlobCheckpointStore::new(store, job);
+    let now = blobsnap::backend::SystemClock.now_millis();
+    let report = cps.remove_unreadable(&task, seq, now, dry_run).await?;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"schema": 1, "dry-run": dry_run, "removed-checkpoint": report})
+        );
+        return Ok(());
+    }
+    let what = match (dry_run, report.changed) {
+        (true, _) => "would remove",
+        (false, true) => "removed",
+        (false, false) => "already removed",
+    };
+    println!(
+        "checkpoint #{seq} of task {task} of {job_name}/{job_id}: {what} (its number stays taken; `blobsnap checkpoints` lists it as removed)\n  key: {}\n  why it could not be read: {}",
+        report.key, report.reason
     );
     Ok(())
 }

@@ -204,6 +204,9 @@ impl TaskCommitManager {
                 Some(c) => (c.seq, Some(c.checkpoint)),
                 None => (0, None),
             };
+            // Past every document: one an operator removed (`forget --checkpoint`) keeps its
+            // number, and the latest checkpoint is then older than it.
+            let seq = seq.max(checkpoints.latest_seq(&task.task_name).await?.unwrap_or(0));
             let next = next_seq(&task.task_name, seq)?;
             let last_id = last.as_ref().and_then(|c| c.as_v2()).map(|c| c.id);
             // The claim's number is this process's epoch: every id it makes carries it, so no

@@ -3,21 +3,7 @@
 
 use super::*;
 
-/// What a task records once it has started from a chosen point.
-#[derive(serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub(super) struct StartedFrom {
-    /// The point, as configured.
-    pub(super) start_from: String,
-    /// The head checkpoint the task committed for it.
-    pub(super) seq: u64,
-    /// The chosen checkpoint's id.
-    pub(super) checkpoint_id: String,
-    /// A fork's: the pins its task wrote in the source scopes (the backend releases them
-    /// once nothing borrows through them, also after a restart).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub(super) pins: Vec<crate::blob::time::fork::ForkPin>,
-}
+use crate::blob::time::record::StartFromRecord as StartedFrom;
 
 /// Every task of the job has the point `point` names (checked before any task starts, so a
 /// rollback never leaves the job half rolled back): `NotFound` naming the first task that
@@ -114,14 +100,7 @@ pub(super) async fn read_start_from(
     job: &JobScope,
     task: &str,
 ) -> Result<Option<StartedFrom>> {
-    let key = start_from_key(job, task)?;
-    match crate::blobstore::get_bytes(store, &key, 1 << 20).await {
-        Ok(b) => serde_json::from_slice(&b)
-            .map(Some)
-            .map_err(|e| Error::corrupt(format!("{key}: {e}"))),
-        Err(e) if e.kind() == crate::error::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
-    }
+    crate::blob::time::record::read_start_from(store, job, task).await
 }
 
 pub(super) fn start_from_key(job: &JobScope, task: &str) -> Result<crate::blobstore::BlobKey> {

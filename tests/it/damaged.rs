@@ -1,24 +1,141 @@
-//! One damaged record never takes a job's history hostage (issue 47, the savepoint records):
-//! a record written by a newer version, cut short, edited by hand (a field out of range, a
-//! name that is not its key's) or hostile (a time past year 9999) is listed by its key with
-//! the reason beside every healthy savepoint, the listing exits non-zero saying "partial",
-//! `savepoint rm` removes it (dry run first), and no command panics on any of them.
+//! One damaged record never takes a job's history hostage (issue 47), on the local store and
+//! on the external S3 server: a savepoint record or a task's checkpoint document written by a
+//! newer version, cut short, edited by hand (a field out of range, a name that is not its
+//! key's) or hostile (a time past year 9999, bytes that are not UTF-8) is listed by its key
+//! with the reason beside every healthy one, the listing exits non-zero saying "partial",
+//! `savepoint rm` / `forget --checkpoint` removes it (dry run first), and no command panics on
+//! any of them.
 
 use std::path::Path;
+use std::sync::Arc;
 
-async fn run(
-    store: &Path,
-    args: &[&str],
-) -> (Option<i32>, serde_json::Value, String, serde_json::Value) {
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
-        .arg("--json")
-        .arg("--local")
-        .arg(store)
-        .args(args)
-        .env("XDG_CACHE_HOME", store.join("../cache"))
-        .output()
+use blobsnap::blobstore::{BlobKey, BlobStore, PutBody, PutOptions, Scope};
+use futures::TryStreamExt as _;
+
+/// Where a damaged-record test runs: the command's store flags and environment, and a raw
+/// view of the same keys (the local dir, or the S3 prefix) to damage records with.
+struct Target {
+    flags: Vec<String>,
+    env: Vec<(String, String)>,
+    raw: Arc<dyn BlobStore>,
+    work: tempfile::TempDir,
+}
+
+impl Target {
+    fn local() -> Target {
+        let work = tempfile::tempdir().unwrap();
+        let dir = work.path().join("store");
+        Target {
+            flags: vec!["--local".into(), dir.display().to_string()],
+            env: Vec::new(),
+            raw: Arc::new(blobsnap::blobstore::local::LocalStore::new(&dir).unwrap()),
+            work,
+        }
+    }
+
+    /// The S3 server of the external suites (LocalStack in CI), under a prefix of its own.
+    async fn external() -> Target {
+        let h = crate::support::external().await;
+        let crate::support::Kind::S3(s3) = &h.kind else {
+            panic!("the external harness is an S3 store")
+        };
+        let mut config = s3.config().clone();
+        config.prefix = h.scope.as_str().to_string();
+        let var = |n: &str, d: &str| std::env::var(n).unwrap_or_else(|_| d.to_string());
+        let (ak, sk) = (
+            var("BLOBSNAP_TEST_S3_ACCESS_KEY", "test"),
+            var("BLOBSNAP_TEST_S3_SECRET_KEY", "test"),
+        );
+        let raw = blobsnap::blobstore::s3::S3Store::connect_with_credentials(
+            config.clone(),
+            &ak,
+            &sk,
+            None,
+        )
         .await
         .unwrap();
+        let mut flags = vec![
+            "--bucket".to_string(),
+            config.bucket.clone(),
+            "--s3-prefix".into(),
+            config.prefix.clone(),
+        ];
+        if let Some(e) = &config.endpoint {
+            flags.extend(["--s3-endpoint".into(), e.clone()]);
+        }
+        if config.path_style {
+            flags.push("--s3-path-style".into());
+        }
+        Target {
+            flags,
+            env: vec![
+                ("AWS_ACCESS_KEY_ID".into(), ak),
+                ("AWS_SECRET_ACCESS_KEY".into(), sk),
+                (
+                    "AWS_REGION".into(),
+                    config.region.clone().unwrap_or_else(|| "us-east-1".into()),
+                ),
+            ],
+            raw: Arc::new(raw),
+            work: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn command(&self) -> tokio::process::Command {
+        let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"));
+        c.args(&self.flags)
+            .envs(self.env.iter().cloned())
+            .env("XDG_CACHE_HOME", self.work.path().join("cache"));
+        c
+    }
+
+    /// The command's plain-text output.
+    async fn text(&self, args: &[&str]) -> std::process::Output {
+        self.command().args(args).output().await.unwrap()
+    }
+
+    async fn keys(&self, under: &str) -> Vec<String> {
+        self.raw
+            .list(&Scope::new(under.to_string()).unwrap())
+            .map_ok(|m| m.key.as_str().to_string())
+            .try_collect()
+            .await
+            .unwrap()
+    }
+
+    async fn read(&self, key: &str) -> Vec<u8> {
+        let key = BlobKey::new(key.to_string()).unwrap();
+        blobsnap::blobstore::get_bytes(self.raw.as_ref(), &key, 64 << 20)
+            .await
+            .unwrap()
+            .to_vec()
+    }
+
+    async fn write(&self, key: &str, bytes: Vec<u8>) {
+        let key = BlobKey::new(key.to_string()).unwrap();
+        self.raw
+            .put(&key, PutBody::Bytes(bytes.into()), PutOptions::default())
+            .await
+            .unwrap();
+    }
+
+    async fn exists(&self, key: &str) -> bool {
+        let key = BlobKey::new(key.to_string()).unwrap();
+        match self.raw.head(&key).await {
+            Ok(_) => true,
+            Err(e) if e.kind() == blobsnap::ErrorKind::NotFound => false,
+            Err(e) => panic!("head {key}: {e}"),
+        }
+    }
+}
+
+/// The command with `--json`: its exit code, its JSON output, its stderr, and the JSON error
+/// on stderr's last line.
+async fn run(
+    t: &Target,
+    args: &[&str],
+) -> (Option<i32>, serde_json::Value, String, serde_json::Value) {
+    let out = t.command().arg("--json").args(args).output().await.unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let err_json = stderr
         .lines()
@@ -35,12 +152,36 @@ async fn run(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_savepoint_is_listed_by_its_key_and_removable_and_nothing_panics() {
-    let tmp = tempfile::tempdir().unwrap();
-    let store = tmp.path().join("store");
-    let demo = tmp.path().join("demo");
+    damaged_savepoints(&Target::local()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_checkpoint_document_is_listed_by_its_key_and_removed_keeping_its_number() {
+    damaged_checkpoints(&Target::local()).await;
+}
+
+mod external {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs the external S3 server (scripts/test.sh starts LocalStack)"]
+    async fn a_damaged_savepoint_on_s3() {
+        damaged_savepoints(&Target::external().await).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs the external S3 server (scripts/test.sh starts LocalStack)"]
+    async fn a_damaged_checkpoint_document_on_s3() {
+        damaged_checkpoints(&Target::external().await).await;
+    }
+}
+
+async fn damaged_savepoints(t: &Target) {
+    let store = t;
+    let demo = t.work.path().join("demo");
     let d = demo.to_str().unwrap();
     let (code, _, err, _) = run(
-        &store,
+        store,
         &[
             "demo",
             "--dir",
@@ -60,50 +201,50 @@ async fn a_damaged_savepoint_is_listed_by_its_key_and_removable_and_nothing_pani
         "good", "newer", "cut", "renamed", "range", "future", "hostile",
     ] {
         let (code, _, err, _) = run(
-            &store,
+            store,
             &[&["savepoint", "create"][..], &job, &["--name", name]].concat(),
         )
         .await;
         assert_eq!(code, Some(0), "{name}: {err}");
     }
-    let dir = store.join("wordcount/1/savepoints");
-    let path = |name: &str| {
-        let p = std::fs::read_dir(&dir)
-            .unwrap()
-            .flatten()
-            .map(|e| e.path())
-            .find(|p| {
-                p.file_name()
-                    .unwrap()
-                    .to_string_lossy()
-                    .starts_with(&format!("{name}."))
-            });
-        p.unwrap_or_else(|| panic!("no record of {name} in {}", dir.display()))
+    let keys = t.keys("wordcount/1/savepoints/").await;
+    let key = |name: &str| -> String {
+        keys.iter()
+            .find(|k| {
+                k.strip_prefix("wordcount/1/savepoints/")
+                    .is_some_and(|f| !f.contains('/') && f.starts_with(&format!("{name}.")))
+            })
+            .unwrap_or_else(|| panic!("no record of {name} in {keys:?}"))
+            .clone()
     };
-    let record = |name: &str| -> serde_json::Value {
-        serde_json::from_slice(&std::fs::read(path(name)).unwrap()).unwrap()
+    let record = |name: &str| {
+        let k = key(name);
+        async move { serde_json::from_slice::<serde_json::Value>(&t.read(&k).await).unwrap() }
     };
-    let write = |name: &str, v: &serde_json::Value| {
-        std::fs::write(path(name), serde_json::to_vec(v).unwrap()).unwrap()
+    let write = |name: &str, v: serde_json::Value| {
+        let k = key(name);
+        async move { t.write(&k, serde_json::to_vec(&v).unwrap()).await }
     };
     // Damage six of the seven, each a different way.
-    let mut v = record("newer");
+    let mut v = record("newer").await;
     v["format"] = 99.into();
-    write("newer", &v);
-    let bytes = std::fs::read(path("cut")).unwrap();
-    std::fs::write(path("cut"), &bytes[..bytes.len() / 2]).unwrap();
-    let mut v = record("renamed");
+    write("newer", v).await;
+    let bytes = t.read(&key("cut")).await;
+    t.write(&key("cut"), bytes[..bytes.len() / 2].to_vec())
+        .await;
+    let mut v = record("renamed").await;
     v["name"] = "good".into();
-    write("renamed", &v);
-    let mut v = record("range");
+    write("renamed", v).await;
+    let mut v = record("range").await;
     v["created-millis"] = (-5).into();
-    write("range", &v);
-    let mut v = record("future");
+    write("range", v).await;
+    let mut v = record("future").await;
     v["created-millis"] = serde_json::json!(u64::MAX);
-    write("future", &v);
-    std::fs::write(path("hostile"), b"\xff\xfe[[[[[[[[not utf-8").unwrap();
+    write("future", v).await;
+    t.write(&key("hostile"), b"\xff\xfe[[[[[[[[not utf-8".to_vec())
+        .await;
 
-    let (code, v, err, e) = run(&store, &[&["savepoint", "ls"][..], &job].concat()).await;
+    let (code, v, err, e) = run(store, &[&["savepoint", "ls"][..], &job].concat()).await;
     assert_eq!(code, Some(4), "a partial listing is an error: {err}");
     assert!(!err.contains("panicked"), "{err}");
     assert!(
@@ -141,7 +282,7 @@ async fn a_damaged_savepoint_is_listed_by_its_key_and_removable_and_nothing_pani
 
     // `checkpoints` lists every retained checkpoint, labelled by the readable savepoints, and
     // names the unreadable ones: partial, exit 4.
-    let (code, v, err, _) = run(&store, &[&["checkpoints"][..], &job].concat()).await;
+    let (code, v, err, _) = run(store, &[&["checkpoints"][..], &job].concat()).await;
     assert_eq!(code, Some(4), "{err}");
     assert!(err.contains("partial"), "{err}");
     assert_eq!(v["partial"], true, "{v}");
@@ -162,20 +303,14 @@ async fn a_damaged_savepoint_is_listed_by_its_key_and_removable_and_nothing_pani
     );
 
     // The text listing too, and `show` of each: no panic, a classified error for the damaged.
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
-        .arg("--local")
-        .arg(&store)
-        .args(["savepoint", "ls", "--job", "wordcount"])
-        .output()
-        .await
-        .unwrap();
+    let out = t.text(&["savepoint", "ls", "--job", "wordcount"]).await;
     assert_eq!(out.status.code(), Some(4));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("past 9999-12-31"), "{text}");
     assert!(text.contains("renamed  UNREADABLE"), "{text}");
     for name in ["good", "future"] {
         let (code, _, err, _) = run(
-            &store,
+            store,
             &[&["savepoint", "show"][..], &job, &["--name", name]].concat(),
         )
         .await;
@@ -183,7 +318,7 @@ async fn a_damaged_savepoint_is_listed_by_its_key_and_removable_and_nothing_pani
     }
     for name in bad.keys() {
         let (code, _, err, _) = run(
-            &store,
+            store,
             &[&["savepoint", "show"][..], &job, &["--name", name]].concat(),
         )
         .await;
@@ -193,7 +328,7 @@ async fn a_damaged_savepoint_is_listed_by_its_key_and_removable_and_nothing_pani
     // gc and usage fail closed while one is unreadable (a root they cannot read), and say
     // what names the records and what removes one; check lists each as a problem.
     for cmd in [&["gc", "--dry-run"][..], &["usage"][..]] {
-        let (code, _, err, _) = run(&store, &[&cmd[..1], &job, &cmd[1..]].concat()).await;
+        let (code, _, err, _) = run(store, &[&cmd[..1], &job, &cmd[1..]].concat()).await;
         assert_eq!(code, Some(4), "{cmd:?}: {err}");
         assert!(!err.contains("panicked"), "{err}");
         assert!(
@@ -201,7 +336,7 @@ async fn a_damaged_savepoint_is_listed_by_its_key_and_removable_and_nothing_pani
             "{cmd:?} names the way out: {err}"
         );
     }
-    let (code, v, err, _) = run(&store, &[&["check"][..], &job].concat()).await;
+    let (code, v, err, _) = run(store, &[&["check"][..], &job].concat()).await;
     assert_eq!(code, Some(4), "{err}");
     let problems = v["report"]["problems"].as_array().unwrap();
     for name in bad.keys() {
@@ -215,10 +350,10 @@ async fn a_damaged_savepoint_is_listed_by_its_key_and_removable_and_nothing_pani
     }
 
     // A typed reference past year 9999 is an error, never a panic (issue 46, S4-4).
-    let to = tmp.path().join("r");
+    let to = t.work.path().join("r");
     for at in ["@99999999999999999", "@18446744073709551615"] {
         let (code, _, err, _) = run(
-            &store,
+            store,
             &[
                 "restore",
                 "--job",
@@ -241,7 +376,7 @@ async fn a_damaged_savepoint_is_listed_by_its_key_and_removable_and_nothing_pani
     }
 
     let (code, _, err, _) = run(
-        &store,
+        store,
         &[
             "savepoint",
             "create",
@@ -259,7 +394,7 @@ async fn a_damaged_savepoint_is_listed_by_its_key_and_removable_and_nothing_pani
 
     // rm: a dry run names it and removes nothing; then each goes.
     let (code, v, err, _) = run(
-        &store,
+        store,
         &[
             &["savepoint", "rm"][..],
             &job,
@@ -277,27 +412,254 @@ async fn a_damaged_savepoint_is_listed_by_its_key_and_removable_and_nothing_pani
             .contains("its key says"),
         "{v}"
     );
-    assert!(path("renamed").exists(), "a dry run removes nothing");
+    assert!(t.exists(&key("renamed")).await, "a dry run removes nothing");
     for name in bad.keys() {
         let (code, v, err, _) = run(
-            &store,
+            store,
             &[&["savepoint", "rm"][..], &job, &["--name", name]].concat(),
         )
         .await;
         assert_eq!(code, Some(0), "{name}: {err}");
         assert_eq!(v["removed"], *name, "{v}");
     }
-    let (code, v, err, _) = run(&store, &[&["savepoint", "ls"][..], &job].concat()).await;
+    let (code, v, err, _) = run(store, &[&["savepoint", "ls"][..], &job].concat()).await;
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(v["partial"], false, "{v}");
     assert_eq!(v["savepoints"].as_array().unwrap().len(), 2, "{v}");
-    let (code, _, err, _) = run(&store, &[&["checkpoints"][..], &job].concat()).await;
+    let (code, _, err, _) = run(store, &[&["checkpoints"][..], &job].concat()).await;
     assert_eq!(code, Some(0), "{err}");
-    let (code, _, err, _) = run(&store, &[&["gc"][..], &job, &["--dry-run"]].concat()).await;
+    let (code, _, err, _) = run(store, &[&["gc"][..], &job, &["--dry-run"]].concat()).await;
     assert_eq!(
         code,
         Some(0),
         "gc runs again once the damaged records are gone: {err}"
+    );
+}
+
+/// Two checkpoint documents of a task damaged (the newest, of a newer format; the one before,
+/// cut short): `checkpoints` lists the others and names both by key, exit 4 "partial"; gc
+/// fails closed naming the way out, `check` names each key; `forget --checkpoint` refuses a
+/// readable one and a key that is not a checkpoint's, removes nothing on a dry run, then
+/// replaces each by its removal (again: already removed); the listing shows them `removed`,
+/// gc runs; the job restarts from the newest readable checkpoint (its offsets: it processes
+/// exactly the lines after it) and commits past the removed numbers, never under one.
+async fn damaged_checkpoints(t: &Target) {
+    let demo = t.work.path().join("demo");
+    let d = demo.to_str().unwrap();
+    let run_demo = |lines: &'static str| async move {
+        run(
+            t,
+            &[
+                "demo",
+                "--dir",
+                d,
+                "--partitions",
+                "1",
+                "--lines",
+                lines,
+                "--commit-every",
+                "100",
+                "--retention",
+                "6",
+            ],
+        )
+        .await
+    };
+    let (code, _, err, _) = run_demo("400").await;
+    assert_eq!(code, Some(0), "{err}");
+    let job = ["--job", "wordcount"];
+    let (code, v, err, _) = run(t, &[&["checkpoints"][..], &job].concat()).await;
+    assert_eq!(code, Some(0), "{err}");
+    let listed = |v: &serde_json::Value| -> Vec<(u64, String)> {
+        v["tasks"]["Partition 0"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| {
+                let offsets = &l["input-offsets"];
+                let off = offsets
+                    .as_object()
+                    .and_then(|o| o.values().next())
+                    .and_then(|x| x.as_str())
+                    .unwrap_or("")
+                    .to_string();
+                (l["seq"].as_u64().unwrap(), off)
+            })
+            .collect()
+    };
+    let before = listed(&v);
+    assert!(before.len() >= 3, "{v}");
+    let (newest, second, third) = (before[0].0, before[1].0, before[2].clone());
+    let keys = t.keys("wordcount/1/checkpoints/").await;
+    let key_of = |seq: u64| -> String {
+        keys.iter()
+            .find(|k| k.ends_with(&format!("{seq:020}.json")))
+            .unwrap_or_else(|| panic!("no document #{seq} in {keys:?}"))
+            .clone()
+    };
+    let (k_newest, k_second) = (key_of(newest), key_of(second));
+    let mut doc: serde_json::Value = serde_json::from_slice(&t.read(&k_newest).await).unwrap();
+    doc["blobsnap-checkpoint"] = 99.into();
+    t.write(&k_newest, serde_json::to_vec(&doc).unwrap()).await;
+    let bytes = t.read(&k_second).await;
+    t.write(&k_second, bytes[..bytes.len() / 2].to_vec()).await;
+    let damaged_second = t.read(&k_second).await;
+
+    // The listing: every readable one, each damaged one by its key with why; partial.
+    let (code, v, err, e) = run(t, &[&["checkpoints"][..], &job].concat()).await;
+    assert_eq!(code, Some(4), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let message = e["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("partial") && message.contains("forget --checkpoint"),
+        "{e}"
+    );
+    assert_eq!(v["partial"], true, "{v}");
+    assert_eq!(
+        listed(&v),
+        before[2..].to_vec(),
+        "the others, unchanged: {v}"
+    );
+    let bad: std::collections::BTreeMap<u64, (String, String)> = v["unreadable-checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| {
+            (
+                u["seq"].as_u64().unwrap(),
+                (
+                    u["key"].as_str().unwrap().to_string(),
+                    u["reason"].as_str().unwrap().to_string(),
+                ),
+            )
+        })
+        .collect();
+    assert_eq!(
+        bad.keys().copied().collect::<Vec<_>>(),
+        [second, newest],
+        "{v}"
+    );
+    assert_eq!(bad[&newest].0, k_newest, "{v}");
+    assert!(bad[&newest].1.contains("format 99"), "{v}");
+    assert_eq!(bad[&second].0, k_second, "{v}");
+    let out = t.text(&["checkpoints", "--job", "wordcount"]).await;
+    assert_eq!(out.status.code(), Some(4));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("#{newest} UNREADABLE")) && text.contains(&k_second),
+        "{text}"
+    );
+
+    // gc fails closed and says what names them and what removes one; check names each key.
+    let (code, _, err, _) = run(t, &[&["gc"][..], &job, &["--dry-run"]].concat()).await;
+    assert_eq!(code, Some(4), "{err}");
+    assert!(
+        err.contains("blobsnap checkpoints") && err.contains("forget --checkpoint"),
+        "gc names the way out: {err}"
+    );
+    let (code, v, err, _) = run(t, &[&["check"][..], &job].concat()).await;
+    assert_eq!(code, Some(4), "{err}");
+    let problems = v["report"]["problems"].as_array().unwrap();
+    for k in [&k_newest, &k_second] {
+        assert!(
+            problems.iter().any(|p| p["message"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("forget --checkpoint {k}"))),
+            "check names {k}: {v}"
+        );
+    }
+    // A restart before the removal fails closed too (the newest cannot be read).
+    let (code, _, err, _) = run_demo("500").await;
+    assert_eq!(code, Some(4), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+
+    // forget --checkpoint: a readable one and a key that is not a checkpoint's are refused.
+    let k_third = key_of(third.0);
+    let (code, _, err, _) = run(t, &["forget", "--checkpoint", &k_third]).await;
+    assert_eq!(code, Some(5), "{err}");
+    assert!(err.contains("can be read"), "{err}");
+    let (code, _, err, _) = run(
+        t,
+        &["forget", "--checkpoint", "wordcount/1/savepoints/x.json"],
+    )
+    .await;
+    assert_eq!(code, Some(5), "{err}");
+    assert!(
+        err.contains("not the key of a checkpoint document"),
+        "{err}"
+    );
+    // A dry run names it and writes nothing.
+    let (code, v, err, _) = run(t, &["forget", "--checkpoint", &k_second, "--dry-run"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["dry-run"], true, "{v}");
+    assert_eq!(v["removed-checkpoint"]["seq"], second, "{v}");
+    assert_eq!(
+        t.read(&k_second).await,
+        damaged_second,
+        "a dry run writes nothing"
+    );
+    // Each goes; a second time it was already removed.
+    for (k, seq) in [(&k_second, second), (&k_newest, newest)] {
+        let (code, v, err, _) = run(t, &["forget", "--checkpoint", k]).await;
+        assert_eq!(code, Some(0), "{err}");
+        assert_eq!(v["removed-checkpoint"]["changed"], true, "{v}");
+        assert_eq!(v["removed-checkpoint"]["seq"], seq, "{v}");
+        assert!(t.exists(k).await, "the number stays taken: {k}");
+    }
+    let (code, v, err, _) = run(t, &["forget", "--checkpoint", &k_newest]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["removed-checkpoint"]["changed"], false, "{v}");
+    assert!(
+        v["removed-checkpoint"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("format 99"),
+        "{v}"
+    );
+    let (code, v, err, _) = run(t, &[&["checkpoints"][..], &job].concat()).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["partial"], false, "{v}");
+    let removed: Vec<u64> = v["removed-checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(removed, [newest, second], "{v}");
+    assert_eq!(listed(&v), before[2..].to_vec(), "{v}");
+    let (code, _, err, _) = run(t, &[&["gc"][..], &job, &["--dry-run"]].concat()).await;
+    assert_eq!(code, Some(0), "gc runs again: {err}");
+
+    // The job restarts from the newest readable checkpoint, by its offsets: it processes
+    // exactly the lines after it, and its check holds; what it commits is numbered past the
+    // removed documents.
+    // (The task's first claim carries no offset: it starts from the beginning.)
+    let resumed_at: u64 = if third.1.is_empty() {
+        0
+    } else {
+        third.1.parse().expect("an offset")
+    };
+    let (code, v, err, _) = run_demo("500").await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["check"], "ok", "{v}");
+    assert_eq!(
+        v["tasks"][0]["resumed-from"].as_u64(),
+        Some(resumed_at),
+        "resumed from the newest readable checkpoint: {v}"
+    );
+    let (code, v, err, _) = run(t, &[&["checkpoints"][..], &job].concat()).await;
+    assert_eq!(code, Some(0), "{err}");
+    let after = listed(&v);
+    assert!(
+        after[0].0 > newest,
+        "the restart commits past the removed numbers: {after:?}, removed #{newest}"
+    );
+    assert!(
+        after
+            .iter()
+            .all(|(seq, _)| *seq != newest && *seq != second),
+        "no checkpoint under a removed number: {after:?}"
     );
 }
 
@@ -325,11 +687,11 @@ fn blob_files(dir: &Path) -> Vec<std::path::PathBuf> {
 /// fails even the HEAD-only check (sizes); once both are mended, every mode is clean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_read_data_finds_a_flipped_byte_and_a_short_blob() {
-    let tmp = tempfile::tempdir().unwrap();
-    let store = tmp.path().join("store");
-    let d = tmp.path().join("demo");
+    let t = Target::local();
+    let store = t.work.path().join("store");
+    let d = t.work.path().join("demo");
     let (code, _, err, _) = run(
-        &store,
+        &t,
         &[
             "demo",
             "--dir",
@@ -347,14 +709,8 @@ async fn check_read_data_finds_a_flipped_byte_and_a_short_blob() {
     let blobs = blob_files(&store);
     assert!(blobs.len() >= 2, "{blobs:?}");
     let check = |extra: &'static [&'static str]| {
-        let store = store.clone();
-        async move {
-            run(
-                &store,
-                &[&["check", "--job", "wordcount"][..], extra].concat(),
-            )
-            .await
-        }
+        let t = &t;
+        async move { run(t, &[&["check", "--job", "wordcount"][..], extra].concat()).await }
     };
     for mode in [
         &[][..],

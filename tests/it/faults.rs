@@ -75,6 +75,44 @@ async fn through(proxy: &Proxy, config: &S3Config, ak: &str, sk: &str) -> Arc<dy
     ))
 }
 
+/// F22 of the protocol reviews: a server that answers a missing key `403` (AWS, to credentials
+/// without `s3:ListBucket`) is refused by the job's validation as `Permanent`, naming
+/// `s3:ListBucket` — a missing blob and a denied one would look alike to the restore fallback,
+/// the cleanup and the sweep; the same server answering `404` validates. Through a real proxy
+/// in front of the in-process S3 server, rewriting only that answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_denies_missing_keys_is_refused_naming_list_bucket() {
+    use blobsnap::backend::StateBackendAdmin as _;
+    let (h, ak, sk) = upstream(false).await;
+    let s3 = s3_of(&h);
+    let proxy = Proxy::start(addr_of(s3), FaultRates::default(), 5).await;
+    let mut c = s3.config().clone();
+    c.endpoint = Some(proxy.endpoint());
+    c.prefix = h.scope.as_str().to_string();
+    let store: Arc<dyn BlobStore> = Arc::new(
+        S3Store::connect_with_credentials(c, &ak, &sk, None)
+            .await
+            .unwrap(),
+    );
+    let admin =
+        blobsnap::blob::admin::BlobStoreAdmin::new(Arc::clone(&store), None, "wc", "1", "dep-1")
+            .unwrap();
+    admin.create_resources().await.unwrap();
+    admin.validate_resources().await.unwrap();
+    proxy.set_quirks(Quirks {
+        denied_not_found: true,
+        ..Default::default()
+    });
+    let e = admin.validate_resources().await.unwrap_err();
+    assert_eq!(e.kind(), blobsnap::ErrorKind::Permanent, "{e}");
+    assert!(
+        e.to_string().contains("s3:ListBucket") && e.to_string().contains("404"),
+        "{e}"
+    );
+    proxy.set_quirks(Quirks::default());
+    admin.validate_resources().await.unwrap();
+}
+
 async fn lost_responses_settle(external: bool) {
     let (h, ak, sk) = upstream(external).await;
     let s3 = s3_of(&h);

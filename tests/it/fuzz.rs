@@ -1,5 +1,5 @@
 //! Hostile input to every reader of untrusted bytes, for a fixed time: the CheckpointV1/V2
-//! JSON reader, the SnapshotIndex reader, the savepoint record reader, and the marker, checkpoint id, key and scope
+//! JSON reader, the SnapshotIndex reader, the savepoint record, checkpoint document and start-from record readers, and the marker, checkpoint id, key (a fork pin's too) and scope
 //! parsers. A mutational fuzzer (seeded; inputs grown from valid documents by byte flips,
 //! splices, duplications, number swaps to huge / negative / fractional values, deep nesting
 //! and truncation, plus plain random bytes) runs each target on a
@@ -265,6 +265,28 @@ fn hostile_input_never_panics_and_allocation_stays_bounded() {
         0.005,
         |b| blobsnap::blob::savepoint::parse_record(b, &key).is_ok(),
     );
+    // A task's checkpoint document (a checkpoint, or the record of its removal) and its
+    // start-from record (issue 47): every document a listing, a restore or a collector reads.
+    let document =
+        format!(r#"{{"blobsnap-checkpoint":1,"seq":3,"writer":"w","checkpoint":{CHECKPOINT_V2}}}"#);
+    let removed = r#"{"blobsnap-checkpoint":1,"seq":4,"writer":"w","removed":{"at-millis":1,"reason":"cut short"}}"#;
+    fuzz(
+        "checkpoint document reader",
+        &[document.as_bytes(), removed.as_bytes()],
+        budget,
+        0.01,
+        |b| blobsnap::checkpoint::parse_entry(b).is_ok(),
+    );
+    let start = r#"{"start-from":"savepoint:wc/1/nightly","seq":7,"checkpoint-id":"1614147487244-33","pins":[{"source-job":"wc","source-id":"1","savepoint":"nightly","fork-job":"f","fork-id":"1","task":"Partition 0"}]}"#;
+    let start_key =
+        blobsnap::blobstore::BlobKey::new("wc/1/start-from/Partition 0.json".to_string()).unwrap();
+    fuzz(
+        "start-from record reader",
+        &[start.as_bytes()],
+        budget,
+        0.01,
+        |b| blobsnap::blob::record::parse_start_from(b, &start_key).is_ok(),
+    );
     fuzz(
         "marker, id, key and scope parsers",
         &[MARKER.as_bytes(), b"1614147487244-33", b"a/b/c", b"scope/"],
@@ -277,7 +299,12 @@ fn hostile_input_never_panics_and_allocation_stays_bounded() {
             let k = blobsnap::blobstore::BlobKey::new(s.to_string()).is_ok();
             let sc = blobsnap::blobstore::Scope::new(s.to_string()).is_ok();
             let u = blobsnap::blobstore::unescape_segment(&s).is_ok();
-            m | i | k | sc | u
+            // A fork's pin is named by its key alone: the layout's parser reads it.
+            let p = blobsnap::blobstore::BlobKey::new(s.to_string())
+                .ok()
+                .and_then(|k| blobsnap::layout::parse(&k))
+                .is_some();
+            m | i | k | sc | u | p
         },
     );
 
@@ -329,4 +356,35 @@ fn the_libfuzzer_seeds_parse() {
     text("id").parse::<CheckpointId>().unwrap();
     blobsnap::blobstore::BlobKey::new(text("key")).unwrap();
     blobsnap::blobstore::Scope::new(text("scope")).unwrap();
+    let records = files("records");
+    let seed = |n: &str| records.iter().find(|(f, _)| f == n).unwrap().1.clone();
+    let key =
+        blobsnap::blobstore::BlobKey::new("wc/1/savepoints/nightly.json".to_string()).unwrap();
+    blobsnap::blob::savepoint::parse_record(&seed("savepoint.json"), &key).unwrap();
+    assert!(matches!(
+        blobsnap::checkpoint::parse_entry(&seed("checkpoint-document.json")).unwrap(),
+        blobsnap::checkpoint::Record::Checkpoint(_)
+    ));
+    assert!(matches!(
+        blobsnap::checkpoint::parse_entry(&seed("checkpoint-removed.json")).unwrap(),
+        blobsnap::checkpoint::Record::Removed { seq: 4, .. }
+    ));
+    let key =
+        blobsnap::blobstore::BlobKey::new("wc/1/start-from/Partition 0.json".to_string()).unwrap();
+    assert_eq!(
+        blobsnap::blob::record::parse_start_from(&seed("start-from.json"), &key)
+            .unwrap()
+            .pins
+            .len(),
+        1
+    );
+    let pin = String::from_utf8(seed("fork-pin-key")).unwrap();
+    let parsed = blobsnap::layout::parse(&blobsnap::blobstore::BlobKey::new(pin.clone()).unwrap());
+    assert!(
+        matches!(
+            parsed.as_ref().map(|p| &p.kind),
+            Some(blobsnap::layout::KeyKind::ForkPin { .. })
+        ),
+        "{pin}: {parsed:?}"
+    );
 }

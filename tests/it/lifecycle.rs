@@ -2495,6 +2495,129 @@ async fn a_lazy_restore_of_a_missing_blob_takes_the_fallback() {
     );
 }
 
+/// A lazily restored store whose blob is corrupt with its size intact (issue 46, L4: the
+/// restore's HEAD cannot see it) does not crash-loop: the background download fails the file
+/// for good and leaves a durable note (`LAZY-FAILED`) in the store dir; the next start's
+/// restore downloads and verifies that file before the store opens, so the bad blob fails the
+/// restore with `Corrupt` naming the file (nothing committed), and with the restore fallback
+/// the task falls back to the older checkpoint, resumes from exactly its offset and ends with
+/// the input's counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_restore_of_a_corrupt_blob_of_the_right_size_takes_the_fallback_at_the_next_start() {
+    use blobsnap::blobstore::local::LocalStore;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut settings = job_settings(tmp.path(), &["counts"], true);
+    blobsnap::job::wordcount::generate_input(&settings.input_dir, 1, 3000, 4).unwrap();
+    let root = tmp.path().join("store");
+    let store: Arc<dyn BlobStore> = Arc::new(LocalStore::new(&root).unwrap());
+    run_job(&settings, Arc::clone(&store)).await.unwrap();
+    let job = JobScope::new("wordcount", "1").unwrap();
+    let cps = BlobCheckpointStore::new(Arc::clone(&store), job.clone());
+    let task = "Partition 0";
+    let history = cps.history(task, usize::MAX).await.unwrap();
+    let latest = history[0].checkpoint.as_v2().unwrap().clone();
+    let older = history[1].checkpoint.as_v2().unwrap().clone();
+    let ctx = blobsnap::backend::TaskContext {
+        job_name: "wordcount".into(),
+        job_id: "1".into(),
+        task_name: task.into(),
+    };
+    let marker = |c: &blobsnap::checkpoint::CheckpointV2| {
+        c.state_checkpoint_markers[FACTORY_NAME]["counts"].clone()
+    };
+    let new_idx = support::index_of(store.as_ref(), &ctx, &marker(&latest)).await;
+    let old_idx = support::index_of(store.as_ref(), &ctx, &marker(&older)).await;
+    let old_blobs: BTreeSet<String> = old_idx
+        .present_files()
+        .into_iter()
+        .flat_map(|(_, f)| f.blobs.iter().map(|b| b.blob_id.clone()))
+        .collect();
+    let (bad_file, bad_blob) = new_idx
+        .present_files()
+        .into_iter()
+        .filter(|(n, f)| n.ends_with(".sst") && f.inline_data.is_none())
+        .find_map(|(n, f)| {
+            let b = &f.blobs.first()?.blob_id;
+            (!old_blobs.contains(b)).then(|| (n, b.clone()))
+        })
+        .expect("an SST only the latest snapshot has");
+    let key = job.store(task, "counts").unwrap().key(&bad_blob).unwrap();
+    let path = root.join(key.as_str());
+    let mut bytes = std::fs::read(&path).unwrap();
+    let len = bytes.len();
+    bytes[len / 2] ^= 0x01;
+    std::fs::write(&path, &bytes).unwrap();
+    settings.restore_mode = blobsnap::job::RestoreMode::Lazy;
+    settings.restore_fallback = false;
+    let ssp = Ssp::new("files", "lines", 0);
+
+    // The first lazy start: the restore's HEAD passes (same size); the background download
+    // fails the file for good, and the note names it.
+    let _ = std::fs::remove_dir_all(&settings.state_dir);
+    let _ = run_job(&settings, Arc::clone(&store)).await;
+    let store_dir = settings.state_dir.join("Partition 0").join("counts");
+    let dirs: Vec<std::path::PathBuf> = walk_files(&settings.state_dir)
+        .into_iter()
+        .filter(|p| p.file_name().is_some_and(|n| n == "LAZY-FAILED"))
+        .collect();
+    assert_eq!(
+        dirs.len(),
+        1,
+        "one note: {dirs:?} (store dir {})",
+        store_dir.display()
+    );
+    let note = std::fs::read_to_string(&dirs[0]).unwrap();
+    assert!(
+        note.contains(&bad_file) && note.contains(&bad_blob),
+        "{note}"
+    );
+
+    // The next start without the fallback: the restore fails Corrupt naming the file, and
+    // nothing is committed.
+    let before = cps.latest(task).await.unwrap().unwrap();
+    let e = run_job(&settings, Arc::clone(&store)).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+    assert!(e.to_string().contains(&bad_file), "names the file: {e}");
+    let now = cps.latest(task).await.unwrap().unwrap();
+    assert_eq!(
+        now.checkpoint.as_v2().unwrap().id,
+        before.checkpoint.as_v2().unwrap().id,
+        "nothing committed (the claim repeats the latest)"
+    );
+
+    // With it: the task falls back to the older checkpoint and resumes from its offset.
+    settings.restore_fallback = true;
+    let s = run_job(&settings, Arc::clone(&store)).await.unwrap();
+    let fell = s[0].fell_back_to.as_deref().expect("fell back");
+    assert!(fell.starts_with(&older.id.to_string()), "{fell}");
+    assert_eq!(
+        Some(s[0].resumed_from),
+        older.input_offsets[&ssp].parse().ok(),
+        "resumed from exactly the older checkpoint's offset"
+    );
+    assert_eq!(
+        blobsnap::job::wordcount::count_stores(&settings.state_dir, 1).unwrap(),
+        blobsnap::job::wordcount::count_input(&settings.input_dir, 1).unwrap()
+    );
+}
+
+/// Every file under `dir`.
+fn walk_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
 /// A start-from point is never fallen back from (issue 46, S4-6): a rollback whose head does
 /// not restore (its index is gone) stops the task with `NotFound` even with the restore
 /// fallback on — the fallback used to restore the pre-rollback latest silently, and the

@@ -70,6 +70,9 @@ pub struct Quirks {
     pub chunked: bool,
     /// Send GET response bodies `n` bytes at a time, every `interval`.
     pub trickle: Option<(usize, Duration)>,
+    /// Answer a HEAD of a missing key `403 Forbidden` instead of `404 Not Found`, as AWS does
+    /// to credentials without `s3:ListBucket`.
+    pub denied_not_found: bool,
 }
 
 /// What went through the proxy.
@@ -550,7 +553,14 @@ async fn connection(
                         let _ = w.flush().await;
                         break;
                     }
-                    if w.write_all(&head.raw).await.is_err() {
+                    let raw = if p.quirks.denied_not_found && p.head_request && status == 404 {
+                        let text = String::from_utf8_lossy(&head.raw).into_owned();
+                        text.replacen(&head.first_line, "HTTP/1.1 403 Forbidden", 1)
+                            .into_bytes()
+                    } else {
+                        head.raw.clone()
+                    };
+                    if w.write_all(&raw).await.is_err() {
                         return;
                     }
                     if (100..200).contains(&status) {
@@ -658,7 +668,14 @@ async fn connection(
             let _ = tx.send(Pending {
                 head_request: is_head,
                 truncate: matches!(fault, Fault::Truncate),
-                quirks: if is_get { q } else { Quirks::default() },
+                quirks: match (is_get, is_head) {
+                    (true, _) => q,
+                    (_, true) => Quirks {
+                        denied_not_found: q.denied_not_found,
+                        ..Quirks::default()
+                    },
+                    _ => Quirks::default(),
+                },
             });
             sw.write_all(&head.raw).await?;
             copy_body(&mut cr, Some(&mut sw), head.framing, None).await?;

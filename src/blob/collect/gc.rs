@@ -400,8 +400,13 @@ pub(crate) async fn read_roots(
     let mut out = Roots::default();
     for task in &tasks {
         let history = cps.history(task, usize::MAX).await.map_err(|e| {
+            let fix = if e.kind() == crate::error::ErrorKind::Corrupt {
+                "; a checkpoint document cannot be read: `blobsnap checkpoints` names every unreadable one by its key and why, `blobsnap forget --checkpoint KEY` removes one"
+            } else {
+                ""
+            };
             e.context(format!(
-                "sweep reads the roots of task {task:?} (nothing deleted)"
+                "sweep reads the roots of task {task:?} (nothing deleted{fix})"
             ))
         })?;
         let newest = history.first().map(|c| c.seq);

@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use crate::blob::snapshot::{load_snapshot, Expected, FACTORY_NAME};
 use crate::blobstore::{hash_object, BlobKey, BlobStore};
-use crate::checkpoint::{BlobCheckpointStore, CheckpointStore as _};
+use crate::checkpoint::BlobCheckpointStore;
 use crate::digest::Sha256;
 use crate::error::{ErrorKind, Result};
 use crate::layout::JobScope;
@@ -120,17 +120,34 @@ pub async fn check_job(
     report.tasks = tasks.len() as u64;
     let cps = BlobCheckpointStore::new(Arc::clone(store), job.clone());
     for task in &tasks {
-        let history = match cps.history(task, usize::MAX).await {
-            Ok(h) => h,
+        // Every document is read; each unreadable one is named by its key (issue 47), the
+        // readable ones are checked.
+        let listing = match cps.listing(task).await {
+            Ok(l) => l,
             Err(e) => {
                 report.add(
                     e.kind(),
-                    format!("the checkpoint history of task {task:?} cannot be read: {e}"),
+                    format!("the checkpoint history of task {task:?} cannot be listed: {e}"),
                     vec![format!("task {task:?}")],
                 );
                 continue;
             }
         };
+        let mut history = Vec::new();
+        for l in listing {
+            match l.record {
+                Ok(crate::checkpoint::Record::Checkpoint(c)) => history.push(c),
+                Ok(crate::checkpoint::Record::Removed { .. }) => {}
+                Err(e) => report.add(
+                    e.kind(),
+                    format!(
+                        "checkpoint #{} of task {task:?} cannot be read: {e} (gc fails closed on it; `blobsnap forget --checkpoint {}` removes it)",
+                        l.seq, l.key
+                    ),
+                    vec![l.key.to_string()],
+                ),
+            }
+        }
         let newest = history.first().map(|c| c.seq);
         for c in &history {
             report.checkpoints += 1;

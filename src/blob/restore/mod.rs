@@ -568,12 +568,30 @@ impl BlobRestoreManager {
                 .map_err(|e| Error::task("staging", e))??;
         }
 
+        // Files whose blob an earlier lazy restore of this dir found corrupt or missing are
+        // downloaded and verified now, before the store opens (issue 46, L4): a blob still
+        // bad fails this restore, where `restore-fallback` can act, instead of every start's
+        // first read of it.
+        let failed = match self.settings.lazy {
+            Some(_) => crate::local::lazy::failed_blobs(&spec.dir),
+            None => Default::default(),
+        };
         let (mut downloads, remote): (Vec<PlannedFile>, Vec<PlannedFile>) = plan
             .files
             .iter()
             .filter(|f| f.source == Source::Download)
             .cloned()
-            .partition(|f| self.settings.lazy.is_none() || !is_lazy_candidate(f));
+            .partition(|f| {
+                self.settings.lazy.is_none()
+                    || !is_lazy_candidate(f)
+                    || f.entry
+                        .blobs
+                        .first()
+                        .is_some_and(|b| failed.contains(&b.blob_id))
+            });
+        if !failed.is_empty() {
+            tracing::warn!(store = %spec.name, blobs = failed.len(), "an earlier lazy restore of this store could not fetch some files: they are downloaded and verified before it opens");
+        }
         // The small files first (one GET each: a store's MANIFEST and OPTIONS do not queue
         // behind its large SSTs), then the largest first, so that the last files in flight
         // are the short ones and the store's ranged GETs keep the budget busy to the end.

@@ -393,31 +393,24 @@ impl Release {
     /// GET; none for a task that never forked): held until released, also across restarts in
     /// which no loaded snapshot borrows any more.
     pub async fn seed(&self) -> Result<()> {
-        #[derive(serde::Deserialize)]
-        struct Record {
-            #[serde(default)]
-            pins: Vec<ForkPin>,
+        let job = JobScope::new(&self.fork_job, &self.fork_id)?;
+        let Some(r) =
+            crate::blob::time::record::read_start_from(self.store.as_ref(), &job, &self.task)
+                .await?
+        else {
+            return Ok(());
+        };
+        if let Ok(mut h) = self.held.lock() {
+            h.extend(r.pins.into_iter().filter(|p| {
+                (p.fork_job.as_str(), p.fork_id.as_str(), p.task.as_str())
+                    == (
+                        self.fork_job.as_str(),
+                        self.fork_id.as_str(),
+                        self.task.as_str(),
+                    )
+            }));
         }
-        let key = JobScope::new(&self.fork_job, &self.fork_id)?.start_from_key(&self.task)?;
-        match crate::blobstore::get_bytes(self.store.as_ref(), &key, 1 << 20).await {
-            Ok(b) => {
-                let r: Record = serde_json::from_slice(&b)
-                    .map_err(|e| Error::corrupt(format!("{key}: {e}")))?;
-                if let Ok(mut h) = self.held.lock() {
-                    h.extend(r.pins.into_iter().filter(|p| {
-                        (p.fork_job.as_str(), p.fork_id.as_str(), p.task.as_str())
-                            == (
-                                self.fork_job.as_str(),
-                                self.fork_id.as_str(),
-                                self.task.as_str(),
-                            )
-                    }));
-                }
-                Ok(())
-            }
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(e.context(format!("read {key}"))),
-        }
+        Ok(())
     }
 
     /// Whether any pin is held.

@@ -122,7 +122,11 @@ pub async fn backup<W>(
         let markers = result?;
         // The pin is the commit point: inside the same bound as a job's checkpoint.
         mgr.before_commit(id)?;
-        pin(&pins, name, id, last.as_ref().map(|c| c.seq), markers).await
+        // The next number is past every document, a removed one's too (its number stays
+        // taken).
+        let top = pins.latest_seq(TASK).await?;
+        let last_seq = last.as_ref().map(|c| c.seq).max(top);
+        pin(&pins, name, id, last_seq, markers).await
     }
     .await;
     // The lease goes whatever happened: a failed backup leaves orphans for the sweep.

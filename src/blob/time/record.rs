@@ -1,6 +1,7 @@
 //! The records of state through time that every part of it reads: a savepoint's record (its
 //! format, its name rules, how it is parsed, read and listed) and a fork's pin on one (the
-//! fork source a reference names, the pin, the forks that pin a savepoint). The bottom of
+//! fork source a reference names, the pin, the forks that pin a savepoint), and a task's
+//! start-from record (the point it started from, the head it committed, a fork's pins). The bottom of
 //! state through time: `blob::history`, `blob::savepoint` and `blob::fork` import
 //! it, it imports none of them (their public paths re-export what moved here).
 
@@ -392,4 +393,46 @@ pub async fn dependents(store: &dyn BlobStore, job: &JobScope, name: &str) -> Re
             }
         })
         .collect())
+}
+
+/// What a task records once it has started from a chosen point (`JOB/ID/start-from/TASK.json`):
+/// read at each start (the point is applied at most once), by `checkpoints` (a label) and by a
+/// fork's backend (the pins it holds).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct StartFromRecord {
+    /// The point, as configured.
+    pub start_from: String,
+    /// The head checkpoint the task committed for it.
+    pub seq: u64,
+    /// The chosen checkpoint's id.
+    pub checkpoint_id: String,
+    /// A fork's: the pins its task wrote in the source scopes (the backend releases them once
+    /// nothing borrows through them, also after a restart).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pins: Vec<ForkPin>,
+}
+
+/// The most bytes of a start-from record that are read.
+pub const MAX_START_FROM_BYTES: u64 = 1 << 20;
+
+/// Parse a start-from record read from `key`: `Corrupt` names the key and what is wrong
+/// (serde_json's nesting limit bounds the depth; callers read at most
+/// [`MAX_START_FROM_BYTES`]).
+pub fn parse_start_from(bytes: &[u8], key: &BlobKey) -> Result<StartFromRecord> {
+    serde_json::from_slice(bytes).map_err(|e| Error::corrupt(format!("{key}: {e}")))
+}
+
+/// `task`'s start-from record in `job` (`None`: it has none); a damaged one is `Corrupt`.
+pub async fn read_start_from(
+    store: &dyn BlobStore,
+    job: &JobScope,
+    task: &str,
+) -> Result<Option<StartFromRecord>> {
+    let key = job.start_from_key(task)?;
+    match get_bytes(store, &key, MAX_START_FROM_BYTES).await {
+        Ok(b) => parse_start_from(&b, &key).map(Some),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e.context(format!("read {key}"))),
+    }
 }

@@ -12,7 +12,7 @@ use super::registry::{
     completed, count, registry, retryable, Background, FileState, LazyStore, Remote,
 };
 use crate::error::{Error, ErrorKind};
-use crate::index::{FileIndex, LAZY_PENDING};
+use crate::index::{FileIndex, LAZY_FAILED, LAZY_PENDING};
 
 /// The background's wait before its pass number `pass` (1 = the first retry): 1 s doubling
 /// to at most a minute.
@@ -78,6 +78,7 @@ pub(super) async fn fetch_one(store: &LazyStore, remote: &Remote) -> bool {
     };
     // The module's lock order: `placing` before the file's state.
     let placed = {
+        let mut failed_for_good = None;
         let placing = store.placing();
         let mut st = remote.state();
         let placed = match r {
@@ -109,10 +110,21 @@ pub(super) async fn fetch_one(store: &LazyStore, remote: &Remote) -> bool {
             Err(e) => {
                 tracing::warn!(file = %dest.display(), error = %e, "lazy restore: fetch failed");
                 *st = FileState::Failed(e.kind(), e.to_string());
+                if !retryable(e.kind()) {
+                    failed_for_good = Some(e);
+                }
                 false
             }
         };
         drop(st);
+        // Durable, so that the next start's restore verifies this file before the store
+        // opens instead of failing its first read again (issue 46, L4); under `placing` (the
+        // dir is still this store's), not under the file's state.
+        if let Some(e) = failed_for_good {
+            if let Err(w) = note_failed(&store.dir, remote, &e) {
+                tracing::warn!(store = %store.dir.display(), error = %w, "lazy restore: cannot record a failed fetch");
+            }
+        }
         drop(placing);
         placed
     };
@@ -243,4 +255,48 @@ pub(super) async fn download_all(store: Arc<LazyStore>, bg: Background) {
         }
     }
     let _ = store.done.send(true);
+}
+
+/// Append to `dir`'s [`LAZY_FAILED`] the file `remote` whose fetch failed for good (its blob
+/// corrupt or missing), fsynced with its dir. Called with the store's `placing` held (the dir
+/// is still this store's: a later restore may swap a new tree in only after a close).
+fn note_failed(dir: &std::path::Path, remote: &Remote, e: &Error) -> crate::error::Result<()> {
+    use std::io::Write as _;
+    let line = serde_json::json!({
+        "file-name": remote.name,
+        "blob-id": remote.entry.blobs.first().map(|b| b.blob_id.as_str()),
+        "kind": format!("{:?}", e.kind()),
+        "reason": e.to_string(),
+    });
+    let mut bytes = serde_json::to_vec(&line).map_err(|e| Error::invalid(e.to_string()))?;
+    bytes.push(b'\n');
+    let path = dir.join(LAZY_FAILED);
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .map_err(Error::io_with(format!("open {}", path.display())))?;
+    f.write_all(&bytes)
+        .and_then(|()| f.sync_all())
+        .map_err(Error::io_with(format!("write {}", path.display())))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(Error::io_with(format!("fsync {}", dir.display())))
+}
+
+/// The blobs a lazy restore of `dir` could not fetch for good ([`LAZY_FAILED`]): their ids.
+/// Empty when there is no note (or it cannot be read: a note is advice, never a refusal).
+pub fn failed_blobs(dir: &std::path::Path) -> std::collections::HashSet<String> {
+    let Ok(text) = std::fs::read_to_string(dir.join(LAZY_FAILED)) else {
+        return Default::default();
+    };
+    text.lines()
+        .filter_map(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .ok()?
+                .get("blob-id")?
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect()
 }

@@ -81,6 +81,7 @@ use crate::index::{FileIndex, LAZY_PENDING};
 use fetcher::download_all;
 use registry::{count, registry, runtime, FileState, LazyProgress, LazyStore, Remote};
 
+pub use fetcher::failed_blobs;
 pub use links::{check_complete, forget_links, remote_files_in, write_pending};
 pub use proof::proof;
 pub use registry::{
