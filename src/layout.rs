@@ -42,6 +42,19 @@ impl JobScope {
         Ok(JobScope(Scope::root().child(MANUAL_JOB)?.escaped(name)?))
     }
 
+    /// The job's name and id, unescaped (as the operator typed them).
+    pub fn names(&self) -> (String, String) {
+        let mut parts = self
+            .0
+            .as_str()
+            .split('/')
+            .map(|p| unescape_segment(p).unwrap_or_else(|_| p.to_string()));
+        (
+            parts.next().unwrap_or_default(),
+            parts.next().unwrap_or_default(),
+        )
+    }
+
     /// The scope itself.
     pub fn scope(&self) -> &Scope {
         &self.0

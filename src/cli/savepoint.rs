@@ -1,4 +1,4 @@
-//! `blobsnap savepoint create | ls | show | rm`: named, user-owned records of one committed
+//! `blobsnap savepoint create | ls | show | rm | unpin`: named, user-owned records of one committed
 //! checkpoint per task, never collected while they exist ([`blobsnap::blob::savepoint`]).
 
 use super::args::{open_existing_store, JobIdFlags, StoreArgs};
@@ -47,6 +47,23 @@ pub(crate) enum SavepointAction {
         #[arg(long = "name")]
         savepoint: String,
         /// Say what would be removed (and whether the record can be read); remove nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Remove the pins a fork holds on a savepoint that nothing of the fork borrows through
+    /// any more (its deployment deleted, or everything it borrowed compacted away): the way
+    /// out when gc refuses because a fork pins a savepoint that has no record. Pins a retained
+    /// checkpoint or a savepoint of the fork still borrows through are kept (exit 6).
+    Unpin {
+        #[command(flatten)]
+        job: JobIdFlags,
+        /// The savepoint's name.
+        #[arg(long = "name")]
+        savepoint: String,
+        /// The fork: `JOB/ID` (as `savepoint ls` and gc name it).
+        #[arg(long)]
+        fork: String,
+        /// Say which pins would go; remove nothing.
         #[arg(long)]
         dry_run: bool,
     },
@@ -172,6 +189,62 @@ pub(crate) async fn run(
                         "{verb} savepoint {name} of {job_name}/{job_id}; what only it kept is left to gc"
                     ),
                 }
+            }
+        }
+        SavepointAction::Unpin {
+            job,
+            savepoint,
+            fork,
+            dry_run,
+        } => {
+            let (job_name, job_id) = (job.job, job.job_id);
+            let Some((fork_job, fork_id)) = fork.rsplit_once('/') else {
+                return Err(blobsnap::Error::new(
+                    blobsnap::ErrorKind::InvalidInput,
+                    format!("--fork {fork:?}: expected JOB/ID"),
+                ));
+            };
+            let done = blobsnap::blob::fork::unpin(
+                std::sync::Arc::clone(&store),
+                &JobScope::new(&job_name, &job_id)?,
+                &savepoint,
+                fork_job,
+                fork_id,
+                dry_run,
+            )
+            .await?;
+            let names = |pins: &[blobsnap::blob::fork::ForkPin]| {
+                pins.iter()
+                    .map(|p| format!("task {}", p.task))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"schema": 1, "dry-run": dry_run, "unpinned": done})
+                );
+            } else {
+                let verb = if dry_run { "would remove" } else { "removed" };
+                println!(
+                    "savepoint {savepoint} of {job_name}/{job_id}: {verb} {} pin(s) of fork {fork}{}",
+                    done.removed.len(),
+                    if done.removed.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", names(&done.removed))
+                    }
+                );
+            }
+            if !done.kept.is_empty() {
+                return Err(blobsnap::Error::new(
+                    blobsnap::ErrorKind::Conflict,
+                    format!(
+                        "fork {fork} still borrows from savepoint {savepoint:?} of {job_name}/{job_id} through {} pin(s) ({}): a retained checkpoint or a savepoint of the fork names a snapshot that borrows from it; they are kept",
+                        done.kept.len(),
+                        names(&done.kept)
+                    ),
+                ));
             }
         }
     }

@@ -434,6 +434,45 @@ async fn damaged_savepoints(t: &Target) {
         Some(0),
         "gc runs again once the damaged records are gone: {err}"
     );
+
+    // A fork's pin beside no savepoint record (an interrupted `savepoint rm`): gc fails closed
+    // naming `savepoint unpin`, which (the fork wordcount/9 retaining nothing) removes it.
+    let pin = blobsnap::layout::JobScope::new("wordcount", "1")
+        .unwrap()
+        .fork_pin_key("gone", "wordcount", "9", "Partition 0")
+        .unwrap();
+    t.write(pin.as_str(), b"{}".to_vec()).await;
+    let (code, _, err, _) = run(store, &[&["gc"][..], &job, &["--dry-run"]].concat()).await;
+    assert_eq!(code, Some(6), "{err}");
+    assert!(
+        err.contains("which has no record") && err.contains("savepoint unpin"),
+        "{err}"
+    );
+    let unpin = |extra: &'static [&'static str]| async move {
+        run(
+            store,
+            &[
+                &["savepoint", "unpin"][..],
+                &job,
+                &["--name", "gone", "--fork", "wordcount/9"],
+                extra,
+            ]
+            .concat(),
+        )
+        .await
+    };
+    let (code, v, err, _) = unpin(&["--dry-run"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["unpinned"]["removed"].as_array().unwrap().len(), 1, "{v}");
+    assert!(t.exists(pin.as_str()).await, "a dry run removes nothing");
+    let (code, v, err, _) = unpin(&[]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["unpinned"]["removed"].as_array().unwrap().len(), 1, "{v}");
+    assert!(!t.exists(pin.as_str()).await);
+    let (code, _, err, _) = unpin(&[]).await;
+    assert_eq!(code, Some(3), "no pin left: {err}");
+    let (code, _, err, _) = run(store, &[&["gc"][..], &job, &["--dry-run"]].concat()).await;
+    assert_eq!(code, Some(0), "{err}");
 }
 
 /// Two checkpoint documents of a task damaged (the newest, of a newer format; the one before,

@@ -176,6 +176,22 @@ async fn a_fork_pin_is_held_while_anything_borrows_through_it_then_released() {
     fork_cps.delete_seqs(TASK, &[1, 2]).await.unwrap();
     fm.cleanup(id3, &m3).await.unwrap();
     assert!(pinned().await, "the fork's savepoint still borrows");
+    // `savepoint unpin` keeps a pin the fork's savepoint borrows through (a dry run and a real one).
+    for dry_run in [true, false] {
+        let done = fork::unpin(
+            Arc::clone(&store),
+            &src_job,
+            "base",
+            "wordcount",
+            "2",
+            dry_run,
+        )
+        .await
+        .unwrap();
+        assert!(done.removed.is_empty(), "{done:?}");
+        assert_eq!(done.kept.len(), 1, "{done:?}");
+        assert!(pinned().await);
+    }
 
     // Nothing borrows: released, and the source may remove its savepoint.
     savepoint::remove(store.as_ref(), &fork_job, "f")
@@ -277,6 +293,54 @@ async fn a_pin_without_its_savepoint_stops_the_collectors() {
             .contains("pins savepoint \"gone\", which has no record")),
         "{report:?}"
     );
+    // The way out it names: `savepoint unpin`. The fork (wordcount/2) retains nothing that
+    // borrows through the pin: a dry run names it and deletes nothing; then it goes, and the
+    // sweep runs again. A fork that holds no pin is NotFound.
+    let settings = SweepSettings {
+        job_name: "wordcount".into(),
+        job_id: "1".into(),
+        task: None,
+        store: None,
+        grace: std::time::Duration::ZERO,
+    };
+    let sweep = || plan_sweep(&store, &settings);
+    let e = sweep().await.unwrap_err();
+    assert!(
+        e.to_string().contains("savepoint unpin"),
+        "names the way out: {e}"
+    );
+    let done = fork::unpin(Arc::clone(&store), &src_job, "gone", "wordcount", "2", true)
+        .await
+        .unwrap();
+    assert_eq!((done.removed.len(), done.kept.len()), (1, 0), "{done:?}");
+    store.head(&pin).await.unwrap();
+    let done = fork::unpin(
+        Arc::clone(&store),
+        &src_job,
+        "gone",
+        "wordcount",
+        "2",
+        false,
+    )
+    .await
+    .unwrap();
+    assert_eq!((done.removed.len(), done.kept.len()), (1, 0), "{done:?}");
+    assert_eq!(
+        store.head(&pin).await.unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+    sweep().await.unwrap();
+    let e = fork::unpin(
+        Arc::clone(&store),
+        &src_job,
+        "gone",
+        "wordcount",
+        "2",
+        false,
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
 }
 
 /// A fork started again from another savepoint keeps the pins of the first in its start-from

@@ -433,9 +433,16 @@ impl Release {
         for i in window {
             needed.extend(pins_of(i, &self.fork_job, &self.fork_id, &self.task));
         }
-        let mut candidates: BTreeSet<ForkPin> = held.difference(&needed).cloned().collect();
+        let candidates: BTreeSet<ForkPin> = held.difference(&needed).cloned().collect();
+        let candidates = self.unneeded(candidates).await?;
+        self.release(candidates).await
+    }
+
+    /// Of `candidates`, the pins no retained checkpoint of the task and no savepoint of the
+    /// fork borrows through.
+    async fn unneeded(&self, mut candidates: BTreeSet<ForkPin>) -> Result<BTreeSet<ForkPin>> {
         if candidates.is_empty() {
-            return Ok(Vec::new());
+            return Ok(candidates);
         }
         // The whole history and the savepoints: every snapshot they name.
         let job = JobScope::new(&self.fork_job, &self.fork_id)?;
@@ -459,9 +466,15 @@ impl Release {
             *d = fresh;
         }
         roots.extend(self.savepoint_roots(&job).await?);
-        if self.still_needed(roots, &mut candidates).await? {
-            return Ok(Vec::new());
-        }
+        self.still_needed(roots, &mut candidates).await?;
+        Ok(candidates)
+    }
+
+    /// Delete `candidates` (pins nothing borrows through), each checked again against the
+    /// fork's savepoints once deleted (one made meanwhile puts it back). Returns the pins
+    /// deleted.
+    async fn release(&self, candidates: BTreeSet<ForkPin>) -> Result<Vec<ForkPin>> {
+        let job = JobScope::new(&self.fork_job, &self.fork_id)?;
         let mut released = Vec::new();
         for pin in candidates {
             let key = pin.key()?;
@@ -543,6 +556,60 @@ impl Release {
         }
         Ok(candidates.is_empty())
     }
+}
+
+/// What [`unpin`] did (or, in a dry run, would do).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Unpinned {
+    /// The pins removed (dry run: those that would be).
+    pub removed: Vec<ForkPin>,
+    /// The pins kept: a retained checkpoint or a savepoint of the fork borrows through them.
+    pub kept: Vec<ForkPin>,
+}
+
+/// Remove the pins fork `fork_job`/`fork_id` holds on savepoint `name` of `source` (every
+/// task's) through which nothing of the fork borrows any more — no retained checkpoint of the
+/// task and no savepoint of the fork names a snapshot that borrows from it (a fork whose
+/// deployment was deleted, or one that compacted everything it borrowed away). The way out
+/// when the source's collectors fail closed on a pin whose savepoint has no record (issue
+/// 47); the pins something still borrows through are kept and reported. `NotFound` when the
+/// fork holds no pin on it. `dry_run`: nothing deleted.
+pub async fn unpin(
+    store: Arc<dyn BlobStore>,
+    source: &JobScope,
+    name: &str,
+    fork_job: &str,
+    fork_id: &str,
+    dry_run: bool,
+) -> Result<Unpinned> {
+    let mut by_task: BTreeMap<String, BTreeSet<ForkPin>> = BTreeMap::new();
+    for p in dependents(store.as_ref(), source, name).await? {
+        if p.fork_job == fork_job && p.fork_id == fork_id {
+            by_task.entry(p.task.clone()).or_default().insert(p);
+        }
+    }
+    if by_task.is_empty() {
+        return Err(Error::not_found(format!(
+            "fork {fork_job}/{fork_id} holds no pin on savepoint {name:?} of {}",
+            source.scope()
+        )));
+    }
+    let mut out = Unpinned::default();
+    for (task, held) in by_task {
+        let r = Release::new(Arc::clone(&store), fork_job, fork_id, &task);
+        let unneeded = r.unneeded(held.clone()).await?;
+        out.kept.extend(held.difference(&unneeded).cloned());
+        if dry_run {
+            out.removed.extend(unneeded);
+        } else {
+            let released = r.release(unneeded.clone()).await?;
+            out.kept
+                .extend(unneeded.into_iter().filter(|p| !released.contains(p)));
+            out.removed.extend(released);
+        }
+    }
+    Ok(out)
 }
 
 fn markers_of(c: &Checkpoint) -> Vec<(String, String)> {

@@ -315,17 +315,19 @@ pub async fn list_roots(store: &dyn BlobStore, job: &JobScope) -> Result<Vec<Sav
             }) => {
                 pinned
                     .entry(savepoint)
-                    .or_insert_with(|| format!("{fork_job}/{fork_id} task {task}"));
+                    .or_insert_with(|| (format!("{fork_job}/{fork_id}"), task));
             }
             _ => {}
         }
     }
-    for (name, fork) in pinned {
+    for (name, (fork, task)) in pinned {
         if !out.iter().any(|sp| sp.name == name) {
             return Err(Error::conflict(format!(
-                "fork {fork} pins savepoint {name:?} of {}, which has no record (a savepoint rm in flight, or one that was interrupted): nothing is deleted while what it kept is unknown; if the rm was interrupted, the fork's pins under {} must go (blobsnap savepoint rm refuses while they exist) before the job's collectors run again",
+                "fork {fork} task {task} pins savepoint {name:?} of {}, which has no record (a savepoint rm in flight, or one that was interrupted): nothing is deleted while what it kept is unknown; if the rm was interrupted, the fork's pins under {} must go before the job's collectors run again: `blobsnap savepoint unpin --job {} --job-id {} --name {name} --fork {fork}` removes them once nothing of the fork borrows through them",
                 job.scope().as_str().trim_end_matches('/'),
-                job.fork_pins(&name)?.as_str()
+                job.fork_pins(&name)?.as_str(),
+                job.names().0,
+                job.names().1
             )));
         }
     }
