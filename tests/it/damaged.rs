@@ -589,13 +589,17 @@ async fn damaged_checkpoints(t: &Target) {
         "{text}"
     );
 
-    // gc fails closed and says what names them and what removes one; check names each key.
-    let (code, _, err, _) = run(t, &[&["gc"][..], &job, &["--dry-run"]].concat()).await;
-    assert_eq!(code, Some(4), "{err}");
-    assert!(
-        err.contains("blobsnap checkpoints") && err.contains("forget --checkpoint"),
-        "gc names the way out: {err}"
-    );
+    // gc and usage fail closed and say what names them and what removes one; check names
+    // each key.
+    for cmd in [&["gc", "--dry-run"][..], &["usage"][..]] {
+        let (code, _, err, _) = run(t, &[&cmd[..1], &job, &cmd[1..]].concat()).await;
+        assert_eq!(code, Some(4), "{cmd:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(
+            err.contains("blobsnap checkpoints") && err.contains("forget --checkpoint"),
+            "{cmd:?} names the way out: {err}"
+        );
+    }
     let (code, v, err, _) = run(t, &[&["check"][..], &job].concat()).await;
     assert_eq!(code, Some(4), "{err}");
     let problems = v["report"]["problems"].as_array().unwrap();

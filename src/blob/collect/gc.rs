@@ -406,7 +406,7 @@ pub(crate) async fn read_roots(
                 ""
             };
             e.context(format!(
-                "sweep reads the roots of task {task:?} (nothing deleted{fix})"
+                "the roots of task {task:?} (its retained checkpoints) cannot all be read, so nothing is deleted or classified{fix}"
             ))
         })?;
         let newest = history.first().map(|c| c.seq);
