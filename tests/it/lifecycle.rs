@@ -3431,7 +3431,8 @@ async fn an_unchanged_store_is_not_checkpointed_again_until_it_changes() {
 /// roll the demo back to the older one — it commits the point as its new head (same offsets
 /// and markers), reprocesses from exactly its offsets and ends with counts equal to an
 /// independent count — while its cleanup and a forced `gc` keep everything both savepoints
-/// name; roll forward to the saved head, whose state comes back key for key; refuse a point
+/// name; run on past the saved head, then start from it: the task resumes from exactly the
+/// head's offsets (not the latest's), and the savepoint restores the head's state; refuse a point
 /// the task no longer has, naming the task, committing nothing; and after `savepoint rm`, `gc`
 /// takes what only that savepoint kept.
 async fn state_through_time(ms: &MatrixStore, root: &std::path::Path) {
@@ -3445,6 +3446,9 @@ async fn state_through_time(ms: &MatrixStore, root: &std::path::Path) {
     let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
     // Retention 3 keeps an older point to roll back to; the runs after the first keep 1, so
     // that every commit's cleanup lets the previous snapshot go — savepoints must hold theirs.
+    // The input: 3000 lines, extended to 3600 before the roll forward (so that the latest
+    // state is not the saved head's).
+    let input_lines = std::cell::Cell::new("3000");
     let demo = |extra: &[&str]| {
         let keep = if extra.is_empty() { "3" } else { "1" };
         let mut a = s(&[
@@ -3454,7 +3458,7 @@ async fn state_through_time(ms: &MatrixStore, root: &std::path::Path) {
             "--partitions",
             "1",
             "--lines",
-            "3000",
+            input_lines.get(),
             "--commit-every",
             "300",
             "--retention",
@@ -3589,8 +3593,27 @@ async fn state_through_time(ms: &MatrixStore, root: &std::path::Path) {
     let v = demo_counts_ok(&run(demo(&["--start-from", "savepoint:old"])).await);
     assert_eq!(v["tasks"][0]["processed"].as_u64(), Some(0), "{v}");
 
-    // Roll forward to the saved head: its state, key for key.
-    demo_counts_ok(&run(demo(&["--start-from", "savepoint:head"])).await);
+    // Run on past the head (a longer input), so that the latest state is not the head's.
+    input_lines.set("3600");
+    let v = demo_counts_ok(&run(demo(&[])).await);
+    assert_eq!(v["tasks"][0]["processed"].as_u64(), Some(600), "{v}");
+    // Roll forward (here: back) to the saved head: the task resumes from exactly the head's
+    // offsets — not the latest's — and reprocesses the 600 lines after it.
+    let head_offset = head["input-offsets"]["files.lines.0"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let v = demo_counts_ok(&run(demo(&["--start-from", "savepoint:head"])).await);
+    assert_eq!(
+        v["tasks"][0]["resumed-from"]
+            .as_u64()
+            .map(|o| o.to_string()),
+        Some(head_offset),
+        "resumed from the saved head's offsets: {v}"
+    );
+    assert_eq!(v["tasks"][0]["processed"].as_u64(), Some(600), "{v}");
+    // The head's own state comes back key for key from its savepoint, and differs from the
+    // state now (which holds the 600 lines after it).
     let restored = root.join("r-head");
     let out = run(s(&[
         "restore",
@@ -3618,10 +3641,10 @@ async fn state_through_time(ms: &MatrixStore, root: &std::path::Path) {
             .map(|kv| kv.unwrap())
             .collect::<Vec<_>>()
     };
-    assert_eq!(
+    assert_ne!(
         keys(&state),
         keys(&restored),
-        "the rolled-forward state is the head's"
+        "the state now holds the lines after the head"
     );
 
     // A point the task no longer has: refused before anything starts, naming the task.
