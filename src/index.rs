@@ -301,30 +301,6 @@ impl FileIndex {
     }
 }
 
-/// A snapshot index of `files` and `sub_dirs` at checkpoint `1-0` of store `s` of task `t`
-/// of job `j`/`1` (for tests).
-#[cfg(test)]
-pub(crate) fn test_index(files: Vec<FileIndex>, sub_dirs: Vec<DirIndex>) -> SnapshotIndex {
-    SnapshotIndex {
-        format_version: FORMAT_V1,
-        creation_time_millis: 0,
-        snapshot_metadata: SnapshotMetadata {
-            checkpoint_id: "1-0".parse().expect("a valid checkpoint id"),
-            job_name: "j".into(),
-            job_id: "1".into(),
-            task_name: "t".into(),
-            store_name: "s".into(),
-        },
-        dir_index: DirIndex {
-            files_present: files,
-            sub_dirs_present: sub_dirs,
-            ..DirIndex::default()
-        },
-        prev_snapshot_index_blob_id: None,
-        borrowed_from: Default::default(),
-    }
-}
-
 /// Check one name read from an index: non-empty, not `.`/`..`, no `/` or NUL.
 pub fn validate_name(name: &str) -> Result<()> {
     let why = if name.is_empty() {
@@ -807,4 +783,4 @@ mod origin;
 pub use origin::*;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

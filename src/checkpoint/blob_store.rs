@@ -152,7 +152,14 @@ impl BlobCheckpointStore {
 
     /// The document `seq` of `task`, stored at `key`, as it is: a checkpoint or a removal.
     pub(crate) async fn read_record(&self, task: &str, seq: u64, key: &BlobKey) -> Result<Record> {
-        let bytes = get_bytes(self.store.as_ref(), key, MAX_CHECKPOINT_BYTES as u64).await?;
+        // A document over the cap is damaged (no writer makes one): `Corrupt`, so that
+        // listings name it and `forget --checkpoint` can remove it.
+        let bytes = get_bytes(self.store.as_ref(), key, MAX_CHECKPOINT_BYTES as u64)
+            .await
+            .map_err(|e| match e.kind() {
+                ErrorKind::InvalidInput => Error::corrupt(e.to_string()),
+                _ => e,
+            })?;
         let r = parse_entry(&bytes)
             .map_err(|e| e.context(format!("checkpoint {key} of task {task}")))?;
         if r.seq() != seq {
@@ -221,6 +228,17 @@ impl BlobCheckpointStore {
             Err(e) if e.kind() == ErrorKind::Corrupt => e.to_string(),
             Err(e) => return Err(e),
         };
+        // A document a newer blobsnap wrote is not damaged: upgrade instead (it would be lost).
+        if let Ok(bytes) = get_bytes(self.store.as_ref(), &key, MAX_CHECKPOINT_BYTES as u64).await {
+            let format = serde_json::from_slice::<serde_json::Value>(&bytes)
+                .ok()
+                .and_then(|v| v.get("blobsnap-checkpoint")?.as_u64());
+            if let Some(f) = format.filter(|f| *f > u64::from(FORMAT)) {
+                return Err(Error::invalid(format!(
+                    "checkpoint #{seq} of task {task:?} ({key}) was written by a newer blobsnap (format {f}; this one reads {FORMAT}): upgrade instead of removing it"
+                )));
+            }
+        }
         let report = RemovedReport {
             key: key.to_string(),
             task: task.to_string(),
@@ -385,14 +403,16 @@ impl CheckpointStore for BlobCheckpointStore {
             let seqs = self.seqs(task).await?;
             let mut out = Vec::new();
             // Read 16 at a time, in order (a long tiered history is hundreds of documents).
+            // Every document, newest first, until `limit` checkpoints (a removal's record
+            // does not count).
             let reads: Vec<_> = seqs
                 .into_iter()
                 .rev()
-                .take(limit)
                 .map(|(seq, key)| async move { self.read_record(task, seq, &key).await })
                 .collect();
             let mut reads = futures::stream::iter(reads).buffered(16);
-            while let Some(r) = reads.next().await {
+            while out.len() < limit {
+                let Some(r) = reads.next().await else { break };
                 match r {
                     Ok(Record::Checkpoint(c)) => out.push(c),
                     // Removed by an operator: neither a root nor a point to restore.

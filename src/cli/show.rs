@@ -8,11 +8,16 @@ use blobsnap::checkpoint::Checkpoint;
 pub(crate) fn checkpoint(file: &str) -> blobsnap::Result<()> {
     let bytes = read_input(file)?;
     if blobsnap::checkpoint::is_record(&bytes) {
-        let record = blobsnap::checkpoint::parse_record(&bytes)?;
-        println!(
-            "{}",
-            String::from_utf8_lossy(&blobsnap::checkpoint::record_to_json(&record)?)
-        );
+        match blobsnap::checkpoint::parse_entry(&bytes)? {
+            blobsnap::checkpoint::Record::Checkpoint(record) => println!(
+                "{}",
+                String::from_utf8_lossy(&blobsnap::checkpoint::record_to_json(&record)?)
+            ),
+            // The record of a removal (`forget --checkpoint`): its number, when and why.
+            blobsnap::checkpoint::Record::Removed { seq, removal } => {
+                println!("{}", serde_json::json!({"seq": seq, "removed": removal}))
+            }
+        }
         return Ok(());
     }
     let cp = Checkpoint::from_json(&bytes)?;

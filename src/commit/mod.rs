@@ -185,7 +185,7 @@ impl TaskCommitManager {
         if !checkpoints.enforces_exclusive_writes().await? {
             if !unsafe_no_fencing {
                 return Err(Error::permanent(format!(
-                    "the checkpoint store {checkpoints:?} does not enforce create-only writes (If-None-Match), so two processes of task {:?} could both commit checkpoint N and the state would be a mix; reading back is no fence, both writers read their own bytes: refusing to run (set unsafe_no_fencing to run anyway, with a single writer guaranteed some other way)",
+                    "the blob store of the checkpoints does not enforce create-only writes (If-None-Match), so two processes of task {:?} could both commit checkpoint N and the state would be a mix; reading back is no fence, both writers read their own bytes: refusing to run (set unsafe_no_fencing to run anyway, with a single writer guaranteed some other way)",
                     task.task_name
                 )));
             }
@@ -199,14 +199,17 @@ impl TaskCommitManager {
         let mut attempt = 0;
         let (seq, ids, claim) = loop {
             attempt += 1;
+            // Past every document: one an operator removed (`forget --checkpoint`) keeps its
+            // number, and the latest checkpoint is then older than it. Listed before the
+            // latest is read: a commit landing in between is then the latest read (its number
+            // the larger), never passed over.
+            let top = checkpoints.latest_seq(&task.task_name).await?.unwrap_or(0);
             let latest = checkpoints.latest(&task.task_name).await?;
             let (seq, last) = match latest {
                 Some(c) => (c.seq, Some(c.checkpoint)),
                 None => (0, None),
             };
-            // Past every document: one an operator removed (`forget --checkpoint`) keeps its
-            // number, and the latest checkpoint is then older than it.
-            let seq = seq.max(checkpoints.latest_seq(&task.task_name).await?.unwrap_or(0));
+            let seq = seq.max(top);
             let next = next_seq(&task.task_name, seq)?;
             let last_id = last.as_ref().and_then(|c| c.as_v2()).map(|c| c.id);
             // The claim's number is this process's epoch: every id it makes carries it, so no

@@ -1,6 +1,30 @@
-//! The unit tests of `index.rs` (in a file of their own beside it).
+//! The unit tests of `index.rs` (in a file of their own beside it), and `test_index`, the
+//! index other modules' tests build.
 
 use super::*;
+
+/// A snapshot index of `files` and `sub_dirs` at checkpoint `1-0` of store `s` of task `t`
+/// of job `j`/`1` (for tests).
+pub(crate) fn test_index(files: Vec<FileIndex>, sub_dirs: Vec<DirIndex>) -> SnapshotIndex {
+    SnapshotIndex {
+        format_version: FORMAT_V1,
+        creation_time_millis: 0,
+        snapshot_metadata: SnapshotMetadata {
+            checkpoint_id: "1-0".parse().expect("a valid checkpoint id"),
+            job_name: "j".into(),
+            job_id: "1".into(),
+            task_name: "t".into(),
+            store_name: "s".into(),
+        },
+        dir_index: DirIndex {
+            files_present: files,
+            sub_dirs_present: sub_dirs,
+            ..DirIndex::default()
+        },
+        prev_snapshot_index_blob_id: None,
+        borrowed_from: Default::default(),
+    }
+}
 
 #[test]
 fn blobsnap_s_own_names_are_refused_in_an_index() {

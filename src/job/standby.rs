@@ -127,10 +127,12 @@ pub async fn follow(
             Ok(Some(seq)) if Some(seq) != applied && Some(seq) != given_up => {
                 match apply(&checkpoints, backend, &ctx, &specs, &clock).await {
                     Ok(update) => {
-                        if let StandbyUpdate::Applied { seq, .. } = &update {
-                            applied = Some(*seq);
+                        if let StandbyUpdate::Applied { seq: got, .. } = &update {
+                            // The polled number, when larger: the newest document may be a
+                            // removal's record (`forget --checkpoint`), which is never applied.
+                            applied = Some((*got).max(seq));
                             metrics::gauge!("blobsnap_standby_applied_seq", "task" => task.to_string())
-                                .set(*seq as f64);
+                                .set(*got as f64);
                         }
                         on_update(&update);
                     }

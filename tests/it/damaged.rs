@@ -19,6 +19,10 @@ struct Target {
     env: Vec<(String, String)>,
     raw: Arc<dyn BlobStore>,
     work: tempfile::TempDir,
+    /// The demo's flags this store needs: `--unsafe-no-fencing` on a server that does not
+    /// enforce create-only writes (a single Garage node), where the job refuses to run
+    /// without it.
+    demo_flags: Vec<&'static str>,
 }
 
 impl Target {
@@ -30,6 +34,7 @@ impl Target {
             env: Vec::new(),
             raw: Arc::new(blobsnap::blobstore::local::LocalStore::new(&dir).unwrap()),
             work,
+            demo_flags: Vec::new(),
         }
     }
 
@@ -39,6 +44,13 @@ impl Target {
         let crate::support::Kind::S3(s3) = &h.kind else {
             panic!("the external harness is an S3 store")
         };
+        let fences = h
+            .store
+            .capabilities(blobsnap::blobstore::Probe::Never)
+            .await
+            .unwrap()
+            .create_only
+            == blobsnap::blobstore::CreateOnly::Atomic;
         let mut config = s3.config().clone();
         config.prefix = h.scope.as_str().to_string();
         let var = |n: &str, d: &str| std::env::var(n).unwrap_or_else(|_| d.to_string());
@@ -78,6 +90,11 @@ impl Target {
             ],
             raw: Arc::new(raw),
             work: tempfile::tempdir().unwrap(),
+            demo_flags: if fences {
+                Vec::new()
+            } else {
+                vec!["--unsafe-no-fencing"]
+            },
         }
     }
 
@@ -183,16 +200,20 @@ async fn damaged_savepoints(t: &Target) {
     let (code, _, err, _) = run(
         store,
         &[
-            "demo",
-            "--dir",
-            d,
-            "--partitions",
-            "1",
-            "--lines",
-            "600",
-            "--commit-every",
-            "200",
-        ],
+            &[
+                "demo",
+                "--dir",
+                d,
+                "--partitions",
+                "1",
+                "--lines",
+                "600",
+                "--commit-every",
+                "200",
+            ][..],
+            &t.demo_flags,
+        ]
+        .concat(),
     )
     .await;
     assert_eq!(code, Some(0), "{err}");
@@ -489,18 +510,22 @@ async fn damaged_checkpoints(t: &Target) {
         run(
             t,
             &[
-                "demo",
-                "--dir",
-                d,
-                "--partitions",
-                "1",
-                "--lines",
-                lines,
-                "--commit-every",
-                "100",
-                "--retention",
-                "6",
-            ],
+                &[
+                    "demo",
+                    "--dir",
+                    d,
+                    "--partitions",
+                    "1",
+                    "--lines",
+                    lines,
+                    "--commit-every",
+                    "100",
+                    "--retention",
+                    "6",
+                ][..],
+                &t.demo_flags,
+            ]
+            .concat(),
         )
         .await
     };
@@ -632,6 +657,20 @@ async fn damaged_checkpoints(t: &Target) {
         err.contains("not the key of a checkpoint document"),
         "{err}"
     );
+    // A document a newer blobsnap wrote is not removed: upgrade instead.
+    let (code, _, err, _) = run(t, &["forget", "--checkpoint", &k_newest]).await;
+    assert_eq!(code, Some(5), "{err}");
+    assert!(err.contains("newer blobsnap"), "{err}");
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&t.read(&k_newest).await).unwrap()
+            ["blobsnap-checkpoint"],
+        99,
+        "left as it was"
+    );
+    // Damaged by hand instead (a field out of range): removable.
+    doc["blobsnap-checkpoint"] = 1.into();
+    doc["checkpoint"]["checkpoint-id"] = "not-an-id".into();
+    t.write(&k_newest, serde_json::to_vec(&doc).unwrap()).await;
     // A dry run names it and writes nothing.
     let (code, v, err, _) = run(t, &["forget", "--checkpoint", &k_second, "--dry-run"]).await;
     assert_eq!(code, Some(0), "{err}");
@@ -657,7 +696,7 @@ async fn damaged_checkpoints(t: &Target) {
         v["removed-checkpoint"]["reason"]
             .as_str()
             .unwrap()
-            .contains("format 99"),
+            .contains("not-an-id"),
         "{v}"
     );
     let (code, v, err, _) = run(t, &[&["checkpoints"][..], &job].concat()).await;

@@ -309,6 +309,16 @@ async fn a_pin_without_its_savepoint_stops_the_collectors() {
         e.to_string().contains("savepoint unpin"),
         "names the way out: {e}"
     );
+    // A running fork (a live writer lease) is refused: it releases its own pins.
+    let fork_scope = JobScope::new("wordcount", "2").unwrap();
+    let lease = blobsnap::blob::admin::WriterLease::new(TASK, std::time::Duration::from_secs(3600));
+    lease.announce(store.as_ref(), &fork_scope).await.unwrap();
+    let e = fork::unpin(Arc::clone(&store), &src_job, "gone", "wordcount", "2", true)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Conflict, "{e}");
+    assert!(e.to_string().contains("is running"), "{e}");
+    lease.retire(store.as_ref(), &fork_scope).await.unwrap();
     let done = fork::unpin(Arc::clone(&store), &src_job, "gone", "wordcount", "2", true)
         .await
         .unwrap();

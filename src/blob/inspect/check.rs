@@ -138,14 +138,24 @@ pub async fn check_job(
             match l.record {
                 Ok(crate::checkpoint::Record::Checkpoint(c)) => history.push(c),
                 Ok(crate::checkpoint::Record::Removed { .. }) => {}
-                Err(e) => report.add(
-                    e.kind(),
-                    format!(
-                        "checkpoint #{} of task {task:?} cannot be read: {e} (gc fails closed on it; `blobsnap forget --checkpoint {}` removes it)",
-                        l.seq, l.key
-                    ),
-                    vec![l.key.to_string()],
-                ),
+                Err(e) => {
+                    let fix = if e.kind() == crate::error::ErrorKind::Corrupt {
+                        format!(
+                            " (gc fails closed on it; `blobsnap forget --checkpoint {}` removes it)",
+                            l.key
+                        )
+                    } else {
+                        String::new()
+                    };
+                    report.add(
+                        e.kind(),
+                        format!(
+                            "checkpoint #{} of task {task:?} cannot be read: {e}{fix}",
+                            l.seq
+                        ),
+                        vec![l.key.to_string()],
+                    )
+                }
             }
         }
         let newest = history.first().map(|c| c.seq);

@@ -539,7 +539,7 @@ mod tests {
     }
 
     fn index(files: Vec<FileIndex>, sub: Vec<DirIndex>) -> SnapshotIndex {
-        crate::index::test_index(files, sub)
+        crate::index::tests::test_index(files, sub)
     }
 
     /// An inventory of (relative path, size) in the live and staging dirs and of full paths

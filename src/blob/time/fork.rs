@@ -595,6 +595,23 @@ pub async fn unpin(
             source.scope()
         )));
     }
+    // A running fork releases its own pins: what it is uploading now (not yet a root) may
+    // borrow through one, and its history moves while this reads it.
+    let fork = JobScope::new(fork_job, fork_id)?;
+    let now = crate::units::Clock::now(&crate::units::SystemClock);
+    if let Some((lease, age)) =
+        crate::blob::collect::admin::active_writers(store.as_ref(), &fork, now)
+            .await?
+            .first()
+    {
+        return Err(Error::conflict(format!(
+            "fork {fork_job}/{fork_id} is running (task {:?} on {} pid {}, its lease {} s old): its tasks release their own pins; stop it, or wait until its lease is older than its grace",
+            lease.task,
+            lease.host,
+            lease.pid,
+            age.as_secs()
+        )));
+    }
     let mut out = Unpinned::default();
     for (task, held) in by_task {
         let r = Release::new(Arc::clone(&store), fork_job, fork_id, &task);

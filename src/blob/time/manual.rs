@@ -74,6 +74,10 @@ pub async fn backup<W>(
         task_name: TASK.into(),
     };
     let pins = BlobCheckpointStore::new(Arc::clone(&store), JobScope::manual(name)?);
+    // The next number is past every document, a removed one's too (its number stays
+    // taken); listed before the latest is read, and before the upload, so that a backup of
+    // the same name landing meanwhile makes this one's pin conflict.
+    let top = pins.latest_seq(TASK).await?;
     let last = pins.latest(TASK).await?;
     let closed = if db_dir.join("LOCK").exists() {
         Some(ClosedDb::lock(db_dir)?)
@@ -122,9 +126,6 @@ pub async fn backup<W>(
         let markers = result?;
         // The pin is the commit point: inside the same bound as a job's checkpoint.
         mgr.before_commit(id)?;
-        // The next number is past every document, a removed one's too (its number stays
-        // taken).
-        let top = pins.latest_seq(TASK).await?;
         let last_seq = last.as_ref().map(|c| c.seq).max(top);
         pin(&pins, name, id, last_seq, markers).await
     }
