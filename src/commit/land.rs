@@ -170,9 +170,19 @@ impl TaskCommitManager {
         //    The first trim of a process reads the history (what earlier processes left);
         //    later ones delete exactly what this process wrote and retention let go, reading
         //    nothing.
+        //    While a store of the task is still lazily restoring, nothing leaves the history
+        //    (DESIGN §8): a blob found corrupt at its late fetch must leave the restore
+        //    fallback the checkpoints it had at the start (the backend holds its window too).
+        //    The hold is not a trim: the first commit after it reads the history again.
         let t = Instant::now();
         let ready = std::mem::take(&mut st.deferred);
-        let trimmed = if st.history_trimmed {
+        let hold = self.hydrating();
+        let trimmed = if hold {
+            tracing::info!(task = %self.task.task_name, "a store is still lazily restoring: no checkpoint leaves the history until it is complete");
+            self.checkpoints
+                .delete_seqs_and(&self.task.task_name, &[], &ready)
+                .await
+        } else if st.history_trimmed {
             let doomed = leaving_by(&mut st.written, &self.policy(), id.millis());
             self.checkpoints
                 .delete_seqs_and(&self.task.task_name, &doomed, &ready)
@@ -219,7 +229,7 @@ impl TaskCommitManager {
                     .collect();
             })
         };
-        st.history_trimmed = trimmed.is_ok();
+        st.history_trimmed = trimmed.is_ok() && !hold;
         match trimmed {
             Ok(()) => {
                 let waited = std::mem::take(&mut st.awaiting_trim);

@@ -281,6 +281,14 @@ impl TaskCommitManager {
         }
     }
 
+    /// Whether a store of the task is still lazily restoring (files remote): while one is,
+    /// no checkpoint leaves the history.
+    fn hydrating(&self) -> bool {
+        self.stores
+            .iter()
+            .any(|e| crate::local::lazy::status(e.dir()).is_some())
+    }
+
     /// Attach the open stores.
     pub fn with_stores(mut self, stores: Vec<Arc<dyn StoreEngine>>) -> Self {
         self.stores = stores;

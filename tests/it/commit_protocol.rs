@@ -855,3 +855,104 @@ async fn a_failed_trim_keeps_every_retained_checkpoint_whole() {
         "the history is back to its retention: {ids:?}"
     );
 }
+
+/// While a store of the task is still lazily restoring, nothing leaves retention (DESIGN §8;
+/// issue 46, item 8): a blob found corrupt at its late fetch must leave the restore fallback
+/// the checkpoints the task had. With one file of the store remote (its fetch never ends;
+/// RocksDB never opens it), four commits at retention 2 keep every earlier checkpoint in the
+/// history and restorable; once the store is complete, the next commits trim back to two and
+/// every retained checkpoint still restores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_leaves_retention_while_a_store_hydrates() {
+    use blobsnap::index::{FileBlob, FileIndex, FileMetadata};
+    let tmp = tempfile::tempdir().unwrap();
+    let store: Arc<dyn BlobStore> = Arc::new(LocalStore::new(tmp.path().join("store")).unwrap());
+    let dir = tmp.path().join("state/counts");
+    let clock = Arc::new(At(AtomicU64::new(1_800_000_000_000)));
+    let db = Arc::new(RocksStore::open("counts", &dir).unwrap());
+    let (mgr, _) = process(&store, &clock, db.clone(), 2, None).await;
+    let cps = BlobCheckpointStore::new(Arc::clone(&store), JobScope::new("proto", "1").unwrap());
+    let commit = |i: u64| {
+        let (db, mgr, clock, cps, store, tmp) = (&db, &mgr, &clock, &cps, &store, &tmp);
+        async move {
+            // A new table and one compacted away: each snapshot has blobs of its own.
+            db.db().put(format!("k{i}"), vec![i as u8; 5000]).unwrap();
+            db.flush().unwrap();
+            db.db().compact_range::<&[u8], &[u8]>(None, None);
+            clock.0.fetch_add(1000, Relaxed);
+            mgr.commit(offsets(i)).await.unwrap();
+            let history = cps.history(&ctx().task_name, usize::MAX).await.unwrap();
+            for c in &history {
+                let back = tmp.path().join(format!("back-{i}-{}", c.seq));
+                restore(store, &c.checkpoint, &back)
+                    .await
+                    .unwrap_or_else(|e| {
+                        panic!(
+                            "after commit {i}: retained #{} does not restore: {e}",
+                            c.seq
+                        )
+                    });
+            }
+            history.iter().map(|c| c.seq).collect::<Vec<u64>>()
+        }
+    };
+    for i in 1..=3 {
+        commit(i).await;
+    }
+    let before = commit(4).await;
+    assert_eq!(before.len(), 2, "{before:?}");
+
+    // The store restores lazily: one file is still remote, its fetch never ends.
+    let remote = FileIndex {
+        file_name: "000999.sst".into(),
+        blobs: vec![FileBlob {
+            blob_id: "never".into(),
+            offset: 0,
+        }],
+        file_metadata: FileMetadata {
+            creation_time_millis: 0,
+            last_modified_time_millis: 0,
+            size: 4096,
+            owner: String::new(),
+            group: String::new(),
+            permissions: "rw-r--r--".into(),
+        },
+        checksum: 0,
+        sha256: None,
+        inline_data: None,
+        heat: None,
+    };
+    blobsnap::local::lazy::register(
+        &dir,
+        vec![remote],
+        Arc::new(|_, _| Box::pin(futures::future::pending())),
+        None,
+        blobsnap::local::lazy::Background {
+            downloads: 1,
+            max_rate: 0,
+        },
+    )
+    .unwrap();
+    assert!(blobsnap::local::lazy::status(&dir).is_some());
+    let mut during = Vec::new();
+    for i in 5..=8 {
+        during = commit(i).await;
+        for s in &before {
+            assert!(
+                during.contains(s),
+                "commit {i} while hydrating let #{s} go: {during:?}"
+            );
+        }
+    }
+    assert_eq!(during.len(), before.len() + 4, "{during:?}");
+
+    // Complete (the registration ends): the next commits trim back to the retention.
+    blobsnap::local::lazy::close(&dir);
+    assert!(blobsnap::local::lazy::status(&dir).is_none());
+    let mut after = Vec::new();
+    for i in 9..=11 {
+        after = commit(i).await;
+    }
+    assert_eq!(after.len(), 2, "back to the retention: {after:?}");
+    assert!(before.iter().all(|s| !after.contains(s)), "{after:?}");
+}

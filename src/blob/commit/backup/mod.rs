@@ -325,6 +325,9 @@ pub struct BlobBackupManager {
     first_put: Mutex<BTreeMap<CheckpointId, (Instant, u64)>>,
     /// Commits abandoned by the abandon rule since the last one that committed.
     abandoned_in_a_row: std::sync::atomic::AtomicU32,
+    /// Whether the last cleanup held the retention window (a store lazily restoring): the
+    /// next one holds too, since the commit manager decided before it whether to trim.
+    held: std::sync::atomic::AtomicBool,
     /// The writer lease ([`BackupSettings::writer_lease`]) and when it was last written.
     lease: Option<(
         crate::blob::collect::admin::WriterLease,
@@ -446,6 +449,7 @@ impl BlobBackupManager {
             cleanup_stats: Mutex::new(CleanupStats::default()),
             first_put: Mutex::default(),
             abandoned_in_a_row: Default::default(),
+            held: Default::default(),
             lease: settings.writer_lease.then(|| {
                 (
                     crate::blob::collect::admin::WriterLease::new(

@@ -127,8 +127,20 @@ impl BlobBackupManager {
     /// delete for the whole task (DESIGN §7 step 4). Changes nothing:
     /// [`retire`](Self::retire) takes the snapshots out of the window once their deletes were
     /// sent or handed over.
+    ///
+    /// While a store of the task is lazily restoring — and at the first cleanup after (the
+    /// commit manager kept the history at that commit's trim, which came first) — nothing
+    /// leaves (DESIGN §8: the restore fallback keeps its candidates whole).
     pub(super) fn expiry(&self) -> Result<Expiry> {
         let mut out = Expiry::default();
+        let lazy = self
+            .stores
+            .iter()
+            .any(|(spec, _, _)| crate::local::lazy::status(&spec.dir).is_some());
+        let held_before = self.held.swap(lazy, std::sync::atomic::Ordering::AcqRel);
+        if lazy || held_before {
+            return Ok(out);
+        }
         for (spec, scope, _) in &self.stores {
             let (leaving, keep) = {
                 let state = lock(&self.state)?;
