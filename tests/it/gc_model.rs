@@ -1025,6 +1025,17 @@ fn a_tiered_retention_keeps_every_point_it_selects_whole() {
         let (mgr, dir) = (job.mgr, job.dir);
         let minutes = 180u64;
         let mut gets = Vec::new();
+        // Every point the task made, as it made it (the claim first): the expectations are
+        // derived from this schedule, never from what the history kept.
+        let cps0 =
+            BlobCheckpointStore::new(Arc::clone(&store), JobScope::new("model", "1").unwrap());
+        let mut made: Vec<u64> = cps0
+            .history("Partition 0", usize::MAX)
+            .await
+            .unwrap()
+            .iter()
+            .filter_map(|c| c.checkpoint.as_v2().map(|v| v.id.millis()))
+            .collect();
         for m in 0..minutes {
             // Each minute a "compaction": every file replaced by new ones.
             for e in std::fs::read_dir(&dir).unwrap() {
@@ -1040,7 +1051,8 @@ fn a_tiered_retention_keeps_every_point_it_selects_whole() {
             clock.0.fetch_add(60_000, Relaxed);
             let offsets = BTreeMap::from([(Ssp::new("s", "in", 0), m.to_string())]);
             let before = counters.snapshot();
-            mgr.commit(offsets).await.unwrap();
+            let report = mgr.commit(offsets).await.unwrap();
+            made.push(report.checkpoint.id.millis());
             gets.push(counters.snapshot().since(&before).get.calls);
             let n = retained_intact(&store, &ctx).await;
             assert!(n.is_ok(), "minute {m}: {n:?}");
@@ -1058,9 +1070,47 @@ fn a_tiered_retention_keeps_every_point_it_selects_whole() {
             .iter()
             .filter_map(|c| c.checkpoint.as_v2().map(|v| v.id.millis()))
             .collect();
-        let expected = policy.select(&times, times[0]).len();
-        assert_eq!(ids.len(), expected, "{history:?}");
-        assert!(ids.len() >= 8, "{} points kept", ids.len());
+        // Exactly what the policy selects over every point made (newest first), at the newest.
+        made.sort_unstable_by(|a, b| b.cmp(a));
+        made.dedup();
+        let now = made[0];
+        let expected: std::collections::BTreeSet<u64> = policy
+            .select(&made, now)
+            .into_iter()
+            .map(|i| made[i])
+            .collect();
+        let kept: std::collections::BTreeSet<u64> = times.iter().copied().collect();
+        assert_eq!(kept, expected, "{history:?}");
+        assert_eq!(ids.len(), kept.len(), "one checkpoint per point kept");
+        // The hourly tier, pinned by hand beyond the 10-minute tier's hour: of the points
+        // older than an hour, exactly the newest of each UTC hour is kept (the day reaches
+        // back past the start: 2 or 3 hours).
+        let hour = 3_600_000u64;
+        let mut newest_of_hour: BTreeMap<u64, u64> = BTreeMap::new();
+        for &t in made.iter().filter(|&&t| t < now - hour) {
+            let e = newest_of_hour.entry(t / hour).or_insert(t);
+            *e = (*e).max(t);
+        }
+        let older: std::collections::BTreeSet<u64> =
+            kept.iter().copied().filter(|&t| t < now - hour).collect();
+        assert_eq!(
+            older,
+            newest_of_hour.values().copied().collect(),
+            "the hourly tier beyond the first hour"
+        );
+        assert!((2..=3).contains(&older.len()), "{older:?}");
+        // And the 10-minute tier: within the last hour, the newest of each 10-minute period
+        // (the newest 2 besides).
+        let within: std::collections::BTreeSet<u64> =
+            kept.iter().copied().filter(|&t| t >= now - hour).collect();
+        let mut newest_of_ten: BTreeMap<u64, u64> = BTreeMap::new();
+        for &t in made.iter().filter(|&&t| t >= now - hour) {
+            let e = newest_of_ten.entry(t / 600_000).or_insert(t);
+            *e = (*e).max(t);
+        }
+        let mut want: std::collections::BTreeSet<u64> = newest_of_ten.values().copied().collect();
+        want.extend(made.iter().take(2).copied());
+        assert_eq!(within, want, "the 10-minute tier and the newest 2");
         // Each retained checkpoint's document and index is read once for the task's life,
         // not at every commit's delete: a commit reads its new index, the newest document
         // and the one before it (which is cached from then on), however many points there
