@@ -2416,19 +2416,25 @@ async fn a_trim_racing_the_sweeps_history_read_is_read_again() {
     }
 }
 
-/// A lazy restore takes the restore fallback like a full one (F3 of the lazy-restore review):
-/// the latest snapshot names an SST whose blob is gone; the restore proves every remote blob
-/// before it reports success, so the missing one is `NotFound` at restore time, the task
-/// falls back to the older checkpoint (resuming from exactly its offset) and ends with the
-/// input's counts. Without the fallback, the same restore stops the task with `NotFound`
-/// naming the file, committing nothing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lazy_restore_of_a_missing_blob_takes_the_fallback() {
+/// A job run once on a local store at `root` (1 partition, 3000 lines, fallback on), and an
+/// SST only its latest snapshot holds: the two newest checkpoints, the file and its blob.
+struct LatestOnlySst {
+    settings: blobsnap::job::JobSettings,
+    store: Arc<dyn BlobStore>,
+    job: JobScope,
+    cps: BlobCheckpointStore,
+    task: &'static str,
+    latest: blobsnap::checkpoint::CheckpointV2,
+    older: blobsnap::checkpoint::CheckpointV2,
+    file: String,
+    blob: String,
+}
+
+async fn latest_only_sst(tmp: &std::path::Path, root: &std::path::Path) -> LatestOnlySst {
     use blobsnap::blobstore::local::LocalStore;
-    let tmp = tempfile::tempdir().unwrap();
-    let mut settings = job_settings(tmp.path(), &["counts"], true);
+    let settings = job_settings(tmp, &["counts"], true);
     blobsnap::job::wordcount::generate_input(&settings.input_dir, 1, 3000, 4).unwrap();
-    let store: Arc<dyn BlobStore> = Arc::new(LocalStore::new(tmp.path().join("store")).unwrap());
+    let store: Arc<dyn BlobStore> = Arc::new(LocalStore::new(root).unwrap());
     run_job(&settings, Arc::clone(&store)).await.unwrap();
     let job = JobScope::new("wordcount", "1").unwrap();
     let cps = BlobCheckpointStore::new(Arc::clone(&store), job.clone());
@@ -2451,7 +2457,7 @@ async fn a_lazy_restore_of_a_missing_blob_takes_the_fallback() {
         .into_iter()
         .flat_map(|(_, f)| f.blobs.iter().map(|b| b.blob_id.clone()))
         .collect();
-    let (gone_file, gone_blob) = new_idx
+    let (file, blob) = new_idx
         .present_files()
         .into_iter()
         .filter(|(n, f)| n.ends_with(".sst") && f.inline_data.is_none())
@@ -2460,6 +2466,31 @@ async fn a_lazy_restore_of_a_missing_blob_takes_the_fallback() {
             (!old_blobs.contains(b)).then(|| (n, b.clone()))
         })
         .expect("an SST only the latest snapshot has");
+    LatestOnlySst {
+        settings,
+        store,
+        job,
+        cps,
+        task,
+        latest,
+        older,
+        file,
+        blob,
+    }
+}
+
+/// A lazy restore takes the restore fallback like a full one (F3 of the lazy-restore review):
+/// the latest snapshot names an SST whose blob is gone; the restore proves every remote blob
+/// before it reports success, so the missing one is `NotFound` at restore time, the task
+/// falls back to the older checkpoint (resuming from exactly its offset) and ends with the
+/// input's counts. Without the fallback, the same restore stops the task with `NotFound`
+/// naming the file, committing nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_restore_of_a_missing_blob_takes_the_fallback() {
+    let tmp = tempfile::tempdir().unwrap();
+    let j = latest_only_sst(tmp.path(), &tmp.path().join("store")).await;
+    let (mut settings, store, job, cps, task) = (j.settings, j.store, j.job, j.cps, j.task);
+    let (latest, older, gone_file, gone_blob) = (j.latest, j.older, j.file, j.blob);
     let key = job.store(task, "counts").unwrap().key(&gone_blob).unwrap();
     store.delete_many(std::slice::from_ref(&key)).await.unwrap();
     settings.restore_mode = blobsnap::job::RestoreMode::Lazy;
@@ -2504,43 +2535,11 @@ async fn a_lazy_restore_of_a_missing_blob_takes_the_fallback() {
 /// the input's counts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lazy_restore_of_a_corrupt_blob_of_the_right_size_takes_the_fallback_at_the_next_start() {
-    use blobsnap::blobstore::local::LocalStore;
     let tmp = tempfile::tempdir().unwrap();
-    let mut settings = job_settings(tmp.path(), &["counts"], true);
-    blobsnap::job::wordcount::generate_input(&settings.input_dir, 1, 3000, 4).unwrap();
     let root = tmp.path().join("store");
-    let store: Arc<dyn BlobStore> = Arc::new(LocalStore::new(&root).unwrap());
-    run_job(&settings, Arc::clone(&store)).await.unwrap();
-    let job = JobScope::new("wordcount", "1").unwrap();
-    let cps = BlobCheckpointStore::new(Arc::clone(&store), job.clone());
-    let task = "Partition 0";
-    let history = cps.history(task, usize::MAX).await.unwrap();
-    let latest = history[0].checkpoint.as_v2().unwrap().clone();
-    let older = history[1].checkpoint.as_v2().unwrap().clone();
-    let ctx = blobsnap::backend::TaskContext {
-        job_name: "wordcount".into(),
-        job_id: "1".into(),
-        task_name: task.into(),
-    };
-    let marker = |c: &blobsnap::checkpoint::CheckpointV2| {
-        c.state_checkpoint_markers[FACTORY_NAME]["counts"].clone()
-    };
-    let new_idx = support::index_of(store.as_ref(), &ctx, &marker(&latest)).await;
-    let old_idx = support::index_of(store.as_ref(), &ctx, &marker(&older)).await;
-    let old_blobs: BTreeSet<String> = old_idx
-        .present_files()
-        .into_iter()
-        .flat_map(|(_, f)| f.blobs.iter().map(|b| b.blob_id.clone()))
-        .collect();
-    let (bad_file, bad_blob) = new_idx
-        .present_files()
-        .into_iter()
-        .filter(|(n, f)| n.ends_with(".sst") && f.inline_data.is_none())
-        .find_map(|(n, f)| {
-            let b = &f.blobs.first()?.blob_id;
-            (!old_blobs.contains(b)).then(|| (n, b.clone()))
-        })
-        .expect("an SST only the latest snapshot has");
+    let j = latest_only_sst(tmp.path(), &root).await;
+    let (mut settings, store, job, cps, task) = (j.settings, j.store, j.job, j.cps, j.task);
+    let (older, bad_file, bad_blob) = (j.older, j.file, j.blob);
     let key = job.store(task, "counts").unwrap().key(&bad_blob).unwrap();
     let path = root.join(key.as_str());
     let mut bytes = std::fs::read(&path).unwrap();
