@@ -420,9 +420,16 @@ async fn forks() {
     for i in 0..5 {
         let before = counters.snapshot();
         let t = Instant::now();
-        let f = fork::fork_task(&store, &source, "fork", &i.to_string(), TASK)
-            .await
-            .expect("fork");
+        let f = fork::fork_task(
+            &store,
+            &source,
+            "fork",
+            &i.to_string(),
+            TASK,
+            Duration::from_secs(3600),
+        )
+        .await
+        .expect("fork");
         secs.push(t.elapsed().as_secs_f64());
         let c = counters.snapshot().since(&before);
         if i == 0 {

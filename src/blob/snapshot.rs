@@ -190,7 +190,7 @@ async fn borrowed_scopes(
 /// the marker (`Corrupt`), its format and names (`Corrupt`/`InvalidInput`), its metadata
 /// against `expected` and its checkpoint id against the marker's (`Corrupt`, naming both
 /// values). Never returns someone else's snapshot.
-async fn read_index(
+pub(crate) async fn read_index(
     store: &dyn BlobStore,
     scope: &StoreScope,
     marker: &IndexMarker,

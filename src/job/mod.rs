@@ -361,10 +361,7 @@ async fn run_task_leased(
     lease.announce(blob_store.as_ref(), job).await?;
     let mut lease_renewed = std::time::Instant::now();
     crate::crash::point("task.after-claim");
-    let last = match &settings.start_from {
-        Some(point) => start_from(&commits, &ctx, &blob_store, job, &task, point, last).await?,
-        None => last,
-    };
+    let last = start_from(&commits, &ctx, &blob_store, job, &task, settings, last).await?;
 
     let (last, fell_back_to, restored) = restore_task(
         settings,

@@ -107,7 +107,7 @@ pub(super) fn start_from_key(job: &JobScope, task: &str) -> Result<crate::blobst
     job.start_from_key(task)
 }
 
-/// Start `task` (claimed: `commits`) from `point`: commit a new head with the point's offsets
+/// Start `task` (claimed: `commits`) from `settings.start_from` (none: `last` as it is): commit a new head with the point's offsets
 /// and markers, record that it did, and return the checkpoint to restore. Already applied:
 /// `last` as it is.
 pub(super) async fn start_from(
@@ -116,9 +116,13 @@ pub(super) async fn start_from(
     blob_store: &Arc<dyn BlobStore>,
     job: &JobScope,
     task: &str,
-    point: &crate::blob::time::history::CheckpointRef,
+    settings: &super::JobSettings,
     last: Option<Checkpoint>,
 ) -> Result<Option<Checkpoint>> {
+    let Some(point) = &settings.start_from else {
+        return Ok(last);
+    };
+    let grace = settings.gc_grace;
     if let Some(r) = applied(blob_store.as_ref(), job, task, point).await? {
         tracing::info!(task, start_from = %point, seq = r.seq, "start-from was applied before (at #{}); resuming from the latest checkpoint", r.seq);
         return Ok(last);
@@ -132,6 +136,7 @@ pub(super) async fn start_from(
                 &ctx.job_name,
                 &ctx.job_id,
                 task,
+                grace,
             )
             .await
             .map_err(|e| e.context(format!("start-from {point}")))?;

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use blobsnap::backend::{
     Clock, StoreMarkers, StoreSpec, SystemClock, TaskBackupManager, TaskContext,
@@ -19,6 +20,8 @@ use blobsnap::checkpoint::{
     BlobCheckpointStore, Checkpoint, CheckpointIdGen, CheckpointStore, CheckpointV2,
 };
 use blobsnap::layout::JobScope;
+
+use crate::support;
 use blobsnap::ErrorKind;
 
 const TASK: &str = "Partition 0";
@@ -103,6 +106,7 @@ async fn a_fork_pin_is_held_while_anything_borrows_through_it_then_released() {
         "wordcount",
         "2",
         TASK,
+        Duration::from_secs(3600),
     )
     .await
     .unwrap();
@@ -449,4 +453,193 @@ async fn a_second_start_from_keeps_the_pins_of_the_first() {
         pinned.contains(&"a") && pinned.contains(&"b"),
         "both starts' pins are in the record: {record}"
     );
+}
+
+/// Issue 46, S4-7: a fork index left by an earlier attempt (a crash between its PUT and the
+/// fork's head) is named again only while it is younger than half the fork job's grace, or
+/// once a retained checkpoint of the fork names it. An older orphan may be being deleted by a
+/// sweep, so the fork fails and names the sweep to run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_index_left_by_an_earlier_attempt_is_named_again_only_while_young_or_retained() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store: Arc<dyn BlobStore> =
+        Arc::new(blobsnap::blobstore::local::LocalStore::new(tmp.path().join("store")).unwrap());
+    let mut ids = CheckpointIdGen::new();
+    let src = manager(&store, "1", &tmp.path().join("src"));
+    src.init(None).await.unwrap();
+    let id1 = ids.next(SystemClock.now_millis()).unwrap();
+    let d = files(&tmp.path().join("cp1"), &[("000001.sst", 1)]);
+    let m1 = src
+        .upload(
+            id1,
+            &StoreMarkers::new(),
+            &BTreeMap::from([("counts".to_string(), d)]),
+        )
+        .await
+        .unwrap();
+    src.cleanup(id1, &m1).await.unwrap();
+    BlobCheckpointStore::new(Arc::clone(&store), JobScope::new("wordcount", "1").unwrap())
+        .write(TASK, 1, "w", &v2(id1, &m1))
+        .await
+        .unwrap();
+    savepoint::create(&store, "wordcount", "1", "base", &CheckpointRef::Latest)
+        .await
+        .unwrap();
+    let source: fork::ForkSource = "wordcount/1/base".parse().unwrap();
+    let fork = |grace: u64| {
+        fork::fork_task(
+            &store,
+            &source,
+            "wordcount",
+            "2",
+            TASK,
+            Duration::from_secs(grace),
+        )
+    };
+
+    // The first attempt writes the index; the fork "crashes" before its head.
+    let first = fork(3600).await.unwrap();
+    // A retry within half the grace names the same index again.
+    let again = fork(3600).await.unwrap();
+    assert_eq!(again.checkpoint, first.checkpoint);
+    // With a grace it has outlived, the index may be an orphan a sweep is deleting: refused.
+    let e = fork(0).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Conflict, "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("earlier attempt") && msg.contains("blobsnap gc"),
+        "{msg}"
+    );
+    // Once the fork's history names it, it is a root: named again, whatever its age.
+    BlobCheckpointStore::new(Arc::clone(&store), JobScope::new("wordcount", "2").unwrap())
+        .write(TASK, 1, "w", &first.checkpoint)
+        .await
+        .unwrap();
+    let named = fork(0).await.unwrap();
+    assert_eq!(named.checkpoint, first.checkpoint);
+}
+
+/// Issue 46, S4-3: a fork's pin that a savepoint made meanwhile needs again is written back
+/// only with the source's savepoint checked unchanged; had it gone while no pin stood (its
+/// collectors may have acted), the release fails naming the check to run. The interleaving is
+/// driven by the store's GET hook: the fork's savepoint appears just before the pin's delete,
+/// and (the second time) the source's savepoint goes just after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pin_written_back_after_its_release_is_checked_against_the_source_savepoint() {
+    for source_goes in [false, true] {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("store");
+        let store: Arc<dyn BlobStore> =
+            Arc::new(blobsnap::blobstore::local::LocalStore::new(&root).unwrap());
+        let mut ids = CheckpointIdGen::new();
+        let src = manager(&store, "1", &tmp.path().join("src"));
+        src.init(None).await.unwrap();
+        let id1 = ids.next(SystemClock.now_millis()).unwrap();
+        let d = files(&tmp.path().join("cp1"), &[("000001.sst", 1)]);
+        let m1 = src
+            .upload(
+                id1,
+                &StoreMarkers::new(),
+                &BTreeMap::from([("counts".to_string(), d)]),
+            )
+            .await
+            .unwrap();
+        src.cleanup(id1, &m1).await.unwrap();
+        let src_job = JobScope::new("wordcount", "1").unwrap();
+        BlobCheckpointStore::new(Arc::clone(&store), src_job.clone())
+            .write(TASK, 1, "w", &v2(id1, &m1))
+            .await
+            .unwrap();
+        savepoint::create(&store, "wordcount", "1", "base", &CheckpointRef::Latest)
+            .await
+            .unwrap();
+        let forked = fork::fork_task(
+            &store,
+            &"wordcount/1/base".parse().unwrap(),
+            "wordcount",
+            "2",
+            TASK,
+            Duration::from_secs(3600),
+        )
+        .await
+        .unwrap();
+        let pin = forked.pins.iter().next().unwrap().key().unwrap();
+
+        // The fork's savepoint `f` of its head, kept as bytes, then gone with the head: at
+        // the release's decision nothing borrows through the pin.
+        let fork_job = JobScope::new("wordcount", "2").unwrap();
+        let fork_cps = BlobCheckpointStore::new(Arc::clone(&store), fork_job.clone());
+        fork_cps
+            .write(TASK, 1, "w", &forked.checkpoint)
+            .await
+            .unwrap();
+        savepoint::create(&store, "wordcount", "2", "f", &CheckpointRef::Latest)
+            .await
+            .unwrap();
+        let f_key = fork_job.savepoint_key("f").unwrap();
+        let f_path = root.join(f_key.as_str());
+        let f_bytes = std::fs::read(&f_path).unwrap();
+        savepoint::remove(store.as_ref(), &fork_job, "f")
+            .await
+            .unwrap();
+        fork_cps.delete_seqs(TASK, &[1]).await.unwrap();
+
+        let base_key = src_job.savepoint_key("base").unwrap();
+        let base_path = root.join(base_key.as_str());
+        let step = Arc::new(std::sync::atomic::AtomicU8::new(0));
+        let hook_step = Arc::clone(&step);
+        let hooked: Arc<dyn BlobStore> = Arc::new(support::Hooked::new(
+            Arc::clone(&store),
+            Box::new(move |key, _| {
+                use std::sync::atomic::Ordering::SeqCst;
+                // The release reads the source's savepoint just before it deletes the pin:
+                // a savepoint of the fork is made then (another writer of the task).
+                if *key == base_key && hook_step.compare_exchange(0, 1, SeqCst, SeqCst).is_ok() {
+                    std::fs::create_dir_all(f_path.parent().unwrap()).unwrap();
+                    std::fs::write(&f_path, &f_bytes).unwrap();
+                }
+                // Its check after the delete reads that savepoint: the source's goes then.
+                if *key == f_key
+                    && source_goes
+                    && hook_step.compare_exchange(1, 2, SeqCst, SeqCst).is_ok()
+                {
+                    std::fs::remove_file(&base_path).unwrap();
+                }
+                None
+            }),
+        ));
+        let release = fork::Release::new(hooked, "wordcount", "2", TASK);
+        let v = forked.checkpoint.as_v2().unwrap();
+        let marker = v.marker(FACTORY_NAME, "counts").unwrap();
+        let snap = blobsnap::blob::load_snapshot(
+            store.as_ref(),
+            &blobsnap::blob::Expected {
+                job_name: "wordcount",
+                job_id: "2",
+                task_name: TASK,
+                store_name: "counts",
+            },
+            marker,
+        )
+        .await
+        .unwrap();
+        release.note(&snap.index);
+        let r = release.release_unused(std::iter::empty()).await;
+        assert_eq!(
+            step.load(std::sync::atomic::Ordering::SeqCst),
+            1 + u8::from(source_goes)
+        );
+        assert!(
+            store.head(&pin).await.is_ok(),
+            "the pin stands again: {r:?}"
+        );
+        if source_goes {
+            let e = r.unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Conflict, "{e}");
+            assert!(e.to_string().contains("check --read-data"), "{e}");
+        } else {
+            assert!(r.unwrap().is_empty(), "nothing released");
+            assert!(release.holds_any());
+        }
+    }
 }

@@ -1288,6 +1288,7 @@ async fn history_job(
             "model",
             id,
             "Partition 0",
+            std::time::Duration::from_secs(3600),
         )
         .await
         .unwrap();

@@ -31,15 +31,20 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 
-use crate::blob::snapshot::{hash_object, load_snapshot, Expected, LoadedSnapshot, FACTORY_NAME};
-use crate::blobstore::{BlobStore, PutBody, PutOptions};
-use crate::checkpoint::{BlobCheckpointStore, Checkpoint, CheckpointV2};
+use crate::blob::snapshot::{
+    hash_object, load_snapshot, read_index, Expected, LoadedSnapshot, FACTORY_NAME,
+};
+use crate::blobstore::{BlobKey, BlobStore, PutBody, PutOptions};
+use crate::checkpoint::{BlobCheckpointStore, Checkpoint, CheckpointStore as _, CheckpointV2};
+use crate::digest::Sha256;
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::{BorrowedScope, DirIndex, IndexMarker, SnapshotIndex, BORROWED_PREFIX};
 use crate::layout::JobScope;
+use crate::units::Clock as _;
 
 pub use crate::blob::time::record::{dependents, pins_of, ForkPin, ForkSource};
 
@@ -64,12 +69,18 @@ pub struct ForkedTask {
 /// then one index per store in the fork's scope; returns the checkpoint to commit as the
 /// fork's head. `NotFound` when the savepoint or its task is missing; `InvalidInput` when the
 /// fork is the source job itself (that is a rollback: `savepoint:NAME`).
+///
+/// `grace` is the fork job's sweep grace: a fork index left by an earlier attempt is reused
+/// only while it is younger than half of it. An older one may be an orphan that a sweep of
+/// the fork job is deleting (issue 46, S4-7), so the fork fails (`Conflict`) and asks for
+/// that sweep first.
 pub async fn fork_task(
     store: &Arc<dyn BlobStore>,
     source: &ForkSource,
     fork_job: &str,
     fork_id: &str,
     task: &str,
+    grace: Duration,
 ) -> Result<ForkedTask> {
     if (source.job_name.as_str(), source.job_id.as_str()) == (fork_job, fork_id) {
         return Err(Error::invalid(format!(
@@ -195,10 +206,16 @@ pub async fn fork_task(
         {
             Ok(_) => {}
             Err(e) if e.kind() == ErrorKind::Conflict => {
-                let (got, _) = hash_object(store.as_ref(), &key).await?;
-                if got != sha {
-                    return Err(e.context(format!("fork index {key} exists with other bytes")));
-                }
+                requests += 3;
+                let named = BlobCheckpointStore::new(Arc::clone(store), fork_scope.clone())
+                    .history(task, usize::MAX)
+                    .await?
+                    .iter()
+                    .any(|c| {
+                        markers_of(&c.checkpoint)
+                            .contains(&(store_name.clone(), marker.to_string()))
+                    });
+                reusable(store.as_ref(), &key, sha, grace, named).await?;
             }
             Err(e) => return Err(e.context(format!("put fork index {key}"))),
         }
@@ -221,6 +238,51 @@ pub async fn fork_task(
         bytes,
         requests,
     })
+}
+
+/// Whether the fork index at `key`, left by an earlier attempt, may be named again: the same
+/// bytes, and either `named` by a retained checkpoint of the fork (a root: no sweep deletes
+/// it) or younger than half the sweep's grace (an older orphan may be being deleted by a
+/// sweep: a head naming it would name a missing index).
+async fn reusable(
+    store: &dyn BlobStore,
+    key: &BlobKey,
+    sha: Sha256,
+    grace: Duration,
+    named: bool,
+) -> Result<()> {
+    let meta = store
+        .head(key)
+        .await
+        .map_err(|e| e.context(format!("head fork index {key}")))?;
+    let age = meta
+        .last_modified
+        .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+        .map(|t| {
+            let now = Duration::from_millis(crate::units::SystemClock.now_millis());
+            now.saturating_sub(t)
+        });
+    match age {
+        _ if named => {}
+        Some(age) if age < grace / 2 => {}
+        _ => {
+            let age = age.map_or_else(
+                || "of unknown age".to_string(),
+                |a| format!("{} s old", a.as_secs()),
+            );
+            return Err(Error::conflict(format!(
+                "fork index {key} exists from an earlier attempt ({age}, the sweep's grace is {} s): a sweep of the fork job may be deleting it; run `blobsnap gc` on the fork job, then start again",
+                grace.as_secs()
+            )));
+        }
+    }
+    let (got, _) = hash_object(store, key).await?;
+    if got != sha {
+        return Err(Error::conflict(format!(
+            "fork index {key} exists with other bytes"
+        )));
+    }
+    Ok(())
 }
 
 /// The fork's index of `snap` (a source snapshot): the same files; the source's own blobs
@@ -470,14 +532,27 @@ impl Release {
         Ok(candidates)
     }
 
-    /// Delete `candidates` (pins nothing borrows through), each checked again against the
-    /// fork's savepoints once deleted (one made meanwhile puts it back). Returns the pins
-    /// deleted.
+    /// Delete `candidates` (pins nothing borrows through). Returns the pins deleted.
+    ///
+    /// Nothing made after [`unneeded`](Self::unneeded) decided can need a candidate: the
+    /// task's commits run one after another with this (the window holds what they may reuse),
+    /// and a savepoint of the fork names a checkpoint still in the history after its record
+    /// is written, or another savepoint, and the decision read both. Each pin is still checked
+    /// against the fork's savepoints once deleted, as a guard against a second writer of the
+    /// task (a store run without fencing). Should one need it, the pin is written again, and
+    /// the source's savepoint must still be there and unchanged; if it is not, a collector of
+    /// the source may have acted while no pin stood, and the release fails naming the check to
+    /// run (issue 46, S4-3: a put-back is never trusted blind).
     async fn release(&self, candidates: BTreeSet<ForkPin>) -> Result<Vec<ForkPin>> {
         let job = JobScope::new(&self.fork_job, &self.fork_id)?;
         let mut released = Vec::new();
         for pin in candidates {
             let key = pin.key()?;
+            let source = JobScope::new(&pin.source_job, &pin.source_id)?;
+            let before =
+                crate::blob::time::savepoint::read(self.store.as_ref(), &source, &pin.savepoint)
+                    .await
+                    .ok();
             if let Some((_, e)) = self
                 .store
                 .delete_many(std::slice::from_ref(&key))
@@ -487,14 +562,26 @@ impl Release {
             {
                 return Err(e.context(format!("release fork pin {key}")));
             }
-            // A savepoint of the fork made while this was deciding names it again: put it
-            // back (the savepoint's own check read the pin before it went).
             let mut again = BTreeSet::from([pin.clone()]);
             if self
                 .still_needed(self.savepoint_roots(&job).await?, &mut again)
                 .await?
             {
                 write_pin(self.store.as_ref(), &pin).await?;
+                let now = crate::blob::time::savepoint::read(
+                    self.store.as_ref(),
+                    &source,
+                    &pin.savepoint,
+                )
+                .await
+                .ok();
+                if before.is_none() || now != before {
+                    return Err(Error::conflict(format!(
+                        "fork pin {key} was released while a savepoint of {}/{} made meanwhile needed it, and savepoint {}/{}/{} changed or went before it was written again: the source's collectors may have deleted blobs that savepoint names; run `blobsnap check --read-data --job {} --job-id {}`",
+                        self.fork_job, self.fork_id, pin.source_job, pin.source_id, pin.savepoint, self.fork_job, self.fork_id
+                    )));
+                }
+                tracing::warn!(pin = %pin, "a fork pin released while a new savepoint needed it was written again; its source savepoint is unchanged");
                 continue;
             }
             if let Ok(mut h) = self.held.lock() {
@@ -539,8 +626,13 @@ impl Release {
                         task_name: &self.task,
                         store_name: &store_name,
                     };
-                    let snap = load_snapshot(self.store.as_ref(), &who, &marker).await?;
-                    let p = pins_of(&snap.index, &self.fork_job, &self.fork_id, &self.task);
+                    // The index alone (its hash checked), not its pins: a pin this
+                    // release just deleted is exactly what it asks about.
+                    let scope = JobScope::new(&self.fork_job, &self.fork_id)?
+                        .store(&self.task, &store_name)?;
+                    let index =
+                        read_index(self.store.as_ref(), &scope, &marker.parse()?, &who).await?;
+                    let p = pins_of(&index, &self.fork_job, &self.fork_id, &self.task);
                     if let Ok(mut k) = self.known.lock() {
                         k.insert((store_name, marker), p.clone());
                     }
