@@ -24,8 +24,12 @@
 //! Through time (`savepoints_forks_and_tiers_never_lose_a_referenced_blob`): a tiered source
 //! job and a zero-copy fork of one of its savepoints commit, save, remove savepoints and sweep
 //! in a seeded order for `BLOBSNAP_GC_MODEL_STEPS` steps (600 here, 1,000,000 in the long-test
-//! command); every retained checkpoint and savepoint of both stays whole. It has teeth: with
-//! `savepoint rm` not consulting the forks' pins it loses a borrowed blob within 50 steps.
+//! command); every retained checkpoint and savepoint of both stays whole. It has teeth
+//! (`without_each_check_the_history_model_loses_a_referenced_blob`, test-only switches): with
+//! the cleanup's savepoint check off a savepoint loses its index within a few steps, and with
+//! `savepoint rm` ignoring the forks' pins a fork's checkpoint loses the pin it reads through.
+//! The tiered model likewise fails without the cleanup's history check
+//! (`without_the_history_check_a_tiered_retention_loses_a_point_it_keeps`).
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -50,7 +54,7 @@ use blobsnap::layout::JobScope;
 use blobsnap::{Error, ErrorKind, Result};
 use bytes::Bytes;
 use futures::stream::BoxStream;
-use futures::StreamExt as _;
+use futures::{StreamExt as _, TryStreamExt as _};
 use rand::{Rng as _, SeedableRng as _};
 
 const GRACE_MS: u64 = 10_000;
@@ -1001,6 +1005,29 @@ fn a_cancelled_write_never_withdraws_a_successors_claim() {
 /// with the points retained.
 #[test]
 fn a_tiered_retention_keeps_every_point_it_selects_whole() {
+    if let Err(v) = tiered_model(ALL_CHECKS) {
+        panic!("{v}");
+    }
+}
+
+/// The tiered model has teeth: with the cleanup's check of the retained history off (a
+/// test-only switch), a point the policy keeps loses a blob within the three hours.
+#[test]
+fn without_the_history_check_a_tiered_retention_loses_a_point_it_keeps() {
+    let v = tiered_model(Checks {
+        history: false,
+        ..ALL_CHECKS
+    })
+    .expect_err("the tiered model lost nothing without the history check");
+    eprintln!("without the history check: {v}");
+    assert!(v.contains("minute"), "{v}");
+}
+
+/// Three virtual hours of a commit a minute under "last 2, every 10m for 1h, every 1h for
+/// 1d", every file replaced each minute; `Err` names the first minute after which a retained
+/// point was not whole. The rest (what the policy keeps, the GETs a commit, the sweep) is
+/// asserted.
+fn tiered_model(checks: Checks) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -1021,7 +1048,7 @@ fn a_tiered_retention_keeps_every_point_it_selects_whole() {
             job_id: "1".into(),
             task_name: "Partition 0".into(),
         };
-        let job = history_job(&store, &clock, tmp.path(), "1", policy_text, None).await;
+        let job = history_job(&store, &clock, tmp.path(), "1", policy_text, None, checks).await;
         let (mgr, dir) = (job.mgr, job.dir);
         let minutes = 180u64;
         let mut gets = Vec::new();
@@ -1054,8 +1081,9 @@ fn a_tiered_retention_keeps_every_point_it_selects_whole() {
             let report = mgr.commit(offsets).await.unwrap();
             made.push(report.checkpoint.id.millis());
             gets.push(counters.snapshot().since(&before).get.calls);
-            let n = retained_intact(&store, &ctx).await;
-            assert!(n.is_ok(), "minute {m}: {n:?}");
+            if let Err(v) = retained_intact(&store, &ctx).await {
+                return Err(format!("minute {m}: {v}"));
+            }
         }
         let cps =
             BlobCheckpointStore::new(Arc::clone(&store), JobScope::new("model", "1").unwrap());
@@ -1131,7 +1159,8 @@ fn a_tiered_retention_keeps_every_point_it_selects_whole() {
         let plan = plan_sweep(&store, &s).await.unwrap();
         execute_sweep(store.as_ref(), &plan).await.unwrap();
         assert!(retained_intact(&store, &ctx).await.is_ok());
-    });
+        Ok(())
+    })
 }
 
 /// A short grace never livelocks a task (N7 of the second protocol review): on a store where
@@ -1240,6 +1269,25 @@ async fn job_intact(
     Ok(n)
 }
 
+/// The protocol's checks that a negative test turns off, one at a time, to show what each
+/// keeps whole (all on in a job; the first two are test-only switches of `BackupSettings`).
+#[derive(Clone, Copy, Debug)]
+struct Checks {
+    /// The tiered cleanup's read of the retained history before a batch delete.
+    history: bool,
+    /// The cleanup's read of the job's savepoints before a batch delete.
+    savepoints: bool,
+    /// `savepoint rm` refusing while a fork pins the savepoint (off: the model deletes the
+    /// record and its pins as if forks pinned nothing).
+    rm_consults_pins: bool,
+}
+
+const ALL_CHECKS: Checks = Checks {
+    history: true,
+    savepoints: true,
+    rm_consults_pins: true,
+};
+
 /// One job of the history model: its commit manager over a plain-file store.
 struct HistoryJob {
     id: &'static str,
@@ -1258,6 +1306,7 @@ async fn history_job(
     id: &'static str,
     policy: &str,
     fork_of: Option<&str>,
+    checks: Checks,
 ) -> HistoryJob {
     let policy: blobsnap::retention::RetentionPolicy = policy.parse().unwrap();
     let ctx = TaskContext {
@@ -1337,6 +1386,8 @@ async fn history_job(
                 tiered_retention: !policy.tiers.is_empty(),
                 hash_cache: false,
                 writer_lease: false,
+                history_check: checks.history,
+                savepoint_check: checks.savepoints,
                 ..Default::default()
             },
         )
@@ -1392,11 +1443,57 @@ fn savepoints_forks_and_tiers_never_lose_a_referenced_blob() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(600);
+    let counts = history_model(steps, ALL_CHECKS).unwrap_or_else(|v| panic!("{v}"));
+    eprintln!("history model: {steps} steps, {counts:?}, no referenced object deleted");
+    assert!(counts.commits > steps / 3, "{counts:?}");
+    assert!(counts.swept > 0, "sweeps deleted orphans: {counts:?}");
+    assert!(
+        counts.savepoints_removed > 0 && counts.removals_refused > 0,
+        "savepoints were removed, and refused while a fork pinned them: {counts:?}"
+    );
+    assert!(
+        counts.forks >= 4 && counts.forks_of_forks >= 1,
+        "forks started through the run, one of them from a fork: {counts:?}"
+    );
+}
+
+/// The history model has teeth, one check at a time (each a switch a job never turns off):
+/// without the cleanup's read of the savepoints, a savepoint loses what it names; with
+/// `savepoint rm` deleting a record (and its pins) that a fork pins, a fork's checkpoint loses
+/// the pin that keeps what it borrows. Each within the default run of 600 steps.
+#[test]
+fn without_each_check_the_history_model_loses_a_referenced_blob() {
+    for (what, checks) in [
+        (
+            "the cleanup's savepoint check",
+            Checks {
+                savepoints: false,
+                ..ALL_CHECKS
+            },
+        ),
+        (
+            "savepoint rm's check of the forks' pins",
+            Checks {
+                rm_consults_pins: false,
+                ..ALL_CHECKS
+            },
+        ),
+    ] {
+        let v = history_model(600, checks)
+            .expect_err(&format!("nothing was lost in 600 steps without {what}"));
+        eprintln!("without {what}: {v}");
+        assert!(v.contains("was lost"), "{v}");
+    }
+}
+
+/// `steps` steps of the history model (see the test above) with `checks`; `Err` names the
+/// first step after which a retained checkpoint or savepoint of a job was not whole.
+fn history_model(steps: u64, checks: Checks) -> Result<HistoryCounts, String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let counts = rt.block_on(async {
+    rt.block_on(async {
         let clock = Arc::new(VClock(AtomicU64::new(1_800_000_000_000)));
         let model = Model::new(&clock, 32, 300, None);
         let store: Arc<dyn BlobStore> = model.clone();
@@ -1439,6 +1536,7 @@ fn savepoints_forks_and_tiers_never_lose_a_referenced_blob() {
             "1",
             "last 2, every 1m for 5m",
             None,
+            checks,
         )
         .await;
         churn(&source.dir, &mut rng);
@@ -1446,7 +1544,16 @@ fn savepoints_forks_and_tiers_never_lose_a_referenced_blob() {
         blobsnap::blob::savepoint::create(&store, "model", "1", "base", &"latest".parse().unwrap())
             .await
             .unwrap();
-        let fork = history_job(&store, &clock, tmp.path(), "2", "2", Some("model/1/base")).await;
+        let fork = history_job(
+            &store,
+            &clock,
+            tmp.path(),
+            "2",
+            "2",
+            Some("model/1/base"),
+            checks,
+        )
+        .await;
         c.forks += 1;
         const IDS: [&str; 8] = ["1", "2", "3", "4", "5", "6", "7", "8"];
         let mut jobs = vec![source, fork];
@@ -1468,7 +1575,8 @@ fn savepoints_forks_and_tiers_never_lose_a_referenced_blob() {
                         c.forks_of_forks += 1;
                     }
                     let fork =
-                        history_job(&store, &clock, tmp.path(), id, "2", Some(&source)).await;
+                        history_job(&store, &clock, tmp.path(), id, "2", Some(&source), checks)
+                            .await;
                     jobs.push(fork);
                     c.forks += 1;
                 }
@@ -1516,6 +1624,17 @@ fn savepoints_forks_and_tiers_never_lose_a_referenced_blob() {
                         .unwrap();
                     if !all.is_empty() {
                         let name = &all[rng.random_range(0..all.len())].name;
+                        if !checks.rm_consults_pins {
+                            // The record and every fork's pin on it, as if forks pinned
+                            // nothing.
+                            let pins: Vec<_> = store
+                                .list(&scope.fork_pins(name).unwrap())
+                                .map_ok(|m| m.key)
+                                .try_collect()
+                                .await
+                                .unwrap();
+                            store.delete_many(&pins).await.unwrap();
+                        }
                         match blobsnap::blob::savepoint::remove(store.as_ref(), &scope, name).await
                         {
                             Ok(_) => c.savepoints_removed += 1,
@@ -1540,21 +1659,12 @@ fn savepoints_forks_and_tiers_never_lose_a_referenced_blob() {
             }
             for id in jobs.iter().map(|j| j.id) {
                 if let Err(v) = job_intact(&store, id).await {
-                    panic!("step {step}: a referenced object was lost: {v}");
+                    return Err(format!(
+                        "step {step}: a referenced object of job {id} was lost: {v}"
+                    ));
                 }
             }
         }
-        c
-    });
-    eprintln!("history model: {steps} steps, {counts:?}, no referenced object deleted");
-    assert!(counts.commits > steps / 3, "{counts:?}");
-    assert!(counts.swept > 0, "sweeps deleted orphans: {counts:?}");
-    assert!(
-        counts.savepoints_removed > 0 && counts.removals_refused > 0,
-        "savepoints were removed, and refused while a fork pinned them: {counts:?}"
-    );
-    assert!(
-        counts.forks >= 4 && counts.forks_of_forks >= 1,
-        "forks started through the run, one of them from a fork: {counts:?}"
-    );
+        Ok(c)
+    })
 }

@@ -4164,11 +4164,15 @@ async fn forks(ms: &MatrixStore, root: &std::path::Path) {
 }
 
 /// A crash-injected soak (issue 32 §6): the demo job is SIGKILLed at crash points — mid
-/// upload, before and after its checkpoint write, in its cleanup, mid restore, at its end —
-/// run after run on one store, each run with more input; then it runs to its end (counts
-/// checked), and **one** sweep (`gc --grace-secs 0 --force`) leaves `usage` with no orphan,
-/// no unknown key and no byte past the grace. `BLOBSNAP_SOAK_ROUNDS` rounds over every crash
-/// point (the long-test command: 5; CI: the short list below, once).
+/// upload, before and after its checkpoint write, in its cleanup, mid restore (on a new
+/// host: its local state deleted first), at its end — run after run on one store, each run
+/// with more input; then it runs to its end (counts checked). The kills must have left
+/// something to sweep, and **one** sweep (`gc --grace-secs 0 --force`) leaves exactly what
+/// the retained checkpoints reference, read by the test itself (`support::referenced`, not
+/// the classifier under test); `usage` then agrees: no orphan, no unknown key, no byte past
+/// the grace. Every point of the short list (CI) must kill its run; `BLOBSNAP_SOAK_ROUNDS`
+/// adds rounds over every crash point (the long-test command: 5), where a point the demo
+/// does not reach in that configuration (lazy, pre-upload) runs to its end.
 async fn crash_soak(ms: &MatrixStore, root: &std::path::Path) {
     use std::os::unix::process::ExitStatusExt as _;
     let leg = ms.leg(root, "soak").await;
@@ -4187,6 +4191,7 @@ async fn crash_soak(ms: &MatrixStore, root: &std::path::Path) {
     ]
     .map(String::from)
     .to_vec();
+    let short = crashes.len();
     for r in 0..rounds {
         for p in blobsnap::crash::POINTS
             .iter()
@@ -4214,8 +4219,12 @@ async fn crash_soak(ms: &MatrixStore, root: &std::path::Path) {
     };
     let mut lines = 1_000u64;
     let mut killed = 0;
-    for at in &crashes {
+    for (i, at) in crashes.iter().enumerate() {
         lines += 500;
+        if at.starts_with("restore.") {
+            // A new host: the restore has everything to download.
+            let _ = std::fs::remove_dir_all(root.join("demo").join("state"));
+        }
         let out = leg
             .cmd(&demo(lines))
             .env("BLOBSNAP_CRASH_AT", at)
@@ -4223,6 +4232,10 @@ async fn crash_soak(ms: &MatrixStore, root: &std::path::Path) {
             .await
             .unwrap();
         if out.status.success() {
+            assert!(
+                i >= short,
+                "{at}: the run was not killed (every point of the short list must be reached)"
+            );
             continue;
         }
         assert_eq!(
@@ -4253,12 +4266,8 @@ async fn crash_soak(ms: &MatrixStore, root: &std::path::Path) {
             .await
             .unwrap(),
     );
-    json(
-        leg.cmd(&["gc", "--job", "wordcount", "--grace-secs", "0", "--force"].map(String::from))
-            .output()
-            .await
-            .unwrap(),
-    );
+    let swept =
+        sweep_leaves_exactly_the_referenced(leg.cmd(&[]), &leg.store, 2, "crash soak").await;
     let after = json(
         leg.cmd(&["usage", "--job", "wordcount", "--grace-secs", "0"].map(String::from))
             .output()
@@ -4270,11 +4279,13 @@ async fn crash_soak(ms: &MatrixStore, root: &std::path::Path) {
         (c["objects"].as_u64().unwrap(), c["bytes"].as_u64().unwrap())
     };
     eprintln!(
-        "crash soak: {killed} of {} runs killed; before the sweep {:?} past the grace, after {:?}",
+        "crash soak: {killed} of {} runs killed; before the sweep {:?} past the grace, {:?} within; {swept} objects swept; after {:?}",
         crashes.len(),
         class(&before, "orphans-past-grace"),
+        class(&before, "orphans-within-grace"),
         class(&after, "orphans-past-grace")
     );
+    assert!(swept > 0, "the kills left nothing to sweep: {before}");
     for c in [
         "orphans-past-grace",
         "orphans-within-grace",

@@ -410,6 +410,8 @@ pub struct Pins {
     /// With a tiered retention: this task's retained checkpoints pin too (the backend's
     /// window counts only the newest; older ones the policy keeps are roots as well).
     history_of: Option<String>,
+    /// Whether the job's savepoints pin (always, but in a test that shows what they keep).
+    savepoints: bool,
     /// (task, store, marker) → the keys that snapshot keeps alive (indexes never change), for
     /// the roots of the last call.
     known: Mutex<HashMap<SnapshotId, Arc<HashSet<BlobKey>>>>,
@@ -430,6 +432,7 @@ impl Pins {
             job_name: job_name.to_string(),
             job_id: job_id.to_string(),
             history_of: None,
+            savepoints: true,
             known: Mutex::default(),
             docs: Mutex::default(),
         })
@@ -440,6 +443,15 @@ impl Pins {
     /// task's life: what it has read is what it does not read again.
     pub fn with_history(mut self, task: &str) -> Self {
         self.history_of = Some(task.to_string());
+        self
+    }
+
+    /// Without the savepoints: a test-only switch that shows what they keep
+    /// ([`BackupSettings::savepoint_check`](crate::blob::backup::BackupSettings)). Never in a
+    /// job.
+    #[doc(hidden)]
+    pub fn without_savepoints(mut self) -> Self {
+        self.savepoints = false;
         self
     }
 
@@ -521,11 +533,15 @@ impl DeleteFilter for Pins {
         if areas.is_empty() {
             return Ok(HashSet::new());
         }
-        let savepoints = list_roots(self.store.as_ref(), &self.job)
-            .await
-            .map_err(|e| {
-                e.context("read the job's savepoints before a cleanup delete (nothing deleted)")
-            })?;
+        let savepoints = if self.savepoints {
+            list_roots(self.store.as_ref(), &self.job)
+                .await
+                .map_err(|e| {
+                    e.context("read the job's savepoints before a cleanup delete (nothing deleted)")
+                })?
+        } else {
+            Vec::new()
+        };
         let doomed: HashSet<&BlobKey> = keys.iter().collect();
         let mut roots: Vec<SnapshotId> = Vec::new();
         for sp in &savepoints {

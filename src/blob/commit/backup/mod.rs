@@ -88,6 +88,17 @@ pub struct BackupSettings {
     /// committed snapshot with a swept blob then). Never off in a job.
     #[doc(hidden)]
     pub abandon_rule: bool,
+    /// With a tiered retention, the cleanup's check of the task's retained checkpoints right
+    /// before each batch delete. On unless a test turns it off to show what it keeps
+    /// (tests/it/gc_model.rs finds a retained point with a deleted blob then). Never off in a
+    /// job.
+    #[doc(hidden)]
+    pub history_check: bool,
+    /// The cleanup's check of the job's savepoints right before each batch delete. On unless
+    /// a test turns it off to show what it keeps (tests/it/gc_model.rs finds a savepoint
+    /// with a deleted blob then). Never off in a job.
+    #[doc(hidden)]
+    pub savepoint_check: bool,
     /// Mutable files (all but `*.sst` and `*.blob`) smaller than this travel inline in the
     /// index (`inline-data`, format-version 2) instead of as blobs of their own, so a commit's
     /// MANIFEST, OPTIONS, CURRENT and small WAL cost no request. Immutable files stay blobs:
@@ -133,6 +144,8 @@ impl Default for BackupSettings {
             gc_grace: std::time::Duration::from_secs(24 * 3600),
             only: None,
             abandon_rule: true,
+            history_check: true,
+            savepoint_check: true,
             inline_below: INLINE_BELOW,
             writer_lease: true,
             tiered_retention: false,
@@ -433,10 +446,15 @@ impl BlobBackupManager {
             &task.job_name,
             &task.job_id,
         )?;
-        let pins = Arc::new(if settings.tiered_retention {
+        let pins = if settings.tiered_retention && settings.history_check {
             pins.with_history(&task.task_name)
         } else {
             pins
+        };
+        let pins = Arc::new(if settings.savepoint_check {
+            pins
+        } else {
+            pins.without_savepoints()
         });
         Ok(BlobBackupManager {
             blob_store,
