@@ -700,7 +700,7 @@ async fn metrics_endpoint_serves_every_metric_of_the_catalog() {
     let other = http_get(&addr, "/other").await;
     assert!(other.starts_with("HTTP/1.1 404"), "{other}");
     std::fs::write(&go, b"go").unwrap();
-    let status = child.wait().await.unwrap();
+    let status = wait_within(&mut child).await;
     assert!(status.success(), "{status:?}");
 
     // A new host: the same job, its state dir gone, restores from the store first, then goes
@@ -730,7 +730,7 @@ async fn metrics_endpoint_serves_every_metric_of_the_catalog() {
         "the new host downloaded its state: {scraped}"
     );
     std::fs::write(&go, b"go").unwrap();
-    let status = child.wait().await.unwrap();
+    let status = wait_within(&mut child).await;
     assert!(status.success(), "{status:?}");
 }
 
@@ -1349,7 +1349,7 @@ async fn the_standby_command_follows_the_demo_and_a_failover_links_from_it() {
     );
     let pid = rustix::process::Pid::from_raw(child.id().unwrap() as i32).unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-    let status = child.wait().await.unwrap();
+    let status = wait_within(&mut child).await;
     assert_eq!(status.code(), Some(10), "stopped by the signal");
 
     let standby = b.join("state/counts/Partition_0.blobsnap-standby");
@@ -1809,21 +1809,60 @@ async fn gc_fails_closed_on_an_unreadable_root_and_names_the_repair() {
     );
 }
 
+/// How long a signal test waits for a child's next step before it fails as hung (item 16 of
+/// issue 46: a graceful stop that deadlocks fails its test with what the child said, instead
+/// of hanging the suite until CI's limit). A bound, not a pace: every step is an event.
+const HANG: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// Read `lines` (a child's stderr) into `seen` up to a line containing `needle`: false if the
-/// stream ended first.
+/// stream ended first; a panic naming the needle if neither happens within [`HANG`].
 async fn read_until(
     lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStderr>>,
     needle: &str,
     seen: &mut String,
 ) -> bool {
-    while let Some(line) = lines.next_line().await.unwrap() {
-        seen.push_str(&line);
-        seen.push('\n');
-        if line.contains(needle) {
-            return true;
+    let read = async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            seen.push_str(&line);
+            seen.push('\n');
+            if line.contains(needle) {
+                return true;
+            }
         }
+        false
+    };
+    match tokio::time::timeout(HANG, read).await {
+        Ok(found) => found,
+        Err(_) => panic!("hung: no {needle:?} within {HANG:?}"),
     }
-    false
+}
+
+/// Wait for `child` to exit: its status, or a panic if it has not within [`HANG`].
+async fn wait_within(child: &mut tokio::process::Child) -> std::process::ExitStatus {
+    match tokio::time::timeout(HANG, child.wait()).await {
+        Ok(status) => status.unwrap(),
+        Err(_) => panic!("hung: the child did not exit within {HANG:?}"),
+    }
+}
+
+/// Read the rest of `lines` into `seen` and wait for `child` to exit: its status, or a panic
+/// (what it said so far) if it has not exited within [`HANG`].
+async fn drain_and_wait(
+    child: &mut tokio::process::Child,
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStderr>>,
+    seen: &mut String,
+) -> std::process::ExitStatus {
+    let drain = async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            seen.push_str(&line);
+            seen.push('\n');
+        }
+        child.wait().await.unwrap()
+    };
+    match tokio::time::timeout(HANG, drain).await {
+        Ok(status) => status,
+        Err(_) => panic!("hung: the child did not exit within {HANG:?}"),
+    }
 }
 
 /// A task at the end of its input waits for its lazily restored store to be complete — but a
@@ -1899,16 +1938,8 @@ async fn a_stop_cuts_the_wait_for_a_lazy_download() {
         panic!("no graceful stop: {seen}");
     }
     std::fs::write(&go, b"").unwrap();
-    let drain = async {
-        while let Ok(Some(line)) = lines.next_line().await {
-            seen.push_str(&line);
-            seen.push('\n');
-        }
-        child.wait().await.unwrap()
-    };
-    let status = tokio::time::timeout(std::time::Duration::from_secs(120), drain)
-        .await
-        .expect("the stop cut the wait for a download at 1 byte/s");
+    // Within the hang bound: the stop cut the wait for a download at 1 byte/s.
+    let status = drain_and_wait(&mut child, &mut lines, &mut seen).await;
     assert_eq!(status.code(), Some(10), "exit 10 (cancelled): {seen}");
     assert!(
         seen.contains("while store \"counts\" was still downloading"),
@@ -1976,16 +2007,12 @@ async fn ctrl_c_stops_the_demo_gracefully_and_a_second_one_at_once() {
         }
         if second_signal {
             rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
-            let status = child.wait().await.unwrap();
+            let status = drain_and_wait(&mut child, &mut lines, &mut seen).await;
             assert_eq!(status.code(), Some(130), "{seen}");
             continue;
         }
         std::fs::write(&go, b"").unwrap();
-        while let Ok(Some(line)) = lines.next_line().await {
-            seen.push_str(&line);
-            seen.push('\n');
-        }
-        let status = child.wait().await.unwrap();
+        let status = drain_and_wait(&mut child, &mut lines, &mut seen).await;
         assert_eq!(status.code(), Some(10), "exit 10 (cancelled): {seen}");
         let offset: u64 = seen
             .split("after committing offset ")
@@ -2084,11 +2111,7 @@ async fn a_restore_cancelled_during_its_swap_says_what_it_did() {
         }
     }
     std::fs::write(&go, b"").unwrap();
-    while let Ok(Some(line)) = lines.next_line().await {
-        seen.push_str(&line);
-        seen.push('\n');
-    }
-    let status = child.wait().await.unwrap();
+    let status = drain_and_wait(&mut child, &mut lines, &mut seen).await;
     assert_eq!(status.code(), Some(10), "{seen}");
     assert!(
         seen.contains("were swapped in") && !seen.contains("unchanged;"),
