@@ -443,6 +443,25 @@ impl DirIndex {
         out
     }
 
+    /// DESIGN §6: an entry without `sha256` (Samza's engine writes none) whose one blob has a
+    /// content-addressed key, `blobs/<checkpoint-id>/<sha256>` (as the Java
+    /// `S3BlobStoreManager` writes it), takes the SHA-256 in its key — pinned, through the
+    /// index's hash, by the marker, and checked against the bytes when they are read. Any
+    /// other entry keeps none (restore and verify refuse it).
+    fn sha256_from_keys(&mut self) {
+        for f in &mut self.files_present {
+            if f.sha256.is_some() || f.inline_data.is_some() {
+                continue;
+            }
+            if let [b] = f.blobs.as_slice() {
+                f.sha256 = content_address(&b.blob_id);
+            }
+        }
+        for d in &mut self.sub_dirs_present {
+            d.sha256_from_keys();
+        }
+    }
+
     fn collect_present<'a>(&'a self, prefix: &str, out: &mut Vec<(String, &'a FileIndex)>) {
         for f in &self.files_present {
             out.push((format!("{prefix}{}", f.file_name), f));
@@ -451,6 +470,18 @@ impl DirIndex {
             d.collect_present(&format!("{prefix}{}/", d.dir_name), out);
         }
     }
+}
+
+/// The SHA-256 a content-addressed blob key names: `blobs/<checkpoint-id>/<64 lowercase
+/// hex>`, nothing else.
+fn content_address(blob_id: &str) -> Option<Sha256> {
+    let rest = blob_id.strip_prefix("blobs/")?;
+    let (id, hex) = rest.split_once('/')?;
+    let lower = hex.len() == 64 && hex.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'));
+    if id.is_empty() || id.contains('/') || !lower {
+        return None;
+    }
+    hex.parse().ok()
 }
 
 fn validate_blobs(f: &FileIndex, here: &str) -> Result<()> {
@@ -635,6 +666,13 @@ impl SnapshotIndex {
     /// Every present file with its relative path.
     pub fn present_files(&self) -> Vec<(String, &FileIndex)> {
         self.dir_index.present_files()
+    }
+
+    /// Give each entry of Samza's shape without `sha256` the one its content-addressed blob
+    /// key names (DESIGN §6; [`DirIndex`]'s rule). Done by every reader of an index
+    /// ([`crate::blob::load_snapshot`]), never written back.
+    pub fn sha256_from_keys(&mut self) {
+        self.dir_index.sha256_from_keys();
     }
 }
 

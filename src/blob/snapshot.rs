@@ -207,7 +207,9 @@ pub(crate) async fn read_index(
             marker.sha256
         )));
     }
-    let index = SnapshotIndex::from_slice(&bytes).map_err(|e| e.context(format!("index {key}")))?;
+    let mut index =
+        SnapshotIndex::from_slice(&bytes).map_err(|e| e.context(format!("index {key}")))?;
+    index.sha256_from_keys();
     let m = &index.snapshot_metadata;
     for (field, want, got) in [
         ("job name", expected.job_name, m.job_name.as_str()),

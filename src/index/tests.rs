@@ -124,3 +124,56 @@ fn compare_by_path_and_content() {
     assert_eq!((c.added.files, c.changed.files, c.removed.files), (1, 1, 1));
     assert_eq!(old.compare(&old).entries, []);
 }
+
+/// DESIGN §6: an entry of Samza's shape (no `sha256`) whose one blob key is content-addressed
+/// takes the SHA-256 in its key; any other keeps none.
+#[test]
+fn an_entry_without_sha256_takes_the_one_its_content_addressed_key_names() {
+    let sha = Sha256::of(b"abc");
+    let entry = |name: &str, blobs: &[&str]| {
+        serde_json::json!({
+            "file-name": name,
+            "blobs": blobs.iter().enumerate().map(|(i, b)| serde_json::json!({"blob-id": b, "offset": i})).collect::<Vec<_>>(),
+            "file-metadata": {"creation-time-millis": 1, "last-modified-time-millis": 2, "size": 3,
+                "owner": "u", "group": "g", "permissions": "rw-r--r--"},
+            "checksum": 0
+        })
+    };
+    let hex = sha.to_hex();
+    let keyed = format!("blobs/1-0/{hex}");
+    let upper = format!("blobs/1-0/{}", hex.to_uppercase());
+    let nested = format!("blobs/1-0/x/{hex}");
+    let json = serde_json::json!({
+        "creation-time-millis": 0,
+        "snapshot-metadata": {"checkpoint-id": "1-0", "job-name": "j", "job-id": "1",
+            "task-name": "t", "store-name": "s"},
+        "dir-index": {"dir-name": "", "files-present": [
+                entry("a.sst", &[&keyed]),
+                entry("b.sst", &["2c8e9a3e-samza-opaque-id"]),
+                entry("c.sst", &[&upper]),
+                entry("d.sst", &[&keyed, &keyed]),
+                entry("e.sst", &[&nested]),
+            ], "files-removed": [], "sub-dirs-removed": [],
+            "sub-dirs-present": [{"dir-name": "sub", "files-present": [entry("f.sst", &[&keyed])],
+                "files-removed": [], "sub-dirs-present": [], "sub-dirs-removed": []}]},
+        "prev-snapshot-index-blob-id": null
+    });
+    let mut index = SnapshotIndex::from_slice(&serde_json::to_vec(&json).unwrap()).unwrap();
+    index.sha256_from_keys();
+    let got: Vec<(String, Option<Sha256>)> = index
+        .present_files()
+        .into_iter()
+        .map(|(p, f)| (p, f.sha256))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("a.sst".to_string(), Some(sha)),
+            ("b.sst".to_string(), None),
+            ("c.sst".to_string(), None),
+            ("d.sst".to_string(), None),
+            ("e.sst".to_string(), None),
+            ("sub/f.sst".to_string(), Some(sha)),
+        ]
+    );
+}

@@ -8,6 +8,9 @@
 //!
 //! `#[ignore]`d (needs `ldb`): scripts/test.sh installs rocksdb-tools and runs it. Without
 //! `ldb` the test fails, naming the package.
+//!
+//! And the indexes Samza's own engine writes on blobsnap's layout (issue 50, route 2), which
+//! blobsnap restores and verifies (no extra tool: run with the suite).
 
 use crate::support;
 
@@ -128,4 +131,100 @@ fn a_rocksdb_7_database_is_unchanged_by_a_backup_and_restores_under_rocksdb_7() 
     assert_eq!(scan(&back), expected, "the restore under RocksDB 7.8");
     // And the application's own database still opens under its RocksDB.
     assert_eq!(scan(&db), expected, "the source under RocksDB 7.8");
+}
+
+/// What Samza's own engine writes through the Java `S3BlobStoreManager` (issue 50, route 2):
+/// an index of Samza's shape — no `sha256`, no `format-version` — whose blobs sit at
+/// content-addressed keys. blobsnap restores and verifies it (DESIGN §6: each entry takes the
+/// SHA-256 its key names), and a blob whose bytes are not the ones its key names is refused
+/// as corrupt, naming the file.
+#[test]
+fn an_index_of_samzas_shape_with_content_addressed_keys_restores_verified() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let scope = store.join("samzajob/1/tasks/Partition%200/stores/counts");
+    let files: [(&str, Vec<u8>); 2] = [
+        (
+            "000007.sst",
+            (0..10_000u32).map(|i| (i * 7 % 251) as u8).collect(),
+        ),
+        (
+            "OPTIONS-000005",
+            b"[Version]\n  rocksdb_version=7.0.3\n".to_vec(),
+        ),
+    ];
+    let index = |cid: &str, tamper: bool| -> String {
+        let mut entries = Vec::new();
+        for (i, (name, bytes)) in files.iter().enumerate() {
+            let sha = blobsnap::digest::Sha256::of(bytes).to_hex();
+            let key = format!("blobs/{cid}/{sha}");
+            let path = scope.join(&key);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            let mut stored = bytes.clone();
+            if tamper && i == 0 {
+                stored[0] ^= 1;
+            }
+            std::fs::write(&path, &stored).unwrap();
+            entries.push(serde_json::json!({
+                "file-name": name,
+                "blobs": [{"blob-id": key, "offset": 0}],
+                "file-metadata": {"creation-time-millis": 1, "last-modified-time-millis": 2,
+                    "size": bytes.len(), "owner": "", "group": "", "permissions": "rw-r--r--"},
+                "checksum": crc32fast::hash(bytes)
+            }));
+        }
+        let json = serde_json::json!({
+            "creation-time-millis": 1_764_480_000_000u64,
+            "snapshot-metadata": {"checkpoint-id": cid, "job-name": "samzajob", "job-id": "1",
+                "task-name": "Partition 0", "store-name": "counts"},
+            "dir-index": {"dir-name": "", "files-present": entries, "files-removed": [],
+                "sub-dirs-present": [], "sub-dirs-removed": []},
+            "prev-snapshot-index-blob-id": null
+        });
+        let bytes = serde_json::to_vec(&json).unwrap();
+        let marker = format!(
+            "index/{cid}.{}.json",
+            blobsnap::digest::Sha256::of(&bytes).to_hex()
+        );
+        std::fs::create_dir_all(scope.join("index")).unwrap();
+        std::fs::write(scope.join(&marker), bytes).unwrap();
+        marker
+    };
+    let who = [
+        "--job",
+        "samzajob",
+        "--task",
+        "Partition 0",
+        "--store",
+        "counts",
+    ];
+    let good = index("1764480000000-0", false);
+    let to = tmp.path().join("restored");
+    let mut args = vec!["restore", good.as_str()];
+    args.extend(who);
+    args.extend(["--to", to.to_str().unwrap()]);
+    blobsnap(&store, &args);
+    for (name, bytes) in &files {
+        assert_eq!(&std::fs::read(to.join(name)).unwrap(), bytes, "{name}");
+    }
+    let mut args = vec!["verify", good.as_str()];
+    args.extend(who);
+    blobsnap(&store, &args);
+
+    // A blob whose bytes are not the ones its key names: refused (exit 4), naming the file.
+    let bad = index("1764480000001-0", true);
+    let mut args = vec!["restore", bad.as_str()];
+    args.extend(who);
+    let to = tmp.path().join("refused");
+    args.extend(["--to", to.to_str().unwrap()]);
+    let out = Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+        .arg("--local")
+        .arg(&store)
+        .args(&args)
+        .env("XDG_CACHE_HOME", tmp.path().join("cache"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(err.contains("000007.sst"), "{err}");
 }

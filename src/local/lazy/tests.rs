@@ -412,3 +412,49 @@ fn a_checkpoint_renamed_while_another_links_keeps_its_remote_files() {
     assert_eq!(names, ["000001.sst"], "checkpoint a lost its remote file");
     close(&dir);
 }
+
+/// Two lazily restored stores checkpointing at once, 200 times (issue 46's lazy suite): each
+/// round both link their remote table into a new `.tmp` dir, rename it and report the rename
+/// at the same moment (a barrier between each step), and each checkpoint then lists its
+/// remote file — the records one store's links make never cost the other its own (L2), in
+/// any order the two threads take.
+#[test]
+fn two_lazy_stores_checkpointing_at_once_keep_every_remote_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let stores: Vec<(PathBuf, tokio::sync::watch::Sender<bool>)> = ["a", "b"]
+        .iter()
+        .map(|s| {
+            let dir = tmp.path().join(s);
+            std::fs::create_dir(&dir).unwrap();
+            let gate = register_gated(&dir, entry_of("000001.sst", &[3u8; 10]));
+            (dir, gate)
+        })
+        .collect();
+    let barrier = std::sync::Barrier::new(2);
+    std::thread::scope(|s| {
+        for (i, (dir, _)) in stores.iter().enumerate() {
+            let (barrier, root) = (&barrier, tmp.path());
+            s.spawn(move || {
+                for round in 0..200 {
+                    let cp = root.join(format!("cp-{i}-{round}"));
+                    let cp_tmp = root.join(format!("cp-{i}-{round}.tmp"));
+                    std::fs::create_dir(&cp_tmp).unwrap();
+                    barrier.wait();
+                    assert!(link(&dir.join("000001.sst"), &cp_tmp.join("000001.sst")));
+                    barrier.wait();
+                    std::fs::rename(&cp_tmp, &cp).unwrap();
+                    barrier.wait();
+                    renamed(&cp_tmp, &cp);
+                    barrier.wait();
+                    let names: Vec<_> = remote_files_in(&cp).into_iter().map(|(n, ..)| n).collect();
+                    assert_eq!(names, ["000001.sst"], "store {i} round {round}");
+                    // The commit manager deletes the checkpoint dir before the next.
+                    std::fs::remove_dir_all(&cp).unwrap();
+                }
+            });
+        }
+    });
+    for (dir, _) in &stores {
+        close(dir);
+    }
+}
