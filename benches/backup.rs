@@ -238,7 +238,7 @@ async fn run(name: &str, h: support::Harness, size_mib: u64) {
         incr.put.bytes as f64 / (1 << 20) as f64,
         s_incr.bytes_uploaded,
         incr.put.requests,
-        s_incr.files_retained,
+        s_incr.diff.files_retained,
         s_incr.hash_cache_hits,
         s_incr.bytes_hashed as f64 / (1 << 20) as f64
     );

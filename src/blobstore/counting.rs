@@ -13,8 +13,8 @@ use futures::stream::BoxStream;
 use futures::StreamExt as _;
 
 use super::{
-    BlobKey, BlobStore, Capabilities, DeleteFailures, GetResult, MultipartUpload, ObjectMeta,
-    Probe, PutBody, PutOptions, PutResult, Scope,
+    BlobKey, BlobStore, Capabilities, DeleteFailures, GetResult, ObjectMeta, Probe, PutBody,
+    PutOptions, PutResult, Scope, Uploads,
 };
 use crate::error::Result;
 
@@ -243,12 +243,8 @@ impl<S: BlobStore> BlobStore for CountingStore<S> {
             .boxed()
     }
 
-    async fn incomplete_uploads(
-        &self,
-        scope: &Scope,
-        abort_before: Option<SystemTime>,
-    ) -> Result<Vec<MultipartUpload>> {
-        let r = self.inner.incomplete_uploads(scope, abort_before).await;
+    async fn incomplete_uploads(&self, scope: &Scope, before: Option<SystemTime>) -> Uploads {
+        let r = self.inner.incomplete_uploads(scope, before).await;
         count("uploads", &self.counters.multipart, &r);
         r
     }

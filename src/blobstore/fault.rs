@@ -18,8 +18,8 @@ use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 
 use super::{
-    BlobKey, BlobStore, Capabilities, DeleteFailures, GetResult, MultipartUpload, ObjectMeta,
-    Probe, PutBody, PutOptions, PutResult, Scope,
+    BlobKey, BlobStore, Capabilities, DeleteFailures, GetResult, ObjectMeta, Probe, PutBody,
+    PutOptions, PutResult, Scope, Uploads,
 };
 use crate::error::{Error, Result};
 
@@ -225,17 +225,13 @@ impl<S: BlobStore> BlobStore for FaultStore<S> {
         inner
     }
 
-    async fn incomplete_uploads(
-        &self,
-        scope: &Scope,
-        abort_before: Option<SystemTime>,
-    ) -> Result<Vec<MultipartUpload>> {
+    async fn incomplete_uploads(&self, scope: &Scope, before: Option<SystemTime>) -> Uploads {
         self.before(
             "incomplete uploads",
             self.config.error_rate.multipart,
             scope,
         )
         .await?;
-        self.inner.incomplete_uploads(scope, abort_before).await
+        self.inner.incomplete_uploads(scope, before).await
     }
 }

@@ -65,8 +65,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use super::{
-    BlobKey, BlobStore, Capabilities, DeleteFailures, GetResult, MultipartUpload, ObjectMeta,
-    Probe, PutBody, PutOptions, PutResult, Scope,
+    BlobKey, BlobStore, Capabilities, DeleteFailures, GetResult, ObjectMeta, Probe, PutBody,
+    PutOptions, PutResult, Scope, Uploads,
 };
 use crate::error::{Error, ErrorKind, Result};
 
@@ -728,13 +728,9 @@ impl<S: BlobStore> BlobStore for LimitStore<S> {
             .boxed()
     }
 
-    async fn incomplete_uploads(
-        &self,
-        scope: &Scope,
-        abort_before: Option<SystemTime>,
-    ) -> Result<Vec<MultipartUpload>> {
+    async fn incomplete_uploads(&self, scope: &Scope, before: Option<SystemTime>) -> Uploads {
         self.budget.pay(Limit::Requests, 1).await;
-        self.inner.incomplete_uploads(scope, abort_before).await
+        self.inner.incomplete_uploads(scope, before).await
     }
 }
 

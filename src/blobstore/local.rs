@@ -22,7 +22,7 @@ use futures::StreamExt as _;
 
 use super::{
     BlobKey, BlobStore, Capabilities, CreateOnly, DeleteFailures, GetResult, MultipartUpload,
-    ObjectMeta, Probe, PutBody, PutMode, PutOptions, PutResult, Scope,
+    ObjectMeta, Probe, PutBody, PutMode, PutOptions, PutResult, Scope, Uploads,
 };
 use crate::digest::Hasher;
 use crate::error::{Error, ErrorKind, Result};
@@ -554,22 +554,15 @@ impl BlobStore for LocalStore {
         .boxed()
     }
 
-    async fn incomplete_uploads(
-        &self,
-        scope: &Scope,
-        abort_before: Option<SystemTime>,
-    ) -> Result<Vec<MultipartUpload>> {
-        let listed = self.list_uploads(scope).await?;
-        super::abort_listed(listed, abort_before, |u| async move {
-            self.abort_upload(&u).await
-        })
-        .await
+    async fn incomplete_uploads(&self, scope: &Scope, before: Option<SystemTime>) -> Uploads {
+        super::incomplete_uploads(self, scope, before).await
     }
 }
 
 /// Incomplete uploads: the temp files of puts that never finished.
-impl LocalStore {
-    async fn list_uploads(&self, scope: &Scope) -> Result<Vec<MultipartUpload>> {
+#[async_trait]
+impl super::ListUploads for LocalStore {
+    async fn list_uploads(&self, scope: &Scope) -> Uploads {
         let dir = self.dir_of_scope(scope);
         let root = self.root.clone();
         let scope = scope.clone();

@@ -292,31 +292,38 @@ pub trait BlobStore: Send + Sync + fmt::Debug + fmt::Display {
     /// Every object under `scope`, in ascending key order.
     fn list<'a>(&'a self, scope: &Scope) -> BoxStream<'a, Result<ObjectMeta>>;
 
-    /// The incomplete multipart uploads under `scope`. With `abort_before = Some(t)`, those of
+    /// The incomplete multipart uploads under `scope`. With `before = Some(t)`, those of
     /// them begun before `t` by the store's clock ([`MultipartUpload::begun_before`]) are
     /// aborted (idempotent: one already gone is not an error); `None` changes nothing. Returns
     /// every upload listed. `Permanent` where [`Capabilities::multipart_listing`] is false.
-    async fn incomplete_uploads(
-        &self,
-        scope: &Scope,
-        abort_before: Option<SystemTime>,
-    ) -> Result<Vec<MultipartUpload>>;
+    async fn incomplete_uploads(&self, scope: &Scope, before: Option<SystemTime>) -> Uploads;
 }
 
-/// For implementations of [`BlobStore::incomplete_uploads`]: abort, one by one with `abort`,
-/// those of the `listed` uploads begun before `abort_before`, and return them all.
-pub(crate) async fn abort_listed<F, Fut>(
-    listed: Vec<MultipartUpload>,
-    abort_before: Option<SystemTime>,
-    abort: F,
-) -> Result<Vec<MultipartUpload>>
-where
-    F: Fn(MultipartUpload) -> Fut,
-    Fut: std::future::Future<Output = Result<()>>,
-{
-    if let Some(cutoff) = abort_before {
+/// What [`BlobStore::incomplete_uploads`] returns: every upload it listed.
+pub type Uploads = Result<Vec<MultipartUpload>>;
+
+/// A store's own listing and abort of its incomplete uploads, from which [`incomplete_uploads`]
+/// makes [`BlobStore::incomplete_uploads`].
+#[async_trait]
+pub(crate) trait ListUploads: Sync {
+    /// Every incomplete upload under `scope`.
+    async fn list_uploads(&self, scope: &Scope) -> Uploads;
+
+    /// Abort `upload` (idempotent: one already gone is not an error).
+    async fn abort_upload(&self, upload: &MultipartUpload) -> Result<()>;
+}
+
+/// For implementations of [`BlobStore::incomplete_uploads`]: list them, abort one by one those
+/// begun before `before`, and return them all.
+pub(crate) async fn incomplete_uploads(
+    store: &impl ListUploads,
+    scope: &Scope,
+    before: Option<SystemTime>,
+) -> Uploads {
+    let listed = store.list_uploads(scope).await?;
+    if let Some(cutoff) = before {
         for u in listed.iter().filter(|u| u.begun_before(cutoff)) {
-            abort(u.clone()).await?;
+            store.abort_upload(u).await?;
         }
     }
     Ok(listed)
@@ -433,11 +440,7 @@ impl<T: BlobStore + ?Sized> BlobStore for std::sync::Arc<T> {
     fn list<'a>(&'a self, scope: &Scope) -> BoxStream<'a, Result<ObjectMeta>> {
         (**self).list(scope)
     }
-    async fn incomplete_uploads(
-        &self,
-        scope: &Scope,
-        abort_before: Option<SystemTime>,
-    ) -> Result<Vec<MultipartUpload>> {
-        (**self).incomplete_uploads(scope, abort_before).await
+    async fn incomplete_uploads(&self, scope: &Scope, before: Option<SystemTime>) -> Uploads {
+        (**self).incomplete_uploads(scope, before).await
     }
 }

@@ -26,8 +26,8 @@ use futures::{StreamExt as _, TryStreamExt as _};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    BlobKey, BlobStore, Capabilities, DeleteFailures, GetResult, MultipartUpload, ObjectMeta,
-    Probe, PutBody, PutMode, PutOptions, PutResult, Scope,
+    BlobKey, BlobStore, Capabilities, DeleteFailures, GetResult, ObjectMeta, Probe, PutBody,
+    PutMode, PutOptions, PutResult, Scope, Uploads,
 };
 use crate::digest::{hash_file, Sha256};
 use crate::error::{Error, ErrorKind, Result};
@@ -397,14 +397,10 @@ impl<S: BlobStore> BlobStore for RetryStore<S> {
         .boxed()
     }
 
-    async fn incomplete_uploads(
-        &self,
-        scope: &Scope,
-        abort_before: Option<SystemTime>,
-    ) -> Result<Vec<MultipartUpload>> {
+    async fn incomplete_uploads(&self, scope: &Scope, before: Option<SystemTime>) -> Uploads {
         // Idempotent as a whole: a retry lists again and aborts what is left.
         retry(&self.policy, &format!("incomplete uploads {scope}"), |_| {
-            self.inner.incomplete_uploads(scope, abort_before)
+            self.inner.incomplete_uploads(scope, before)
         })
         .await
     }

@@ -155,11 +155,11 @@ mod cases {
         let before = fx.counters.snapshot();
         let (id1, m1, s1) = commit_rocks(&mut fx, &mgr, &db).await;
         let puts1 = fx.counters.snapshot().since(&before).put;
-        assert_eq!(s1.files_retained, 0);
-        assert_eq!(s1.files_added, s1.files);
+        assert_eq!(s1.diff.files_retained, 0);
+        assert_eq!(s1.diff.files_added, s1.files);
         assert_eq!(
             s1.blobs_uploaded + s1.blobs_deduplicated + s1.files_inline,
-            s1.files_added
+            s1.diff.files_added
         );
         assert_eq!(
             puts1.calls,
@@ -194,7 +194,7 @@ mod cases {
         let (id2, m2, s2) = commit_rocks(&mut fx, &mgr, &db).await;
         let puts2 = fx.counters.snapshot().since(&before).put;
         assert_eq!(puts2.calls, s2.blobs_uploaded + 1, "{}", h.name);
-        assert!(s2.files_retained >= 1, "{s2:?}");
+        assert!(s2.diff.files_retained >= 1, "{s2:?}");
         assert!(s2.bytes_uploaded < s2.bytes, "{s2:?}");
         let idx2 = fx.index("counts", &m2).await;
         assert_eq!(
@@ -304,10 +304,10 @@ mod cases {
             .unwrap();
         mgr.cleanup(id2, &m2).await.unwrap();
         let s2 = mgr.last_upload_stats()["plain"];
-        assert_eq!(s2.files_added, 2, "{s2:?}");
+        assert_eq!(s2.diff.files_added, 2, "{s2:?}");
         assert_eq!(s2.blobs_uploaded, 1, "only a's new version: {s2:?}");
         assert_eq!(s2.blobs_deduplicated, 1);
-        assert_eq!(s2.files_removed, 2, "old a and sub/deep/c: {s2:?}");
+        assert_eq!(s2.diff.files_removed, 2, "old a and sub/deep/c: {s2:?}");
 
         let idx = fx.index("plain", &m2["plain"]).await;
         let paths: Vec<String> = idx.present_files().into_iter().map(|(p, _)| p).collect();
@@ -359,7 +359,7 @@ mod cases {
             .unwrap();
         let idx = fx.index("empty", &m["empty"]).await;
         assert!(idx.present_files().is_empty());
-        assert_eq!(mgr.last_upload_stats()["empty"].files_removed, s.files);
+        assert_eq!(mgr.last_upload_stats()["empty"].diff.files_removed, s.files);
     }
 
     pub async fn large_file_goes_multipart(h: &Harness) {

@@ -301,8 +301,8 @@ impl BlobStore for Model {
     async fn incomplete_uploads(
         &self,
         scope: &Scope,
-        abort_before: Option<SystemTime>,
-    ) -> Result<Vec<MultipartUpload>> {
+        before: Option<SystemTime>,
+    ) -> blobsnap::blobstore::Uploads {
         self.step().await;
         let listed: Vec<MultipartUpload> = {
             let uploads = self.uploads.lock().unwrap();
@@ -318,7 +318,7 @@ impl BlobStore for Model {
                 })
                 .collect::<Result<_>>()?
         };
-        if let Some(cutoff) = abort_before {
+        if let Some(cutoff) = before {
             // The aborts are requests of their own: other steps may run between them.
             for u in listed.iter().filter(|u| u.begun_before(cutoff)) {
                 self.step().await;

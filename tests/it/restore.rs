@@ -1065,7 +1065,7 @@ mod cases {
                 );
             }
         }
-        assert!(mgr.last_upload_stats()["counts"].files_retained >= 1);
+        assert!(mgr.last_upload_stats()["counts"].diff.files_retained >= 1);
     }
 
     /// Restore a newer snapshot over an older one: only the missing files are fetched; junk

@@ -591,9 +591,9 @@ impl BlobStore for Hooked {
     async fn incomplete_uploads(
         &self,
         scope: &Scope,
-        abort_before: Option<std::time::SystemTime>,
-    ) -> blobsnap::Result<Vec<blobsnap::blobstore::MultipartUpload>> {
-        self.inner.incomplete_uploads(scope, abort_before).await
+        before: Option<std::time::SystemTime>,
+    ) -> blobsnap::blobstore::Uploads {
+        self.inner.incomplete_uploads(scope, before).await
     }
 }
 

@@ -50,7 +50,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     BlobKey, BlobStore, Capabilities, CreateOnly, DeleteFailures, GetResult, MultipartUpload,
-    ObjectMeta, Probe, PutBody, PutMode, PutOptions, PutResult, Scope, MAX_KEY_LEN,
+    ObjectMeta, Probe, PutBody, PutMode, PutOptions, PutResult, Scope, Uploads, MAX_KEY_LEN,
 };
 use crate::digest::{Hasher, Sha256};
 use crate::error::{Error, ErrorKind, Result};
@@ -499,22 +499,15 @@ impl BlobStore for S3Store {
         .boxed()
     }
 
-    async fn incomplete_uploads(
-        &self,
-        scope: &Scope,
-        abort_before: Option<SystemTime>,
-    ) -> Result<Vec<MultipartUpload>> {
-        let listed = self.list_uploads(scope).await?;
-        super::abort_listed(listed, abort_before, |u| async move {
-            self.abort_upload(&u).await
-        })
-        .await
+    async fn incomplete_uploads(&self, scope: &Scope, before: Option<SystemTime>) -> Uploads {
+        super::incomplete_uploads(self, scope, before).await
     }
 }
 
 /// Incomplete multipart uploads: ListMultipartUploads and AbortMultipartUpload.
-impl S3Store {
-    async fn list_uploads(&self, scope: &Scope) -> Result<Vec<MultipartUpload>> {
+#[async_trait]
+impl super::ListUploads for S3Store {
+    async fn list_uploads(&self, scope: &Scope) -> Uploads {
         if !self.config.multipart_listing {
             return Err(Error::permanent(format!(
                 "{self}: ListMultipartUploads is not supported by this server (multipart-listing = false)"

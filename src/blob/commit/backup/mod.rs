@@ -161,18 +161,9 @@ pub struct UploadStats {
     pub files: u64,
     /// Bytes in the snapshot.
     pub bytes: u64,
-    /// Files new or changed since the committed snapshot.
-    pub files_added: u64,
-    /// Their bytes.
-    pub bytes_added: u64,
-    /// Files unchanged since the committed snapshot (zero requests).
-    pub files_retained: u64,
-    /// Their bytes.
-    pub bytes_retained: u64,
-    /// Files of the committed snapshot that are gone or changed.
-    pub files_removed: u64,
-    /// Their bytes.
-    pub bytes_removed: u64,
+    /// The diff against the committed snapshot: files added (new or changed), retained
+    /// (unchanged: zero requests) and removed (gone or changed), with their bytes.
+    pub diff: DiffTotals,
     /// Blobs PUT.
     pub blobs_uploaded: u64,
     /// Bytes PUT (blobs only).
@@ -543,8 +534,10 @@ fn record_upload_metrics(task: &str, store: &str, s: &UploadStats) {
     }
     metrics::counter!("blobsnap_backup_files_uploaded_total", &labels).increment(s.blobs_uploaded);
     metrics::counter!("blobsnap_backup_bytes_uploaded_total", &labels).increment(s.bytes_uploaded);
-    metrics::counter!("blobsnap_backup_files_retained_total", &labels).increment(s.files_retained);
-    metrics::counter!("blobsnap_backup_bytes_retained_total", &labels).increment(s.bytes_retained);
+    metrics::counter!("blobsnap_backup_files_retained_total", &labels)
+        .increment(s.diff.files_retained);
+    metrics::counter!("blobsnap_backup_bytes_retained_total", &labels)
+        .increment(s.diff.bytes_retained);
     metrics::counter!("blobsnap_backup_files_deduplicated_total", &labels)
         .increment(s.blobs_deduplicated);
     metrics::counter!("blobsnap_backup_bytes_hashed_total", &labels).increment(s.bytes_hashed);
@@ -552,9 +545,9 @@ fn record_upload_metrics(task: &str, store: &str, s: &UploadStats) {
         .increment(s.hash_cache_hits);
     metrics::counter!("blobsnap_backup_requests_total", &labels).increment(s.requests);
     metrics::gauge!("blobsnap_backup_files_to_upload", &labels).set(s.blobs_uploaded as f64);
-    metrics::gauge!("blobsnap_backup_files_to_retain", &labels).set(s.files_retained as f64);
-    metrics::gauge!("blobsnap_backup_files_to_remove", &labels).set(s.files_removed as f64);
-    metrics::gauge!("blobsnap_backup_bytes_to_remove", &labels).set(s.bytes_removed as f64);
+    metrics::gauge!("blobsnap_backup_files_to_retain", &labels).set(s.diff.files_retained as f64);
+    metrics::gauge!("blobsnap_backup_files_to_remove", &labels).set(s.diff.files_removed as f64);
+    metrics::gauge!("blobsnap_backup_bytes_to_remove", &labels).set(s.diff.bytes_removed as f64);
     metrics::histogram!("blobsnap_backup_scan_seconds", &labels).record(s.scan_ms as f64 / 1e3);
     metrics::histogram!("blobsnap_backup_upload_seconds", &labels).record(s.upload_ms as f64 / 1e3);
 }
@@ -722,7 +715,7 @@ impl TaskBackupManager for BlobBackupManager {
                     bytes: s.bytes,
                     files_uploaded: s.blobs_uploaded,
                     bytes_uploaded: s.bytes_uploaded,
-                    files_reused: s.files_retained + s.blobs_deduplicated,
+                    files_reused: s.diff.files_retained + s.blobs_deduplicated,
                     files_pre_uploaded: s.files_pre_uploaded,
                     requests: s.requests,
                 };

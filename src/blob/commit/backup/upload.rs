@@ -39,8 +39,11 @@ impl BlobBackupManager {
             let stats = UploadStats {
                 files,
                 bytes,
-                files_retained: files,
-                bytes_retained: bytes,
+                diff: DiffTotals {
+                    files_retained: files,
+                    bytes_retained: bytes,
+                    ..Default::default()
+                },
                 carried_forward: true,
                 ..Default::default()
             };
@@ -66,8 +69,8 @@ impl BlobBackupManager {
             let stats = UploadStats {
                 files: totals.files_retained,
                 bytes: totals.bytes_retained,
-                files_retained: totals.files_retained,
-                bytes_retained: totals.bytes_retained,
+                // Unchanged: nothing added or removed.
+                diff: totals,
                 bytes_hashed: scan_stats.bytes_hashed.load(Ordering::Relaxed),
                 hash_cache_hits: scan_stats.cache_hits.load(Ordering::Relaxed),
                 scan_ms,
@@ -174,12 +177,7 @@ impl BlobBackupManager {
         let stats = UploadStats {
             files: totals.files_added + totals.files_retained,
             bytes: totals.bytes_added + totals.bytes_retained,
-            files_added: totals.files_added,
-            bytes_added: totals.bytes_added,
-            files_retained: totals.files_retained,
-            bytes_retained: totals.bytes_retained,
-            files_removed: totals.files_removed,
-            bytes_removed: totals.bytes_removed,
+            diff: totals,
             blobs_uploaded: to_put.len() as u64,
             bytes_uploaded: to_put.iter().map(|f| f.digest.size).sum(),
             blobs_deduplicated: deduplicated,
@@ -204,13 +202,13 @@ impl BlobBackupManager {
         tracing::info!(
             marker = %marker,
             files = stats.files,
-            files_added = stats.files_added,
-            files_retained = stats.files_retained,
-            files_removed = stats.files_removed,
+            files_added = stats.diff.files_added,
+            files_retained = stats.diff.files_retained,
+            files_removed = stats.diff.files_removed,
             blobs_uploaded = stats.blobs_uploaded,
             bytes_uploaded = stats.bytes_uploaded,
             files_pre_uploaded = stats.files_pre_uploaded,
-            bytes_retained = stats.bytes_retained,
+            bytes_retained = stats.diff.bytes_retained,
             requests = stats.requests,
             bytes_hashed = stats.bytes_hashed,
             scan_ms = stats.scan_ms,
