@@ -8,7 +8,8 @@
 #    loads: scripts/prereqs.sh), the tools the suites run (ldb from rocksdb-tools, curl,
 #    python3, ...), LocalStack (once, into ~/.cache/blobsnap, a venv), Garage (once: cargo
 #    install, ~12.5 min, cached in ~/.cache/blobsnap/garage), the crates (cargo fetch), Java 17,
-#    Maven and Samza 1.8.0's jars (one online Maven run of the Samza spike: scripts/samza.sh);
+#    Maven and Samza 1.8.0's jars (one online Maven run of the Samza spike and of samza-s3's
+#    server-less tests: scripts/samza.sh);
 # 2. runs everything else in a network namespace whose only interface is loopback
 #    (scripts/netns.sh, offline cargo): no test, server or library can reach an address off
 #    this machine. Inside it:
@@ -18,7 +19,8 @@
 #    module of the `it` binary (formats, conformance, backup, restore, lifecycle, cli, ...)
 #    against the local store and an in-process s3s-fs server, plus the `secrets` binary — and
 #    the library example (examples/embed.rs, three runs checked by their output), and the
-#    Samza spike's Java tests with Maven offline (scripts/samza.sh --offline);
+#    Java tests with Maven offline (scripts/samza.sh --offline: the Samza spike, and samza-s3
+#    on LocalStack);
 # 5. runs every `external::` case of the test binaries (conformance, backup, restore,
 #    lifecycle, admin, faults, ...) against LocalStack;
 # 6. the same external suites against a single Garage node, then the node-loss test on a
@@ -103,7 +105,7 @@ bounded 900 cargo clippy --locked --lib --no-default-features -- -D warnings
 stage "cargo test (unit, formats, conformance on local + in-process s3s-fs)"
 bounded 2400 cargo test --locked
 
-stage "Java: the Samza 1.8.0 spike (a job killed and restarted, a JNI future), Maven offline"
+stage "Java: the Samza 1.8.0 spike (a job killed and restarted, a JNI future) and samza-s3 (Samza's engine on blobsnap's layout, on LocalStack; blobsnap reads it), Maven offline"
 bounded 600 bash scripts/samza.sh --offline
 
 stage "the library example (examples/embed.rs): commits, resumes, restores a lost state dir"
