@@ -137,7 +137,8 @@ fn a_rocksdb_7_database_is_unchanged_by_a_backup_and_restores_under_rocksdb_7() 
 /// an index of Samza's shape — no `sha256`, no `format-version` — whose blobs sit at
 /// content-addressed keys. blobsnap restores and verifies it (DESIGN §6: each entry takes the
 /// SHA-256 its key names), and a blob whose bytes are not the ones its key names is refused
-/// as corrupt, naming the file.
+/// as corrupt, naming the file. A sweep refuses the scope its owner record gives to Samza's
+/// engine.
 #[test]
 fn an_index_of_samzas_shape_with_content_addressed_keys_restores_verified() {
     let tmp = tempfile::tempdir().unwrap();
@@ -227,4 +228,41 @@ fn an_index_of_samzas_shape_with_content_addressed_keys_restores_verified() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(4), "{err}");
     assert!(err.contains("000007.sst"), "{err}");
+
+    // The owner record samza-s3 writes names its engine: its commits are Samza's
+    // checkpoints, not blobsnap's history, so a sweep refuses the scope (Conflict, exit 6)
+    // instead of finding no root and deleting every snapshot.
+    std::fs::write(
+        store.join("samzajob/1/scope.json"),
+        r#"{"deployment-id":"samza-blob-store","job-name":"samzajob","job-id":"1","engine":"samza-blob-store"}"#,
+    )
+    .unwrap();
+    let files_under = |dir: &Path| -> Vec<std::path::PathBuf> {
+        let mut out = Vec::new();
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else {
+                    out.push(p);
+                }
+            }
+        }
+        out.sort();
+        out
+    };
+    let before = files_under(&scope);
+    let out = Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+        .arg("--local")
+        .arg(&store)
+        .args(["gc", "--job", "samzajob", "--grace-secs", "0", "--force"])
+        .env("XDG_CACHE_HOME", tmp.path().join("cache"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(6), "{err}");
+    assert!(err.contains("samza-blob-store"), "{err}");
+    assert_eq!(files_under(&scope), before, "nothing deleted");
 }

@@ -38,6 +38,28 @@ pub struct ScopeRecord {
     /// unless forced (the job's abandon rule bounds its commits by half of it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gc_grace_secs: Option<u64>,
+    /// The engine that writes the scope's snapshots, when it is not blobsnap's own: only
+    /// [`SAMZA_ENGINE`] so far. Absent in every scope blobsnap writes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
+}
+
+/// The `engine` of a scope Samza's own blob-store engine writes through samza-s3's
+/// `S3BlobStoreManager` (issue 50, route 2). Its commits live in Samza's checkpoints (Kafka),
+/// not under `checkpoints/`: a sweep there would find no root and delete live snapshots, so
+/// every sweep refuses such a scope ([`refuse_foreign_engine`]).
+pub const SAMZA_ENGINE: &str = "samza-blob-store";
+
+/// Refuse to sweep a scope whose owner record names an engine that records its commits where
+/// the sweep does not read them (`Conflict`, naming the scope and the engine).
+pub fn refuse_foreign_engine(job: &JobScope, record: Option<&ScopeRecord>) -> Result<()> {
+    match record.and_then(|r| r.engine.as_deref()) {
+        None => Ok(()),
+        Some(engine) => Err(Error::conflict(format!(
+            "scope {} is written by {engine:?} (Samza's own blob-store engine, through samza-s3's S3BlobStoreManager): its commits are Samza's checkpoints, not under checkpoints/, so a sweep would find no root and delete live snapshots; nothing is deleted (docs/samza.md)",
+            job.scope().as_str()
+        ))),
+    }
 }
 
 /// The admin of one job deployment.
@@ -78,6 +100,7 @@ impl BlobStoreAdmin {
                 job_name: job_name.to_string(),
                 job_id: job_id.to_string(),
                 gc_grace_secs: None,
+                engine: None,
             },
         })
     }
@@ -591,6 +614,7 @@ mod guard_tests {
             job_name: "j".into(),
             job_id: "1".into(),
             gc_grace_secs: Some(3600),
+            engine: None,
         };
         let s = Duration::from_secs;
         // At or over the recorded grace: fine, running writers or not.

@@ -261,6 +261,9 @@ async fn decide(
 ) -> Result<SweepPlan> {
     let store = shared.as_ref();
     let job = JobScope::new(&settings.job_name, &settings.job_id)?;
+    // A scope another engine writes keeps its commits where the roots are not read.
+    let record = crate::blob::collect::admin::read_scope_record(store, &job).await?;
+    crate::blob::collect::admin::refuse_foreign_engine(&job, record.as_ref())?;
     let cutoff = started
         .checked_sub(settings.grace)
         .unwrap_or(SystemTime::UNIX_EPOCH);
