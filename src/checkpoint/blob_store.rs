@@ -433,17 +433,11 @@ impl CheckpointStore for BlobCheckpointStore {
         }
     }
 
-    async fn write(
-        &self,
-        task: &str,
-        seq: u64,
-        writer: &str,
-        checkpoint: &Checkpoint,
-    ) -> Result<()> {
+    async fn write(&self, task: &str, seq: u64, writer: &str, cp: &Checkpoint) -> Result<()> {
         if seq == 0 {
             return Err(Error::invalid("checkpoint sequence numbers start at 1"));
         }
-        let checkpoint_json: serde_json::Value = serde_json::from_slice(&checkpoint.to_json()?)
+        let checkpoint_json: serde_json::Value = serde_json::from_slice(&cp.to_json()?)
             .map_err(|e| Error::invalid(format!("checkpoint JSON: {e}")))?;
         let doc = Document {
             format: FORMAT,

@@ -56,15 +56,9 @@ pub trait CheckpointStore: Send + Sync + std::fmt::Debug {
     /// Up to `limit` committed checkpoints of `task`, newest first.
     async fn history(&self, task: &str, limit: usize) -> Result<Vec<CommittedCheckpoint>>;
 
-    /// Commit `checkpoint` as number `seq` of `task` (create-only). `seq` must be one more
+    /// Commit checkpoint `cp` as number `seq` of `task` (create-only). `seq` must be one more
     /// than the latest; `Conflict` if another writer took it.
-    async fn write(
-        &self,
-        task: &str,
-        seq: u64,
-        writer: &str,
-        checkpoint: &Checkpoint,
-    ) -> Result<()>;
+    async fn write(&self, task: &str, seq: u64, writer: &str, cp: &Checkpoint) -> Result<()>;
 
     /// Delete the checkpoints of `task` older than the newest `keep` distinct checkpoint ids
     /// (a claim repeats the last checkpoint under a new number: both copies count as one id).

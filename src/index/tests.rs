@@ -26,6 +26,35 @@ pub(crate) fn test_index(files: Vec<FileIndex>, sub_dirs: Vec<DirIndex>) -> Snap
     }
 }
 
+/// A file entry of `size` bytes, held by the blob `blob_id` (none: no blob), with `sha256`;
+/// `rw-r--r--`, times and owners empty (for tests).
+pub(crate) fn test_file(
+    name: &str,
+    size: u64,
+    blob_id: Option<String>,
+    sha256: Option<Sha256>,
+) -> FileIndex {
+    FileIndex {
+        file_name: name.into(),
+        blobs: blob_id
+            .map(|blob_id| FileBlob { blob_id, offset: 0 })
+            .into_iter()
+            .collect(),
+        file_metadata: FileMetadata {
+            creation_time_millis: 0,
+            last_modified_time_millis: 0,
+            size,
+            owner: String::new(),
+            group: String::new(),
+            permissions: "rw-r--r--".into(),
+        },
+        checksum: 0,
+        sha256,
+        inline_data: None,
+        heat: None,
+    }
+}
+
 #[test]
 fn blobsnap_s_own_names_are_refused_in_an_index() {
     assert!(reserved_name("RESTORED", true).is_err());
@@ -84,21 +113,8 @@ fn marker_golden_and_parse() {
 
 #[test]
 fn compare_by_path_and_content() {
-    let file = |name: &str, content: &[u8]| FileIndex {
-        file_name: name.into(),
-        blobs: vec![],
-        file_metadata: FileMetadata {
-            creation_time_millis: 0,
-            last_modified_time_millis: 0,
-            size: content.len() as u64,
-            owner: String::new(),
-            group: String::new(),
-            permissions: "rw-r--r--".into(),
-        },
-        checksum: 0,
-        sha256: Some(Sha256::of(content)),
-        inline_data: None,
-        heat: None,
+    let file = |name: &str, content: &[u8]| {
+        test_file(name, content.len() as u64, None, Some(Sha256::of(content)))
     };
     let index = |files: Vec<FileIndex>| test_index(files, Vec::new());
     let old = index(vec![

@@ -5,9 +5,10 @@
 pub mod engine;
 pub mod events;
 pub mod guard;
-pub mod hashcache;
 pub mod lazy;
 pub mod lock;
 pub mod rocks;
 pub mod scan;
+/// The hash cache lives with the scan it serves ([`scan`]); its old path resolves.
+pub use self::scan as hashcache;
 pub mod swap;

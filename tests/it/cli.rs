@@ -2878,3 +2878,101 @@ async fn checkpoints_label_claims_and_a_rollback_head() {
         "{text}"
     );
 }
+
+/// N8 of the second protocol review: a task that stops on an error while a commit is in
+/// flight waits for that commit before it lets its stores go (the commit used to run on
+/// detached, the database open, while the process went on or an embedder restarted the
+/// task). The demo's input has a line that is not UTF-8 at line 2,000; its first commit (at
+/// line 300) is held before its checkpoint write, and processing goes on (a commit due
+/// meanwhile is skipped) until the read of that line fails. The task then says it waits for
+/// its commit in flight, and only once the commit is let go does the process exit, with
+/// that commit's offset as the latest checkpoint. Without the wait, the process exited with
+/// the commit still held: the stream ends before the line the test waits for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_stopping_on_an_error_waits_for_its_commit_in_flight() {
+    use blobsnap::checkpoint::{BlobCheckpointStore, CheckpointStore as _};
+    use tokio::io::AsyncBufReadExt as _;
+    let tmp = tempfile::tempdir().unwrap();
+    let t = local_target(tmp.path());
+    let demo = tmp.path().join("demo");
+    let demo_args = |cmd: &mut tokio::process::Command| {
+        cmd.args(&t.args)
+            .env("XDG_CACHE_HOME", cache_dir())
+            .kill_on_drop(true)
+            .args(["demo", "--dir"])
+            .arg(&demo)
+            .args([
+                "--partitions",
+                "1",
+                "--lines",
+                "3000",
+                "--commit-every",
+                "300",
+            ]);
+    };
+    // The input, written by a first run killed right after its claim (nothing processed).
+    let mut first = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"));
+    demo_args(&mut first);
+    let out = first
+        .env("BLOBSNAP_CRASH_AT", "task.after-claim")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let input = demo.join("input").join("0.txt");
+    let mut bytes = std::fs::read(&input).unwrap();
+    let line_start = |n: usize| -> usize {
+        bytes
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| **b == b'\n')
+            .nth(n - 1)
+            .map(|(i, _)| i + 1)
+            .unwrap()
+    };
+    let (after_300, bad) = (line_start(300), line_start(1999));
+    bytes[bad] = 0xFF;
+    std::fs::write(&input, &bytes).unwrap();
+
+    let go = tmp.path().join("go");
+    let mut second = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"));
+    demo_args(&mut second);
+    let mut child = second
+        .env("BLOBSNAP_HOLD_AT", "commit.before-checkpoint@1")
+        .env("BLOBSNAP_HOLD_UNTIL", &go)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = String::new();
+    for needle in [
+        "hold point commit.before-checkpoint reached",
+        "waiting for its commit in flight",
+    ] {
+        if !read_until(&mut lines, needle, &mut seen).await {
+            let status = drain_and_wait(&mut child, &mut lines, &mut seen).await;
+            panic!("the demo ended ({status}) before {needle:?}, its commit still held: {seen}");
+        }
+    }
+    std::fs::write(&go, b"").unwrap();
+    let status = drain_and_wait(&mut child, &mut lines, &mut seen).await;
+    assert!(!status.success(), "the read error fails the run: {seen}");
+    assert!(seen.contains("read input"), "{seen}");
+    let cps = BlobCheckpointStore::new(
+        Arc::clone(&t.store),
+        JobScope::new("wordcount", "1").unwrap(),
+    );
+    let latest = cps.latest("Partition 0").await.unwrap().unwrap();
+    let offset = &latest.checkpoint.as_v2().unwrap().input_offsets
+        [&blobsnap::checkpoint::Ssp::new("files", "lines", 0)];
+    assert_eq!(
+        offset,
+        &after_300.to_string(),
+        "the held commit landed before the process exited"
+    );
+}

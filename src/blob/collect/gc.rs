@@ -151,6 +151,7 @@ async fn plan_sweep_at(
     settings: &SweepSettings,
     started: SystemTime,
 ) -> Result<SweepPlan> {
+    refuse_foreign_engine(shared.as_ref(), settings).await?;
     let mut doomed = Vec::new();
     let mut plan = decide(shared, settings, started, None, &mut |d: &Doomed| {
         doomed.push(d.clone())
@@ -175,6 +176,8 @@ pub async fn sweep(
     on_doomed: &mut (dyn FnMut(&Doomed) + Send),
 ) -> Result<SweepReport> {
     let job = JobScope::new(&settings.job_name, &settings.job_id)?;
+    // Before anything is written (the clock probe).
+    refuse_foreign_engine(shared.as_ref(), settings).await?;
     let started = if dry_run {
         crate::backend::Clock::now(&crate::backend::SystemClock)
     } else {
@@ -249,6 +252,14 @@ impl DeleteBatch<'_> {
 /// Keys one DeleteObjects request carries.
 const DELETE_BATCH: usize = 1000;
 
+/// A scope another engine writes keeps its commits where the roots are not read: refused
+/// (its owner record names the engine, [`crate::blob::collect::admin::refuse_foreign_engine`]).
+async fn refuse_foreign_engine(store: &dyn BlobStore, settings: &SweepSettings) -> Result<()> {
+    let job = JobScope::new(&settings.job_name, &settings.job_id)?;
+    let record = crate::blob::collect::admin::read_scope_record(store, &job).await?;
+    crate::blob::collect::admin::refuse_foreign_engine(&job, record.as_ref())
+}
+
 /// Decide a sweep: load every root, then stream the listing of the sweep's area (the task's
 /// or the store's under `tasks/` when the settings name one, all of `tasks/` otherwise),
 /// handing each doomed object to `on_doomed` and to `batch` (which deletes as it fills).
@@ -261,9 +272,6 @@ async fn decide(
 ) -> Result<SweepPlan> {
     let store = shared.as_ref();
     let job = JobScope::new(&settings.job_name, &settings.job_id)?;
-    // A scope another engine writes keeps its commits where the roots are not read.
-    let record = crate::blob::collect::admin::read_scope_record(store, &job).await?;
-    crate::blob::collect::admin::refuse_foreign_engine(&job, record.as_ref())?;
     let cutoff = started
         .checked_sub(settings.grace)
         .unwrap_or(SystemTime::UNIX_EPOCH);

@@ -510,32 +510,15 @@ pub fn decide(
 mod tests {
     //! [`decide`] alone: no disk, no store — the inventory and the hashes are given.
     use super::*;
-    use crate::index::{DirIndex, FileBlob, FileMetadata};
+    use crate::index::DirIndex;
 
     fn sha(b: &[u8]) -> Sha256 {
         Sha256::of(b)
     }
 
     fn file(name: &str, content: &[u8]) -> FileIndex {
-        FileIndex {
-            file_name: name.into(),
-            blobs: vec![FileBlob {
-                blob_id: format!("blobs/1-0/{}", sha(content).to_hex()),
-                offset: 0,
-            }],
-            file_metadata: FileMetadata {
-                creation_time_millis: 0,
-                last_modified_time_millis: 0,
-                size: content.len() as u64,
-                owner: String::new(),
-                group: String::new(),
-                permissions: "rw-r--r--".into(),
-            },
-            checksum: 0,
-            sha256: Some(sha(content)),
-            inline_data: None,
-            heat: None,
-        }
+        let blob = format!("blobs/1-0/{}", sha(content).to_hex());
+        crate::index::tests::test_file(name, content.len() as u64, Some(blob), Some(sha(content)))
     }
 
     fn index(files: Vec<FileIndex>, sub: Vec<DirIndex>) -> SnapshotIndex {

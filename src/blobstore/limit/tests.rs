@@ -23,16 +23,11 @@ fn within(measured: f64, target: f64, tolerance: f64) -> bool {
     (measured - target).abs() <= target * tolerance
 }
 
-/// A request in the urgent lane does not queue behind the transfers that fill the window:
-/// with a window of 1 held by a GET whose body is not read, a plain GET waits and an
-/// urgent one completes; the plain one completes once the window frees. The lane's own
-/// permits bound the urgent ones too.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_urgent_lane_passes_a_full_window() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let budget = Budget::new(1);
+/// A store of window `window` over a local dir, holding the 5-byte object `x`.
+async fn with_x(dir: &std::path::Path, window: usize) -> (Arc<LimitStore<LocalStore>>, Budget) {
+    let budget = Budget::new(window);
     let store = Arc::new(LimitStore::new(
-        LocalStore::new(tmp.path()).expect("local store"),
+        LocalStore::new(dir).expect("local store"),
         budget.clone(),
     ));
     store
@@ -43,6 +38,17 @@ async fn the_urgent_lane_passes_a_full_window() {
         )
         .await
         .expect("put");
+    (store, budget)
+}
+
+/// A request in the urgent lane does not queue behind the transfers that fill the window:
+/// with a window of 1 held by a GET whose body is not read, a plain GET waits and an
+/// urgent one completes; the plain one completes once the window frees. The lane's own
+/// permits bound the urgent ones too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_urgent_lane_passes_a_full_window() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (store, budget) = with_x(tmp.path(), 1).await;
     // The window's one permit, held by a body nobody reads.
     let held = store.get(&key("x"), None).await.expect("get");
     let plain = {
@@ -83,19 +89,7 @@ async fn the_urgent_lane_passes_a_full_window() {
 #[tokio::test]
 async fn the_background_lane_leaves_half_the_window_to_the_rest() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let budget = Budget::new(4);
-    let store = Arc::new(LimitStore::new(
-        LocalStore::new(tmp.path()).expect("local store"),
-        budget.clone(),
-    ));
-    store
-        .put(
-            &key("x"),
-            PutBody::Bytes(Bytes::from_static(b"bytes")),
-            PutOptions::default(),
-        )
-        .await
-        .expect("put");
+    let (store, budget) = with_x(tmp.path(), 4).await;
     let held = background(async {
         (
             store.get(&key("x"), None).await.expect("get"),

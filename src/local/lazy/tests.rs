@@ -3,32 +3,13 @@ use super::links::*;
 use super::registry::*;
 use super::*;
 use crate::error::{Error, ErrorKind};
-use crate::index::{FileBlob, FileMetadata};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
 fn entry(name: &str, size: u64) -> FileIndex {
-    FileIndex {
-        file_name: name.into(),
-        blobs: vec![FileBlob {
-            blob_id: format!("blob-{name}"),
-            offset: 0,
-        }],
-        file_metadata: FileMetadata {
-            creation_time_millis: 0,
-            last_modified_time_millis: 0,
-            size,
-            owner: String::new(),
-            group: String::new(),
-            permissions: "rw-r--r--".into(),
-        },
-        checksum: 0,
-        sha256: None,
-        inline_data: None,
-        heat: None,
-    }
+    crate::index::tests::test_file(name, size, Some(format!("blob-{name}")), None)
 }
 
 /// A fetch of `000001.sst` that never resolves, and one of `000002.sst` that writes its
@@ -66,19 +47,11 @@ fn close_racing_a_finishing_fetch_returns() {
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path().join("store");
     std::fs::create_dir(&dir).unwrap();
-    let (release_tx, release_rx) = tokio::sync::watch::channel(false);
-    let (started_tx, started_rx) = mpsc::channel();
-    register(
+    let (release_tx, started_rx) = register_gated_files(
         &dir,
         vec![entry("000001.sst", 10), entry("000002.sst", 20)],
-        gated_fetch(release_rx, started_tx),
-        None,
-        Background {
-            downloads: 2,
-            max_rate: 0,
-        },
-    )
-    .unwrap();
+        2,
+    );
     let mut seen = vec![
         started_rx.recv_timeout(Duration::from_secs(30)).unwrap(),
         started_rx.recv_timeout(Duration::from_secs(30)).unwrap(),
@@ -146,19 +119,7 @@ fn close_wakes_a_reader_waiting_for_a_fetch() {
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path().join("store");
     std::fs::create_dir(&dir).unwrap();
-    let (_release_tx, release_rx) = tokio::sync::watch::channel(false);
-    let (started_tx, started_rx) = mpsc::channel();
-    register(
-        &dir,
-        vec![entry("000001.sst", 10)],
-        gated_fetch(release_rx, started_tx),
-        None,
-        Background {
-            downloads: 1,
-            max_rate: 0,
-        },
-    )
-    .unwrap();
+    let (_release_tx, started_rx) = register_gated_files(&dir, vec![entry("000001.sst", 10)], 1);
     started_rx.recv_timeout(Duration::from_secs(30)).unwrap();
     let (tx, rx) = mpsc::channel();
     let (reading_tx, reading_rx) = mpsc::channel();
@@ -302,20 +263,31 @@ fn entry_of(name: &str, bytes: &[u8]) -> FileIndex {
 /// Register `dir` with one remote file fetched by [`gated_fetch`], one background
 /// download at a time; the returned sender releases the fetch.
 fn register_gated(dir: &Path, e: FileIndex) -> tokio::sync::watch::Sender<bool> {
+    register_gated_files(dir, vec![e], 1).0
+}
+
+/// Register `dir` with the remote `files`, fetched by [`gated_fetch`], `downloads` at a
+/// time: the sender releases the fetches, the receiver gets each file's name as its fetch
+/// starts.
+fn register_gated_files(
+    dir: &Path,
+    files: Vec<FileIndex>,
+    downloads: usize,
+) -> (tokio::sync::watch::Sender<bool>, mpsc::Receiver<String>) {
     let (release_tx, release_rx) = tokio::sync::watch::channel(false);
-    let (started_tx, _started) = mpsc::channel();
+    let (started_tx, started_rx) = mpsc::channel();
     register(
         dir,
-        vec![e],
+        files,
         gated_fetch(release_rx, started_tx),
         None,
         Background {
-            downloads: 1,
+            downloads,
             max_rate: 0,
         },
     )
     .unwrap();
-    release_tx
+    (release_tx, started_rx)
 }
 
 /// Wait (on the file's condition variable, bounded) until `name` of the store at `dir` is

@@ -54,12 +54,11 @@ use crate::layout::{JobScope, StoreScope};
 use crate::local::hashcache::HashCache;
 use crate::local::scan::{is_immutable, scan_dir_only, LocalDir, LocalFile, Owners, ScanStats};
 
-mod build;
 mod retention;
 mod upload;
 
-use build::*;
-pub use build::{diff, DiffTotals, DirDiff, SHARE_INLINE_FROM};
+use upload::*;
+pub use upload::{diff, DiffTotals, DirDiff, SHARE_INLINE_FROM};
 
 /// Blob uploads of one store at once: each holds an open file and, on S3, a connection, so
 /// this bounds a store's descriptors even where no transfer budget

@@ -9,11 +9,13 @@ import org.apache.samza.SamzaException;
 
 /**
  * blobsnap's bucket layout (DESIGN §5; the Rust side is {@code src/layout.rs},
- * {@code src/blobstore/key.rs}, {@code src/index.rs}), as far as a store's blobs and indexes go:
+ * {@code src/blobstore/key.rs}, {@code src/index.rs}), as far as a store's blobs and indexes and
+ * the job's owner record go:
  *
  * <pre>
  * &lt;prefix&gt;&lt;job&gt;/&lt;job-id&gt;/tasks/&lt;task&gt;/stores/&lt;store&gt;/blobs/&lt;checkpoint-id&gt;/&lt;sha256&gt;
  * &lt;prefix&gt;&lt;job&gt;/&lt;job-id&gt;/tasks/&lt;task&gt;/stores/&lt;store&gt;/index/&lt;checkpoint-id&gt;.&lt;sha256&gt;.json
+ * &lt;prefix&gt;&lt;job&gt;/&lt;job-id&gt;/scope.json                                  (the job scope's owner record)
  * </pre>
  *
  * The prefix is {@code ""} or ends in {@code /} (as the Rust {@code s3.prefix}). User names
@@ -59,13 +61,25 @@ public final class Layout {
     return out.toString();
   }
 
+  /** The owner record's name in a job's scope (the Rust {@code layout.rs}: {@code <job>/<job-id>/scope.json}). */
+  public static final String OWNER_RECORD = "scope.json";
+
+  /** The scope of one job (ends in {@code /}): {@code <prefix><job>/<job-id>/}. */
+  public static String jobScope(String prefix, String job, String jobId) {
+    return prefix + escapeSegment(job) + "/" + escapeSegment(jobId) + "/";
+  }
+
+  /** The key of a job scope's owner record: {@code <prefix><job>/<job-id>/scope.json}. */
+  public static String ownerRecordKey(String prefix, String job, String jobId) {
+    return jobScope(prefix, job, jobId) + OWNER_RECORD;
+  }
+
   /**
    * The scope of one store of one task (ends in {@code /}):
    * {@code <prefix><job>/<job-id>/tasks/<task>/stores/<store>/}.
    */
   public static String storeScope(String prefix, String job, String jobId, String task, String store) {
-    return prefix + escapeSegment(job) + "/" + escapeSegment(jobId) + "/tasks/" + escapeSegment(task)
-        + "/stores/" + escapeSegment(store) + "/";
+    return jobScope(prefix, job, jobId) + "tasks/" + escapeSegment(task) + "/stores/" + escapeSegment(store) + "/";
   }
 
   /** The scope-relative id of a blob first uploaded by checkpoint {@code checkpointId}. */

@@ -2,6 +2,7 @@ package blobsnap.samza;
 
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.ByteArrayOutputStream;
 import java.io.IOException;
 import java.io.InputStream;
@@ -60,6 +61,13 @@ import software.amazon.awssdk.services.s3.model.S3Exception;
  *       hashed and stored create-only under {@code .../index/<checkpoint-id>.<sha256>.json}; the
  *       id returned, which Samza puts into the CheckpointV2 as the store's marker, is blobsnap's
  *       marker {@code index/<checkpoint-id>.<sha256>.json}.</li>
+ *   <li><b>the owner record</b>: before the first put into a job scope (per process), the
+ *       scope's {@code <prefix><job>/<job-id>/scope.json} is made to exist, create-only, naming
+ *       {@code "engine": "samza-blob-store"} ({@link #ownerRecord}), so that {@code blobsnap gc}
+ *       refuses to sweep the scope (its roots are not Samza's commits). A record already there
+ *       must name that engine: a scope of a blobsnap deployment (or anything else) fails the put
+ *       with a {@link SamzaException}, because the two engines' collectors would delete each
+ *       other's blobs.</li>
  *   <li><b>get</b> streams the object into Samza's stream and checks its SHA-256 against the id
  *       (both shapes are content-addressed); an index must also be one Samza's reader can use
  *       (blobsnap {@code format-version} 1) and name this job, task and store.</li>
@@ -86,6 +94,17 @@ public class S3BlobStoreManager implements BlobStoreManager {
   public static final long MAX_SINGLE_PUT = 5L << 30;
   /** The newest index format Samza's reader understands: blobsnap's v1 is Samza's shape. */
   public static final int SAMZA_FORMAT = 1;
+  /**
+   * The {@code engine} of the owner record ({@code <job>/<job-id>/scope.json}) of every job
+   * scope this manager writes: the Rust {@code admin::SAMZA_ENGINE}. blobsnap's sweep refuses a
+   * scope whose record names it (Samza's commits are not under {@code checkpoints/}, where the
+   * sweep finds its roots).
+   */
+  public static final String ENGINE = "samza-blob-store";
+  /** The owner record's {@code deployment-id}: Samza's engine belongs to no blobsnap deployment. */
+  public static final String DEPLOYMENT_ID = "samza-blob-store";
+  /** The largest owner record read back (blobsnap's are a few hundred bytes). */
+  static final long MAX_OWNER_RECORD_BYTES = 64L << 10;
 
   private static final ObjectMapper JSON = new ObjectMapper();
 
@@ -261,7 +280,8 @@ public class S3BlobStoreManager implements BlobStoreManager {
    * <p>TODO(issue 50, route 2): write blobsnap's history record of this committed point here, so
    * that blobsnap's sweep, savepoints and operator commands see Samza's checkpoints as roots.
    * The record's shape is to be designed on the Rust side; until then this does nothing, and
-   * {@code blobsnap gc} must not be run on a scope this manager writes (README.md). Note that
+   * {@code blobsnap gc} refuses a scope this manager writes (its owner record names
+   * {@link #ENGINE}; README.md). Note that
    * Samza 1.8.0 never runs cleanUp for the checkpoint a job restarts from (docs/samza.md), so
    * this hook misses the last checkpoint before a crash unless the next commit's cleanUp runs.
    *
@@ -314,6 +334,7 @@ public class S3BlobStoreManager implements BlobStoreManager {
     byte[] digest = sha.digest();
     String blobId = Layout.blobId(checkpointId, hex(digest));
     String key = key(scope, blobId);
+    ensureOwnerRecord(md);
     putCreateOnly(key, RequestBody.fromFile(path), n, digest, path.toString());
     LOG.debug("blobsnap: {} -> s3://{}/{}", path, settings.bucket, key);
     return blobId;
@@ -341,10 +362,17 @@ public class S3BlobStoreManager implements BlobStoreManager {
     byte[] digest = sha256().digest(bytes);
     String marker = Layout.marker(checkpointId, hex(digest));
     String key = key(scope, marker);
+    ensureOwnerRecord(md);
     putCreateOnly(key, RequestBody.fromBytes(bytes), bytes.length, digest, "the snapshot index");
     LOG.info("blobsnap: index of task {} store {} at checkpoint {}: s3://{}/{}", md.getTaskName(), md.getStoreName(),
         checkpointId, settings.bucket, key);
     return marker;
+  }
+
+  /** What an object found under a create-only key must be for the PUT to count as done. */
+  private interface ExistingCheck {
+    /** Returns when the object at {@code key} will do; throws (Samza's exception types) if not. */
+    void check(String key, HeadObjectResponse existing);
   }
 
   /**
@@ -352,13 +380,23 @@ public class S3BlobStoreManager implements BlobStoreManager {
    * an object already there must have the same size and SHA-256 (its key is their hash).
    */
   private void putCreateOnly(String key, RequestBody body, long len, byte[] digest, String what) {
+    putCreateOnly(key, body, len, digest, what, (k, existing) -> verifyExisting(k, existing, len, digest));
+  }
+
+  /**
+   * PUT {@code body} at {@code key} unless it exists (If-None-Match: *, or a HEAD first when the
+   * server ignores it); an object already there, or one found there when the PUT's outcome is
+   * unclear, must pass {@code ifExists}.
+   */
+  private void putCreateOnly(String key, RequestBody body, long len, byte[] digest, String what,
+      ExistingCheck ifExists) {
     S3Transport t = transport();
     if (!settings.createOnly.sendsHeader()) {
       // The server ignores If-None-Match (Garage): look first, so that a blob is never written
       // twice (its last-modified is what blobsnap's sweep judges its age by).
       HeadObjectResponse existing = head(key);
       if (existing != null) {
-        verifyExisting(key, existing, len, digest);
+        ifExists.check(key, existing);
         return;
       }
     }
@@ -382,8 +420,8 @@ public class S3BlobStoreManager implements BlobStoreManager {
           if (existing == null) {
             throw new RetriableException("blobsnap: put " + url(key) + ": 412 (exists), then not found: retry", e);
           }
-          verifyExisting(key, existing, len, digest);
-          LOG.debug("blobsnap: {} is already stored as {} (same bytes)", what, url(key));
+          ifExists.check(key, existing);
+          LOG.debug("blobsnap: {} is already stored as {}", what, url(key));
           return;
         }
         if (kind == Errors.Kind.CORRUPT) {
@@ -391,13 +429,13 @@ public class S3BlobStoreManager implements BlobStoreManager {
           throw new RetriableException(Errors.describe("put " + url(key), e)
               + ": the server says the bytes received do not have the SHA-256 sent (changed while read?)", e);
         }
-        RuntimeException failure = settleByReadingBack(key, len, digest, e);
+        RuntimeException failure = settleByReadingBack(key, e, ifExists);
         if (failure != null) {
           throw failure;
         }
         return;
       } catch (SdkException e) {
-        RuntimeException failure = settleByReadingBack(key, len, digest, e);
+        RuntimeException failure = settleByReadingBack(key, e, ifExists);
         if (failure == null) {
           return;
         }
@@ -432,9 +470,10 @@ public class S3BlobStoreManager implements BlobStoreManager {
    * still have stored the object — or found it there: a server may answer 412 before it has read
    * the body and close the connection, which the client sees as a broken pipe. The key is the
    * hash of the bytes, so an object there with our size and SHA-256 is ours: success (the Rust
-   * side settles ambiguous create-only PUTs by reading back too): null. Otherwise the failure to throw.
+   * side settles ambiguous create-only PUTs by reading back too): null. (An owner record is
+   * judged by its content instead: {@code ifExists}.) Otherwise the failure to throw.
    */
-  private RuntimeException settleByReadingBack(String key, long len, byte[] digest, SdkException e) {
+  private RuntimeException settleByReadingBack(String key, SdkException e, ExistingCheck ifExists) {
     RuntimeException original = Errors.toSamza("put " + url(key), e);
     if (!(original instanceof RetriableException)) {
       return original;
@@ -449,8 +488,8 @@ public class S3BlobStoreManager implements BlobStoreManager {
     if (existing == null) {
       return original;
     }
-    verifyExisting(key, existing, len, digest);
-    LOG.debug("blobsnap: put {} failed ({}), but the object is there with the same bytes", url(key), e.toString());
+    ifExists.check(key, existing);
+    LOG.debug("blobsnap: put {} failed ({}), but the object is there and will do", url(key), e.toString());
     return null;
   }
 
@@ -512,6 +551,120 @@ public class S3BlobStoreManager implements BlobStoreManager {
       throw Errors.toSamza("read back " + url(key), e);
     }
     return sha.digest();
+  }
+
+  // ---- the owner record ----
+
+  /**
+   * The owner record of a job scope Samza's engine writes, as blobsnap's Rust {@code ScopeRecord}
+   * (kebab-case JSON): {@code {"deployment-id":"samza-blob-store","job-name":<job>,
+   * "job-id":<job-id>,"engine":"samza-blob-store"}}, the names unescaped.
+   */
+  static byte[] ownerRecord(String job, String jobId) {
+    ObjectNode n = JSON.createObjectNode();
+    n.put("deployment-id", DEPLOYMENT_ID);
+    n.put("job-name", job);
+    n.put("job-id", jobId);
+    n.put("engine", ENGINE);
+    try {
+      return JSON.writeValueAsBytes(n);
+    } catch (IOException e) {
+      throw new IllegalStateException("blobsnap: serializing the owner record", e);
+    }
+  }
+
+  /**
+   * Before the first put into the request's job scope (once per process and bucket): make sure
+   * its owner record {@code <prefix><job>/<job-id>/scope.json} exists and names Samza's engine.
+   * Written create-only; a record already there must name {@link #ENGINE}
+   * ({@link #checkOwnerRecord}). Only a scope found or made Samza's is remembered: a refusal or
+   * a transient failure is met again by the next put.
+   */
+  private void ensureOwnerRecord(Metadata md) {
+    S3Transport t = transport();
+    String key = key(Layout.jobScope(settings.prefix, md.getJobName(), md.getJobId()), Layout.OWNER_RECORD);
+    if (t.ownedScopes.contains(key)) {
+      return;
+    }
+    byte[] bytes = ownerRecord(md.getJobName(), md.getJobId());
+    putCreateOnly(key, RequestBody.fromBytes(bytes), bytes.length, sha256().digest(bytes), "the owner record",
+        this::checkOwnerRecord);
+    if (t.ownedScopes.add(key)) {
+      LOG.info("blobsnap: job scope {} is Samza's blob-store engine's (owner record {}, engine \"{}\"): "
+          + "blobsnap gc refuses to sweep it", url(key.substring(0, key.length() - Layout.OWNER_RECORD.length())),
+          url(key), ENGINE);
+    }
+  }
+
+  /**
+   * An owner record already under {@code key}: fine when its {@code engine} is {@link #ENGINE};
+   * anything else (a blobsnap deployment's record, which names no engine; another engine; an
+   * unreadable object) is a {@link SamzaException} naming the key.
+   */
+  private void checkOwnerRecord(String key, HeadObjectResponse existing) {
+    String found;
+    Long size = existing.contentLength();
+    if (size != null && size > MAX_OWNER_RECORD_BYTES) {
+      found = "is " + size + " bytes, too large for an owner record";
+    } else {
+      byte[] bytes = readOwnerRecord(key);
+      found = bytes == null ? "is over " + MAX_OWNER_RECORD_BYTES + " bytes, too large for an owner record"
+          : ownerRecordProblem(bytes);
+      if (found == null) {
+        return;
+      }
+    }
+    throw new SamzaException("blobsnap: put into job scope " + url(key.substring(0, key.length()
+        - Layout.OWNER_RECORD.length())) + ": its owner record " + url(key) + " exists and " + found
+        + ": the job scope belongs to another deployment or engine, not to Samza's blob-store engine (engine \""
+        + ENGINE + "\"). Samza's engine must not write into it: the two engines' garbage collectors would delete "
+        + "each other's blobs (each sees only its own commits as roots). Use another job id (job.id) or prefix ("
+        + S3Settings.PREFIX + ")");
+  }
+
+  /** Why the owner record {@code bytes} is not Samza's engine's; null when it is. */
+  private static String ownerRecordProblem(byte[] bytes) {
+    JsonNode root;
+    try {
+      root = JSON.readTree(bytes);
+    } catch (IOException e) {
+      String why = e instanceof com.fasterxml.jackson.core.JsonProcessingException
+          ? ((com.fasterxml.jackson.core.JsonProcessingException) e).getOriginalMessage() : e.getMessage();
+      return "is not JSON (" + why + ")";
+    }
+    if (root == null || !root.isObject()) {
+      return "is not a JSON object";
+    }
+    JsonNode engine = root.path("engine");
+    if (engine.isTextual() && ENGINE.equals(engine.asText())) {
+      return null;
+    }
+    String deployment = root.path("deployment-id").isTextual()
+        ? "deployment-id " + Layout.quote(root.path("deployment-id").asText()) : "no deployment-id";
+    if (engine.isMissingNode() || engine.isNull()) {
+      return "names no engine (" + deployment + ", a blobsnap deployment's: its own job runtime writes the scope)";
+    }
+    return "names engine " + engine + " (" + deployment + ")";
+  }
+
+  /** The owner record's bytes (null when over the cap); it vanishing after a 412 or HEAD is retriable. */
+  private byte[] readOwnerRecord(String key) {
+    ResponseInputStream<GetObjectResponse> in;
+    try {
+      in = open(key);
+    } catch (DeletedException e) {
+      throw new RetriableException("blobsnap: " + url(key) + " existed (HEAD or 412), then not found: retry", e);
+    }
+    boolean drained = false;
+    try {
+      byte[] bytes = readCapped(in, MAX_OWNER_RECORD_BYTES);
+      drained = bytes != null;
+      return bytes;
+    } catch (IOException e) {
+      throw Errors.toSamza("get " + url(key), e);
+    } finally {
+      closeQuietly(in, drained);
+    }
   }
 
   // ---- get ----

@@ -3,6 +3,8 @@ package blobsnap.samza;
 import java.time.Duration;
 import java.util.HashMap;
 import java.util.Map;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.ThreadFactory;
@@ -65,6 +67,12 @@ final class S3Transport {
   final S3Client client;
   /** Blocking S3 calls run here: at most {@code max-transfers} at once. */
   final ExecutorService io;
+  /**
+   * The owner records ({@code <prefix><job>/<job-id>/scope.json} keys, in this transport's
+   * bucket) found or written as Samza's engine's: checked once per process, before the first
+   * put into the job scope ({@link S3BlobStoreManager}).
+   */
+  final Set<String> ownedScopes = ConcurrentHashMap.newKeySet();
   private final Key key;
   private int users;
 

@@ -54,7 +54,8 @@ import software.amazon.awssdk.services.s3.S3Client;
  * Samza's CheckpointV2 holds, byte for byte. Then one blob is overwritten in the bucket with other
  * bytes of the same length (so only a hash can tell: plain {@code verify} checks sizes by HEAD),
  * and blobsnap's {@code verify --deep} must exit 4 (corrupt) with a problem naming the file, and
- * its {@code restore} must fail the same way.
+ * its {@code restore} must fail the same way. And {@code blobsnap gc} refuses the job scope Samza's
+ * engine writes (its owner record names the engine), deleting nothing.
  *
  * <p>The binary is the system property {@code blobsnap.bin} (surefire sets it from the variable
  * {@code BLOBSNAP_BIN}, or {@code mvn -Dblobsnap.bin=...}); without it the test FAILS, it is never
@@ -325,6 +326,44 @@ class BlobsnapReadsSamzaTest {
       assertEquals(blobIds.get(path), f.path("blob").asText(), path + "\n" + inspect);
     }
     assertEquals(7, doc.path("total-files").asInt(), inspect.toString());
+  }
+
+  /** Every object under {@code prefix}: key, size and ETag, in order. */
+  static List<String> objects(String prefix) {
+    List<String> out = new ArrayList<>();
+    for (software.amazon.awssdk.services.s3.model.S3Object o : S3Test.list(raw, bucket, prefix)) {
+      out.add(o.key() + "\t" + o.size() + "\t" + o.eTag());
+    }
+    return out;
+  }
+
+  /**
+   * blobsnap's sweep finds its roots under {@code <job>/<job-id>/checkpoints/}, which Samza's
+   * engine never writes: on a scope Samza's engine writes it would delete every live blob and
+   * index. The manager's owner record names Samza's engine, and {@code blobsnap gc} refuses the
+   * scope — even with a grace of 0 and {@code --force} — deleting nothing.
+   */
+  @Test
+  void blobsnapGcRefusesTheScopeSamzasEngineWrites() throws Exception {
+    blobsnapBin();
+    String prefix = "gc/";
+    Backup b = samzaBackup(prefix);
+    String jobScope = prefix + "word%2Ecount/1/";
+    JsonNode record = new ObjectMapper().readTree(S3Test.getRaw(raw, bucket, jobScope + "scope.json"));
+    assertEquals(S3BlobStoreManager.ENGINE, record.path("engine").asText(), record.toString());
+    List<String> before = objects(jobScope);
+    assertTrue(before.stream().anyMatch(k -> k.startsWith(scope(prefix) + b.marker + "\t")), before.toString());
+    assertTrue(before.size() > 2, before.toString());
+
+    Run gc = blobsnap(prefix, "gc", "--job", JOB, "--job-id", JOB_ID, "--grace-secs", "0", "--force");
+    System.err.println("[BlobsnapReadsSamzaTest] refused gc: exit " + gc.exit + ", stderr:\n" + gc.stderr);
+    assertTrue(gc.exit != 0, "gc must refuse a scope Samza's engine writes\n" + gc);
+    assertTrue(gc.stderr.contains(S3BlobStoreManager.ENGINE), "stderr names the engine\n" + gc);
+    assertEquals(before, objects(jobScope), "gc deleted or changed nothing\n" + gc);
+
+    // and the snapshot is whole: blobsnap still verifies it
+    Run verify = blobsnap(prefix, "verify", snapshotFlags(b.marker));
+    assertEquals(0, verify.exit, verify.toString());
   }
 
   @Test

@@ -6,6 +6,8 @@ import static org.junit.jupiter.api.Assertions.assertNotNull;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 import static org.junit.jupiter.api.Assertions.fail;
 
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
 import java.io.ByteArrayInputStream;
 import java.io.ByteArrayOutputStream;
 import java.io.FileInputStream;
@@ -56,6 +58,7 @@ class S3BlobStoreManagerTest {
   static final String STORE = "counts";
   static final String CID = "1700000000123-456";
   static final String SCOPE = "t/word%2Ecount/1/tasks/Partition%200/stores/counts/";
+  static final String OWNER_RECORD = "t/word%2Ecount/1/scope.json";
 
   static S3Client raw;
   static String bucket;
@@ -361,9 +364,149 @@ class S3BlobStoreManagerTest {
     fileRoundTripWithExactKeyAndSamzasCrc();
     List<String> keys = S3Test.list(raw, bucket, "t/").stream().map(S3Object::key).collect(Collectors.toList());
     assertNotNull(keys);
+    assertTrue(keys.contains(OWNER_RECORD), keys.toString());
     for (String k : keys) {
+      if (k.equals(OWNER_RECORD)) {
+        continue;
+      }
       assertTrue(k.startsWith(SCOPE), k);
       Layout.parseId(k.substring(SCOPE.length()));
+    }
+  }
+
+  // ---- the owner record ----
+
+  static final String OWNER_JSON = "{\"deployment-id\":\"samza-blob-store\",\"job-name\":\"word.count\","
+      + "\"job-id\":\"1\",\"engine\":\"samza-blob-store\"}";
+
+  static S3Object object(String key) {
+    List<S3Object> found = S3Test.list(raw, bucket, key);
+    assertEquals(1, found.size(), key + ": " + found);
+    assertEquals(key, found.get(0).key());
+    return found.get(0);
+  }
+
+  @Test
+  void theFirstPutIntoAJobScopeWritesItsOwnerRecord() throws Exception {
+    String prefix = "owner/";
+    String record = prefix + "word%2Ecount/1/scope.json";
+    assertEquals(record, Layout.ownerRecordKey(prefix, JOB, JOB_ID));
+    assertTrue(S3Test.list(raw, bucket, prefix).isEmpty());
+    S3BlobStoreManager m = manager(S3Test.settings(bucket, prefix));
+    S3BlobStoreManager second = manager(S3Test.settings(bucket, prefix));
+    S3Object written;
+    try {
+      byte[] bytes = randomBytes(2000, 21);
+      Path f = checkpointFile(CID, "000021.sst", bytes);
+      String id = join(m.put(new ByteArrayInputStream(bytes), md(f.toString(), bytes.length)));
+      // Exactly blobsnap's ScopeRecord, names unescaped, engine Samza's blob-store engine.
+      byte[] json = S3Test.getRaw(raw, bucket, record);
+      assertEquals(OWNER_JSON, new String(json, StandardCharsets.UTF_8));
+      JsonNode root = new ObjectMapper().readTree(json);
+      List<String> fields = new ArrayList<>();
+      root.fieldNames().forEachRemaining(fields::add);
+      assertEquals(java.util.Arrays.asList("deployment-id", "job-name", "job-id", "engine"), fields);
+      assertEquals("samza-blob-store", root.path("deployment-id").asText());
+      assertEquals(JOB, root.path("job-name").asText());
+      assertEquals(JOB_ID, root.path("job-id").asText());
+      assertEquals(S3BlobStoreManager.ENGINE, root.path("engine").asText());
+      assertEquals("application/json", raw.headObject(b -> b.bucket(bucket).key(record)).contentType());
+      written = object(record);
+      assertArrayEquals(bytes, S3Test.getRaw(raw, bucket, prefix + "word%2Ecount/1/tasks/Partition%200/stores/counts/"
+          + id));
+
+      // A second manager of the process (same settings: the same transport and its set of
+      // scopes already ensured) puts an index into the same scope.
+      byte[] index = new SnapshotIndexSerde().toBytes(index(CID, Collections.emptyList()));
+      join(second.put(new ByteArrayInputStream(index), md(Metadata.SNAPSHOT_INDEX_PAYLOAD_PATH, index.length)));
+    } finally {
+      m.close();
+      second.close();
+    }
+    Thread.sleep(1100);
+    // A fresh process (the transport and its set are gone with the last close): the record is
+    // there (412), read and found Samza's engine's: the put succeeds, the record is not rewritten.
+    S3BlobStoreManager fresh = manager(S3Test.settings(bucket, prefix));
+    // and one on a server that ignores If-None-Match: it looks first (HEAD), then reads it.
+    S3BlobStoreManager looks = manager(S3Test.settings(bucket, prefix).createOnly(S3Settings.CreateOnly.IGNORED));
+    try {
+      for (S3BlobStoreManager x : new S3BlobStoreManager[] {fresh, looks}) {
+        byte[] bytes = randomBytes(100, x == fresh ? 22 : 23);
+        Path f = checkpointFile(CID, "00002" + (x == fresh ? 2 : 3) + ".sst", bytes);
+        assertEquals("blobs/" + CID + "/" + sha(bytes), join(x.put(new ByteArrayInputStream(bytes),
+            md(f.toString(), bytes.length))));
+      }
+    } finally {
+      fresh.close();
+      looks.close();
+    }
+    S3Object after = object(record);
+    assertEquals(written.lastModified(), after.lastModified(), "the owner record is never rewritten");
+    assertEquals(written.eTag(), after.eTag());
+    assertEquals(OWNER_JSON, new String(S3Test.getRaw(raw, bucket, record), StandardCharsets.UTF_8));
+  }
+
+  @Test
+  void aJobScopeOwnedByABlobsnapDeploymentIsRefused() throws Exception {
+    String prefix = "foreign/";
+    String record = prefix + "j/1/scope.json";
+    byte[] blobsnaps = "{\"deployment-id\":\"d1\",\"job-name\":\"j\",\"job-id\":\"1\"}".getBytes(StandardCharsets.UTF_8);
+    S3Test.putRaw(raw, bucket, record, blobsnaps);
+    byte[] bytes = randomBytes(500, 31);
+    Path f = checkpointFile(CID, "000031.sst", bytes);
+    Metadata file = new Metadata(f.toString(), Optional.of((long) bytes.length), "j", "1", TASK, STORE);
+    byte[] index = new SnapshotIndexSerde().toBytes(new SnapshotIndex(1L, new SnapshotMetadata(
+        CheckpointId.deserialize(CID), "j", "1", TASK, STORE), new DirIndex(DirIndex.ROOT_DIR_NAME,
+        Collections.emptyList(), Collections.emptyList(), Collections.emptyList(), Collections.emptyList()),
+        Optional.empty()));
+    Metadata idx = new Metadata(Metadata.SNAPSHOT_INDEX_PAYLOAD_PATH, Optional.of((long) index.length), "j", "1",
+        TASK, STORE);
+    for (S3Settings.CreateOnly mode : new S3Settings.CreateOnly[] {S3Settings.CreateOnly.AUTO,
+        S3Settings.CreateOnly.IGNORED}) {
+      S3BlobStoreManager m = manager(S3Test.settings(bucket, prefix).createOnly(mode));
+      try {
+        // Twice: a refusal is not remembered as an ensured scope.
+        for (int i = 0; i < 2; i++) {
+          Throwable e = failure(m.put(new ByteArrayInputStream(bytes), file));
+          assertKind(SamzaException.class, e);
+          if (i == 0) {
+            System.err.println("[S3BlobStoreManagerTest] create-only " + mode + ", refused: " + e.getMessage());
+          }
+          assertTrue(e.getMessage().contains("s3://" + bucket + "/" + record), e.getMessage());
+          assertTrue(e.getMessage().contains("belongs to another deployment or engine"), e.getMessage());
+          assertTrue(e.getMessage().contains("\"d1\""), e.getMessage());
+          assertTrue(e.getMessage().contains("use another job id") || e.getMessage().contains("Use another job id"),
+              e.getMessage());
+        }
+        Throwable e = failure(m.put(new ByteArrayInputStream(index), idx));
+        assertKind(SamzaException.class, e);
+        assertTrue(e.getMessage().contains("scope.json"), e.getMessage());
+      } finally {
+        m.close();
+      }
+    }
+    // Nothing was written: no blob, no index, the record as it was.
+    assertEquals(Collections.singletonList(record), S3Test.list(raw, bucket, prefix).stream().map(S3Object::key)
+        .collect(Collectors.toList()));
+    assertArrayEquals(blobsnaps, S3Test.getRaw(raw, bucket, record));
+
+    // Another engine's record, and an unreadable one, are refused the same way.
+    for (String other : new String[] {"{\"deployment-id\":\"x\",\"job-name\":\"j\",\"job-id\":\"2\",\"engine\":\"other\"}",
+        "not json", "[\"samza-blob-store\"]"}) {
+      String key = prefix + "j/2/scope.json";
+      S3Test.putRaw(raw, bucket, key, other.getBytes(StandardCharsets.UTF_8));
+      S3BlobStoreManager m = manager(S3Test.settings(bucket, prefix));
+      try {
+        Throwable e = failure(m.put(new ByteArrayInputStream(bytes), new Metadata(f.toString(),
+            Optional.of((long) bytes.length), "j", "2", TASK, STORE)));
+        assertKind(SamzaException.class, e);
+        assertTrue(e.getMessage().contains(key) && e.getMessage().contains("another deployment or engine"),
+            other + ": " + e.getMessage());
+      } finally {
+        m.close();
+      }
+      assertEquals(Collections.singletonList(key), S3Test.list(raw, bucket, prefix + "j/2/").stream()
+          .map(S3Object::key).collect(Collectors.toList()));
     }
   }
 }

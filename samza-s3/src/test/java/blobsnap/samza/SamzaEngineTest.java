@@ -265,7 +265,16 @@ class SamzaEngineTest {
     List<String> keys = S3Test.list(raw, bucket, PREFIX).stream().map(S3Object::key).collect(Collectors.toList());
     assertTrue(keys.contains(SCOPE + marker1), "the previous index survives Samza's cleanup");
     assertTrue(keys.contains(SCOPE + ids1.get("000011.sst")), "a removed file's blob survives Samza's cleanup");
+    // The job scope's owner record, naming Samza's engine (blobsnap gc refuses the scope), and
+    // the store's blobs and indexes: nothing else.
+    String owner = PREFIX + "word%2Ecount/1/scope.json";
+    assertTrue(keys.contains(owner), keys.toString());
+    assertEquals(S3BlobStoreManager.ENGINE, new ObjectMapper().readTree(S3Test.getRaw(raw, bucket, owner))
+        .path("engine").asText());
     for (String k : keys) {
+      if (k.equals(owner)) {
+        continue;
+      }
       assertTrue(k.startsWith(SCOPE), k);
       Layout.parseId(k.substring(SCOPE.length()));
     }
@@ -285,7 +294,7 @@ class SamzaEngineTest {
     Files.createDirectories(ev);
     List<String> listing = new ArrayList<>();
     listing.add("# s3://" + bucket + "/" + PREFIX + " after two commits of Samza 1.8.0's blob-store engine through"
-        + " blobsnap.samza.S3BlobStoreManager (key<TAB>size)");
+        + " blobsnap.samza.S3BlobStoreManager (key<TAB>size; the job scope's owner record scope.json first)");
     for (S3Object o : S3Test.list(raw, bucket, PREFIX)) {
       listing.add(o.key() + "\t" + o.size());
     }
@@ -309,8 +318,8 @@ class SamzaEngineTest {
    * GET fails with DeletedException ({@code BlobStoreUtil.getStoreSnapshotIndexes} ignores it),
    * so the store is silently NOT restored and the task starts with empty state. The manager
    * answers a missing index with DeletedException as the SPI asks; this is why nothing may
-   * delete an index a checkpoint still names (README.md: never run blobsnap gc on this scope
-   * until Samza's commits are recorded as roots).
+   * delete an index a checkpoint still names (README.md: blobsnap gc refuses a scope whose
+   * owner record names Samza's engine, until Samza's commits are recorded as roots).
    */
   @Test
   void samza180SilentlySkipsAStoreWhoseIndexIsMissing() throws Exception {
