@@ -356,9 +356,22 @@ pub async fn run(
             .await
         }));
     }
+    // Every task ends before the job does, whichever fails or stops first: returning at the
+    // first error would end the process while the others still commit, close their stores
+    // and delete their writer leases (issue 51, item 7: leases a graceful stop left behind
+    // blocked another host's `gc` for the whole grace).
     let mut out = Vec::new();
+    let mut first_err = None;
     for h in handles {
-        out.push(h.await.map_err(|e| Error::task("job", e))??);
+        match h.await.map_err(|e| Error::task("job", e)).and_then(|r| r) {
+            Ok(summary) => out.push(summary),
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
     }
-    Ok(out)
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
 }

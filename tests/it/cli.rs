@@ -2976,3 +2976,76 @@ async fn a_task_stopping_on_an_error_waits_for_its_commit_in_flight() {
         "the held commit landed before the process exited"
     );
 }
+
+/// A graceful stop of a job of several tasks deletes every task's writer lease (issue 51,
+/// item 7): the job used to end at the first task that stopped, while the others were still
+/// committing and closing, and their lease deletes were cancelled with the runtime ("blocking
+/// task was cancelled"); from another host those leases then refused `gc` for the whole
+/// grace. Here one task's first commit is held after its checkpoint write when SIGINT comes,
+/// so the other task stops first, every time; once the held one is let go, the process
+/// exits 10 and no lease is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_of_several_tasks_leaves_no_writer_lease() {
+    use futures::TryStreamExt as _;
+    use tokio::io::AsyncBufReadExt as _;
+    let tmp = tempfile::tempdir().unwrap();
+    let t = local_target(tmp.path());
+    let go = tmp.path().join("go");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+        .args(&t.args)
+        .env("XDG_CACHE_HOME", cache_dir())
+        .env("BLOBSNAP_HOLD_AT", "commit.after-checkpoint@1")
+        .env("BLOBSNAP_HOLD_UNTIL", &go)
+        .kill_on_drop(true)
+        .args(["demo", "--dir"])
+        .arg(tmp.path().join("demo"))
+        .args([
+            "--partitions",
+            "2",
+            "--lines",
+            "6000",
+            "--commit-every",
+            "300",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = rustix::process::Pid::from_raw(child.id().unwrap() as i32).unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = String::new();
+    for needle in [
+        "hold point commit.after-checkpoint reached",
+        "stopping gracefully",
+    ] {
+        if !read_until(&mut lines, needle, &mut seen).await {
+            let status = drain_and_wait(&mut child, &mut lines, &mut seen).await;
+            panic!("the demo ended ({status}) before {needle:?}: {seen}");
+        }
+        if needle.starts_with("hold") {
+            rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
+        }
+    }
+    std::fs::write(&go, b"").unwrap();
+    let status = drain_and_wait(&mut child, &mut lines, &mut seen).await;
+    assert_eq!(status.code(), Some(10), "exit 10 (stopped): {seen}");
+    let writers = JobScope::new("wordcount", "1")
+        .unwrap()
+        .all_writers()
+        .unwrap();
+    let left: Vec<String> = t
+        .store
+        .list(&writers)
+        .map_ok(|m| m.key.as_str().to_string())
+        .try_collect()
+        .await
+        .unwrap();
+    assert!(
+        left.is_empty(),
+        "leases left after a graceful stop: {left:?}\n{seen}"
+    );
+    assert!(
+        !seen.contains("could not delete the writer lease"),
+        "{seen}"
+    );
+}
