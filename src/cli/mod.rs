@@ -19,6 +19,7 @@ mod savepoint;
 mod show;
 mod signal;
 mod standby;
+mod unlock;
 mod usage;
 mod verify;
 
@@ -85,6 +86,12 @@ pub(crate) enum Command {
     /// only by savepoints, orphans within the grace, orphans past it (a leak), metadata,
     /// unknown keys, stale multipart uploads — counts, bytes and the oldest of each.
     Usage(usage::UsageArgs),
+    /// Release the writer leases of a job known to be stopped: a lease older than its grace,
+    /// or whose process no longer runs on this host, goes; another host's within its grace
+    /// goes once that host is named (`--stopped-host HOST`); one whose process runs on this
+    /// host is never removed. `gc` refuses a short grace while a lease is active. Exit 6 if a
+    /// lease is kept.
+    Unlock(unlock::UnlockArgs),
     /// Savepoints: named records of one committed checkpoint per task of a job, kept by the
     /// job's cleanup and by `gc` until removed.
     Savepoint {
@@ -184,6 +191,7 @@ pub(crate) async fn run(cli: Cli) -> blobsnap::Result<()> {
         Command::Ls => ls::run(&cli.store, cli.json).await,
         Command::Forget(args) => forget::run(&cli.store, cli.json, args).await,
         Command::Usage(args) => usage::run(&cli.store, cli.json, args).await,
+        Command::Unlock(args) => unlock::run(&cli.store, cli.json, args).await,
         Command::Check(args) => check::run(&cli.store, cli.json, args).await,
         Command::Checkpoints(args) => checkpoints::run(&cli.store, cli.json, args).await,
         Command::Savepoint { action } => savepoint::run(&cli.store, cli.json, action).await,

@@ -3049,3 +3049,102 @@ async fn a_graceful_stop_of_several_tasks_leaves_no_writer_lease() {
         "{seen}"
     );
 }
+
+/// `blobsnap unlock` (issue 51, item 7): of a stopped job's writer leases, one whose process
+/// no longer runs on this host goes; one whose process runs here is never removed; another
+/// host's within its grace stays until that host is named as stopped. A dry run removes
+/// nothing; a kept lease exits 6 and says what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlock_releases_the_leases_of_a_stopped_job_and_never_a_live_one() {
+    use blobsnap::blob::admin::{ProcessIdentity, WriterLease};
+    use futures::TryStreamExt as _;
+    let tmp = tempfile::tempdir().unwrap();
+    let t = local_target(tmp.path());
+    let job = JobScope::new("wordcount", "1").unwrap();
+    let grace = std::time::Duration::from_secs(86_400);
+    let (code, _, err) = run(&t, &["admin", "create", "--job", "wordcount"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    // Partition 0: this very process, running.
+    let live = WriterLease::new("Partition 0", grace);
+    live.announce(t.store.as_ref(), &job).await.unwrap();
+    // Partition 1: another host's, renewed now.
+    let other = WriterLease {
+        host: "jobhost-7".into(),
+        pid: 4242,
+        process: None,
+        ..WriterLease::new("Partition 1", grace)
+    };
+    other.announce(t.store.as_ref(), &job).await.unwrap();
+    // Partition 2: this host, a process that is gone (pid 1 never started at tick 1).
+    let mut gone = WriterLease::new("Partition 2", grace);
+    gone.pid = 1;
+    gone.process = gone.process.map(|p| ProcessIdentity {
+        start_ticks: 1,
+        ..p
+    });
+    assert!(gone.is_gone(), "{gone:?}");
+    gone.announce(t.store.as_ref(), &job).await.unwrap();
+    let leases = || async {
+        let scope = job.all_writers().unwrap();
+        let mut keys: Vec<String> = t
+            .store
+            .list(&scope)
+            .map_ok(|m| m.key.as_str().to_string())
+            .try_collect()
+            .await
+            .unwrap();
+        keys.sort();
+        keys.len()
+    };
+    let verdicts = |v: &serde_json::Value| -> Vec<(String, String, bool)> {
+        v["leases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| {
+                (
+                    l["task"].as_str().unwrap().to_string(),
+                    l["verdict"].as_str().unwrap().to_string(),
+                    l["removed"].as_bool().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let unlock = |extra: &'static [&'static str]| {
+        let t = &t;
+        async move {
+            let mut a = vec!["unlock", "--job", "wordcount"];
+            a.extend_from_slice(extra);
+            run(t, &a).await
+        }
+    };
+    let (code, v, err) = unlock(&["--dry-run"]).await;
+    assert_eq!(code, Some(6), "{err}");
+    assert_eq!(
+        verdicts(&v),
+        [
+            ("Partition 0".to_string(), "live".to_string(), false),
+            ("Partition 1".to_string(), "other-host".to_string(), false),
+            ("Partition 2".to_string(), "gone".to_string(), true),
+        ]
+    );
+    assert_eq!(leases().await, 3, "a dry run removes nothing");
+    assert!(err.contains("still runs on this host"), "{err}");
+    let (code, _, err) = unlock(&[]).await;
+    assert_eq!(code, Some(6), "{err}");
+    assert_eq!(leases().await, 2, "the gone process's lease went");
+    let (code, v, err) = unlock(&["--stopped-host", "jobhost-7"]).await;
+    assert_eq!(code, Some(6), "{err}");
+    assert_eq!(
+        verdicts(&v),
+        [
+            ("Partition 0".to_string(), "live".to_string(), false),
+            ("Partition 1".to_string(), "stopped-host".to_string(), true),
+        ]
+    );
+    assert_eq!(leases().await, 1, "this process's lease is never removed");
+    live.retire(t.store.as_ref(), &job).await.unwrap();
+    let (code, v, err) = unlock(&[]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(v["leases"].as_array().unwrap().is_empty(), "{v}");
+}

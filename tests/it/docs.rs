@@ -438,6 +438,7 @@ fn every_json_document_is_kebab_case() {
         [&["diff"][..], &snap[..], &["savepoint:s1", "latest"]].concat(),
         vec!["backup", "--db", "r", "--name", "nb"],
         vec!["forget", "--name", "nb", "--keep", "1", "--dry-run"],
+        vec!["unlock", "--job", "wordcount", "--dry-run"],
         vec![
             "savepoint",
             "rm",

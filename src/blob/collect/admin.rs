@@ -470,6 +470,84 @@ pub async fn active_writers(
     Ok(out)
 }
 
+/// What [`unlock`] found one lease to be, and whether it removed it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct LeaseVerdict {
+    /// The lease's key.
+    pub key: String,
+    /// Its task (`None`: the lease could not be read).
+    pub task: Option<String>,
+    /// Where its writer ran.
+    pub host: Option<String>,
+    /// Its writer's pid.
+    pub pid: Option<u32>,
+    /// Seconds since it was last renewed, by the store's clock.
+    pub age_secs: u64,
+    /// `expired` (older than its grace), `gone` (its process no longer runs on this host),
+    /// `stopped-host` (its host was named as stopped), `live` (its process runs on this host:
+    /// kept), `other-host` (another host's, within its grace: kept unless that host is named).
+    pub verdict: &'static str,
+    /// Whether it was (or, in a dry run, would be) removed.
+    pub removed: bool,
+}
+
+/// Release the writer leases of a job known to be stopped (`blobsnap unlock`): a lease older
+/// than its grace or whose process no longer runs on this host goes, and so does one of a
+/// host in `stopped_hosts` (`*`: every other host, unreadable leases too); a lease whose
+/// process runs on this host is never removed, and another host's within its grace is kept
+/// unless named. Nothing is deleted in a `dry_run`. Returns every lease with its verdict.
+pub async fn unlock(
+    store: &dyn BlobStore,
+    job: &JobScope,
+    now: std::time::SystemTime,
+    stopped_hosts: &[String],
+    dry_run: bool,
+) -> Result<Vec<LeaseVerdict>> {
+    let metas: Vec<_> = store.list(&job.all_writers()?).try_collect().await?;
+    let all_hosts = stopped_hosts.iter().any(|h| h == "*");
+    let mut out = Vec::new();
+    let mut doomed = Vec::new();
+    for m in metas {
+        let age = m
+            .last_modified
+            .and_then(|t| now.duration_since(t).ok())
+            .unwrap_or_default();
+        let lease = match get_bytes(store, &m.key, 1 << 20).await {
+            Ok(b) => serde_json::from_slice::<WriterLease>(&b).ok(),
+            Err(e) if e.kind() == ErrorKind::NotFound => continue, // retired meanwhile
+            Err(e) => return Err(e.context(format!("read writer lease {}", m.key))),
+        };
+        let verdict = match &lease {
+            Some(l) if age >= std::time::Duration::from_secs(l.gc_grace_secs) => "expired",
+            Some(l) if l.is_gone() => "gone",
+            Some(l) if l.host == hostname() => "live",
+            Some(l) if all_hosts || stopped_hosts.contains(&l.host) => "stopped-host",
+            None if all_hosts => "stopped-host",
+            _ => "other-host",
+        };
+        let removed = matches!(verdict, "expired" | "gone" | "stopped-host");
+        if removed {
+            doomed.push(m.key.clone());
+        }
+        out.push(LeaseVerdict {
+            key: m.key.as_str().to_string(),
+            task: lease.as_ref().map(|l| l.task.clone()),
+            host: lease.as_ref().map(|l| l.host.clone()),
+            pid: lease.as_ref().map(|l| l.pid),
+            age_secs: age.as_secs(),
+            verdict,
+            removed,
+        });
+    }
+    if !dry_run && !doomed.is_empty() {
+        if let Some((k, e)) = store.delete_many(&doomed).await?.into_iter().next() {
+            return Err(e.context(format!("delete writer lease {k}")));
+        }
+    }
+    Ok(out)
+}
+
 /// The floor of a sweep's grace on a scope that records none and has no running writer (an
 /// embedder's scope made before scopes recorded their grace, a manual backup's): the default
 /// grace every writer abandons by (`BackupSettings::gc_grace`), 24 h — never less than what
