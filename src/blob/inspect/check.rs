@@ -168,6 +168,21 @@ impl Root {
     }
 }
 
+/// A store snapshot: (task, store, marker).
+type Snapshot = (String, String, String);
+
+/// One distinct blob to check.
+struct BlobToCheck<'a> {
+    /// Its size, as the index says.
+    size: u64,
+    /// Its SHA-256, as the index says.
+    sha256: Option<Sha256>,
+    /// The file of the first snapshot that lists it, for the message.
+    what: String,
+    /// Every snapshot that lists it: a blob shared by several checkpoints is needed by each.
+    snapshots: Vec<&'a Snapshot>,
+}
+
 /// `roots` in their order (see [`Root::order`]), each described by `describe`, once.
 fn describe(roots: &[&Root], describe: fn(&Root) -> String) -> Vec<String> {
     let mut sorted = roots.to_vec();
@@ -345,19 +360,14 @@ pub async fn check_job(
     }
 
     // Each distinct snapshot once, with every root that names it.
-    let mut by_snapshot: BTreeMap<(String, String, String), Vec<Root>> = BTreeMap::new();
+    let mut by_snapshot: BTreeMap<Snapshot, Vec<Root>> = BTreeMap::new();
     for (marker, root) in named {
         by_snapshot
             .entry((root.task.clone(), root.store.clone(), marker))
             .or_default()
             .push(root);
     }
-    // blob key → (size, sha256, the file of the first snapshot that lists it, and every
-    // snapshot that lists it: a blob shared by several checkpoints is needed by each of them).
-    let mut blobs: BTreeMap<
-        BlobKey,
-        (u64, Option<Sha256>, String, Vec<&(String, String, String)>),
-    > = BTreeMap::new();
+    let mut blobs: BTreeMap<BlobKey, BlobToCheck<'_>> = BTreeMap::new();
     for (snapshot, roots) in &by_snapshot {
         let (task, store_name, marker) = snapshot;
         report.indexes += 1;
@@ -391,16 +401,14 @@ pub async fn check_job(
             }
             for b in &f.blobs {
                 let key = snap.blobs.key(&b.blob_id)?;
-                let entry = blobs.entry(key).or_insert_with(|| {
-                    (
-                        f.file_metadata.size,
-                        f.sha256,
-                        format!("{marker}: {path}"),
-                        Vec::new(),
-                    )
+                let entry = blobs.entry(key).or_insert_with(|| BlobToCheck {
+                    size: f.file_metadata.size,
+                    sha256: f.sha256,
+                    what: format!("{marker}: {path}"),
+                    snapshots: Vec::new(),
                 });
-                if entry.3.last() != Some(&snapshot) {
-                    entry.3.push(snapshot);
+                if entry.snapshots.last() != Some(&snapshot) {
+                    entry.snapshots.push(snapshot);
                 }
             }
         }
@@ -419,7 +427,13 @@ pub async fn check_job(
             .collect()
     };
     let results: Vec<_> = futures::stream::iter(blobs.into_iter().enumerate())
-        .map(|(i, (key, (size, sha, what, snapshots)))| {
+        .map(|(i, (key, blob))| {
+            let BlobToCheck {
+                size,
+                sha256: sha,
+                what,
+                snapshots,
+            } = blob;
             let read = chosen.contains(&i);
             let store = Arc::clone(store);
             async move {
