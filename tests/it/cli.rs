@@ -1809,6 +1809,190 @@ async fn gc_fails_closed_on_an_unreadable_root_and_names_the_repair() {
     );
 }
 
+/// `usage` and `cost` with one older retained index gone (issue 51, item 2): where `gc`
+/// fails closed, both still report what they can read — `usage` every object classified,
+/// `cost` its estimate from the rest — name the index they could not read and its root
+/// (`unreadable-roots`, `"partial": true`), and exit 4 saying "partial" (as `checkpoints`
+/// does). What the lost index may name (an orphan of its store) is `maybe-live`, never an
+/// orphan; an orphan of another store still is one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_and_cost_report_what_they_read_when_an_older_index_is_gone() {
+    use blobsnap::checkpoint::{BlobCheckpointStore, CheckpointStore as _};
+    let tmp = tempfile::tempdir().unwrap();
+    let t = local_target(tmp.path());
+    let demo = tmp.path().join("demo").display().to_string();
+    let (code, _, err) = run(
+        &t,
+        &[
+            "demo",
+            "--dir",
+            &demo,
+            "--partitions",
+            "2",
+            "--lines",
+            "3000",
+            "--commit-every",
+            "500",
+            "--retention",
+            "3",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let job = JobScope::new("wordcount", "1").unwrap();
+    let cps = BlobCheckpointStore::new(Arc::clone(&t.store), job.clone());
+    let history = cps.history("Partition 1", usize::MAX).await.unwrap();
+    let older = &history[1];
+    let marker: blobsnap::index::IndexMarker =
+        older.checkpoint.as_v2().unwrap().state_checkpoint_markers[blobsnap::blob::FACTORY_NAME]
+            ["counts"]
+            .parse()
+            .unwrap();
+    let index_key = job
+        .store("Partition 1", "counts")
+        .unwrap()
+        .index_key(&marker)
+        .unwrap();
+    // An orphan in the lost index's store (it may name it), and one in another store.
+    let orphan = |task: &str| {
+        job.store(task, "counts")
+            .unwrap()
+            .key(&format!("blobs/1000-0/{}", "cd".repeat(32)))
+            .unwrap()
+    };
+    for task in ["Partition 0", "Partition 1"] {
+        t.store
+            .put(
+                &orphan(task),
+                PutBody::Bytes(b"orphan".to_vec().into()),
+                PutOptions::default(),
+            )
+            .await
+            .unwrap();
+    }
+    let saved = blobsnap::blobstore::get_bytes(t.store.as_ref(), &index_key, 1 << 30)
+        .await
+        .unwrap();
+    t.store
+        .delete_many(std::slice::from_ref(&index_key))
+        .await
+        .unwrap();
+    let (code, _, err) = run(&t, &["gc", "--job", "wordcount", "--dry-run"]).await;
+    assert_eq!(code, Some(3), "gc fails closed: {err}");
+
+    let partial = |what: &str, code: Option<i32>, v: &serde_json::Value, err: &str| {
+        assert_eq!(code, Some(4), "{what}: {err}");
+        let last: serde_json::Value = serde_json::from_str(err.lines().last().unwrap()).unwrap();
+        assert_eq!(last["error"]["kind"], "corrupt", "{what}: {err}");
+        let message = last["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("partial") && message.contains(index_key.as_str()),
+            "{what}: {message}"
+        );
+        assert_eq!(v["partial"], true, "{what}: {v}");
+    };
+    let (code, v, err) = run(&t, &["usage", "--job", "wordcount", "--grace-secs", "0"]).await;
+    partial("usage", code, &v, &err);
+    let u = &v["usage"];
+    assert_eq!(u["partial"], true, "{v}");
+    let lost = &u["unreadable-roots"];
+    assert_eq!(lost.as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(lost[0]["what"], "index", "{v}");
+    assert_eq!(lost[0]["key"], index_key.as_str(), "{v}");
+    assert_eq!(lost[0]["kind"], "not-found", "{v}");
+    assert_eq!(
+        lost[0]["root"],
+        format!(
+            "task \"Partition 1\" checkpoint #{} store counts",
+            older.seq
+        ),
+        "{v}"
+    );
+    let class = |c: &str| u["classes"][c]["objects"].as_u64().unwrap();
+    assert!(class("live") > 0 && class("metadata") > 0, "{v}");
+    assert_eq!(
+        class("maybe-live"),
+        1,
+        "the orphan the lost index may name: {v}"
+    );
+    assert_eq!(
+        class("orphans-past-grace"),
+        1,
+        "the other store's orphan: {v}"
+    );
+    let sum: u64 = u["classes"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|c| c["objects"].as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        Some(sum),
+        u["total-objects"].as_u64(),
+        "every object classified: {v}"
+    );
+
+    let (code, v, err) = run(
+        &t,
+        &["cost", "--job", "wordcount", "--commit-interval", "60s"],
+    )
+    .await;
+    partial("cost", code, &v, &err);
+    assert_eq!(v["unreadable-roots"][0]["key"], index_key.as_str(), "{v}");
+    assert_eq!(v["tasks"], 2, "{v}");
+    assert!(v["stored-bytes"].as_u64().unwrap() > 0, "{v}");
+    assert!(v["sampled-task-commits"].as_u64().unwrap() >= 1, "{v}");
+    assert!(v["monthly"]["total-usd"].as_f64().is_some(), "{v}");
+
+    // The text names the index and its root too.
+    for cmd in [
+        &["usage", "--job", "wordcount"][..],
+        &["cost", "--job", "wordcount"][..],
+    ] {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+            .args(&t.args)
+            .args(cmd)
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(out.status.code(), Some(4), "{cmd:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains(&format!(
+                "UNREADABLE index of task \"Partition 1\" checkpoint #{} store counts",
+                older.seq
+            )),
+            "{cmd:?}: {text}"
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("partial report"),
+            "{cmd:?}"
+        );
+    }
+
+    // The index back: both are whole again, and the lost index's orphan is one.
+    t.store
+        .put(&index_key, PutBody::Bytes(saved), PutOptions::default())
+        .await
+        .unwrap();
+    let (code, v, err) = run(&t, &["usage", "--job", "wordcount", "--grace-secs", "0"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["partial"], false, "{v}");
+    assert_eq!(v["usage"]["classes"]["maybe-live"]["objects"], 0, "{v}");
+    assert_eq!(
+        v["usage"]["classes"]["orphans-past-grace"]["objects"], 2,
+        "{v}"
+    );
+    let (code, v, err) = run(
+        &t,
+        &["cost", "--job", "wordcount", "--commit-interval", "60s"],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["partial"], false, "{v}");
+    assert_eq!(v["unreadable-roots"].as_array().unwrap().len(), 0, "{v}");
+}
+
 /// How long a signal test waits for a child's next step before it fails as hung (item 16 of
 /// issue 46: a graceful stop that deadlocks fails its test with what the child said, instead
 /// of hanging the suite until CI's limit). A bound, not a pace: every step is an event.
