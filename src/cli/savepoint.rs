@@ -3,7 +3,7 @@
 
 use super::args::{open_existing_store, JobIdFlags, StoreArgs};
 use super::checkpoints::local;
-use blobsnap::blob::history::{utc, CheckpointRef};
+use blobsnap::blob::history::{utc, utc_millis, CheckpointRef};
 use blobsnap::blob::savepoint::{self, Savepoint};
 use blobsnap::layout::JobScope;
 use clap::Subcommand;
@@ -275,7 +275,7 @@ fn print_tasks(sp: &Savepoint) -> blobsnap::Result<()> {
             "  task {task}: checkpoint #{} {} ({})  {offsets}",
             c.seq,
             v2.id,
-            utc(v2.id.millis())
+            utc_millis(v2.id.millis())
         );
         for (store, marker) in v2
             .state_checkpoint_markers

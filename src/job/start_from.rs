@@ -79,7 +79,7 @@ pub(super) async fn applied(
 ) -> Result<Option<StartedFrom>> {
     Ok(read_start_from(store, job, task)
         .await?
-        .filter(|r| r.start_from == point.to_string()))
+        .filter(|r| point.is_recorded_as(&r.start_from)))
 }
 
 /// The point `task` last started from and the number of the head checkpoint it committed for

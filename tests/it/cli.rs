@@ -3062,3 +3062,129 @@ async fn checkpoints_label_claims_and_a_rollback_head() {
         "{text}"
     );
 }
+
+/// A time copied from `checkpoints` names the checkpoint it was printed beside (issue 51,
+/// item 3): the demo commits several times a second, and a time printed to the second named
+/// the checkpoint before (or none). Each row's time, from the text and from `time-utc`, given
+/// as `@TIME` to `inspect`, resolves to that row's checkpoint; a time before the oldest says
+/// which is the oldest and when, to the millisecond.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_time_copied_from_checkpoints_names_that_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = local_target(tmp.path());
+    let dir = tmp.path().join("demo").display().to_string();
+    let (code, _, err) = run(
+        &t,
+        &[
+            "demo",
+            "--dir",
+            &dir,
+            "--partitions",
+            "1",
+            "--lines",
+            "3000",
+            "--commit-every",
+            "300",
+            "--retention",
+            "6",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let (code, list, err) = run(&t, &["checkpoints", "--job", "wordcount"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    let rows: Vec<serde_json::Value> = list["tasks"]["Partition 0"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| !r["stores"].as_object().unwrap().is_empty())
+        .cloned()
+        .collect();
+    assert!(rows.len() >= 4, "{list}");
+    let text = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+        .args(&t.args)
+        .args(["checkpoints", "--job", "wordcount"])
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    let resolve = |time: String| {
+        let t = &t;
+        async move {
+            let (code, v, err) = run(
+                t,
+                &[
+                    "inspect",
+                    "--job",
+                    "wordcount",
+                    "--task",
+                    "Partition 0",
+                    "--store",
+                    "counts",
+                    &format!("@{time}"),
+                ],
+            )
+            .await;
+            assert_eq!(code, Some(0), "@{time}: {err}");
+            v["checkpoint-id"].as_str().unwrap().to_string()
+        }
+    };
+    for row in &rows {
+        let id = row["checkpoint-id"].as_str().unwrap();
+        let json_time = row["time-utc"].as_str().unwrap().to_string();
+        // The text line of this row: `#N  ID  TIME  (LOCAL)  offsets`.
+        let line = text
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("#{} ", row["seq"])))
+            .unwrap_or_else(|| panic!("{text}"));
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(words[1], id, "{line}");
+        let text_time = words[2].to_string();
+        assert_eq!(text_time, json_time, "{line}");
+        // A claim repeats the id before it under the next number: the id is what is named.
+        assert_eq!(resolve(text_time).await, id, "{line}\n{text}");
+    }
+    // The rows' times are distinct even where their seconds are not.
+    let seconds: std::collections::BTreeSet<&str> = rows
+        .iter()
+        .map(|r| &r["time-utc"].as_str().unwrap()[..19])
+        .collect();
+    assert!(
+        seconds.len() < rows.len(),
+        "several checkpoints share a second (what made the bug): {list}"
+    );
+
+    // Before the oldest: not found, naming the oldest and its time to the millisecond.
+    let oldest = rows.last().unwrap();
+    let ms = oldest["time-millis"].as_u64().unwrap() - 1;
+    let (code, _, err) = run(
+        &t,
+        &[
+            "inspect",
+            "--job",
+            "wordcount",
+            "--task",
+            "Partition 0",
+            "--store",
+            "counts",
+            &format!("@{ms}"),
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(3), "{err}");
+    let oldest_seq = list["tasks"]["Partition 0"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()["seq"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        err.contains(&format!("the oldest retained is #{oldest_seq}, made "))
+            && err.contains(&format!(
+                "made at or before {}:",
+                blobsnap::units::utc_millis(ms)
+            )),
+        "{err}"
+    );
+}
