@@ -19,8 +19,9 @@ pub(crate) enum SavepointAction {
         /// The savepoint's name (A-Z a-z 0-9 . _ -).
         #[arg(long = "name")]
         savepoint: String,
-        /// Which checkpoint of each task: `latest` (default), `#N`, a checkpoint id or
-        /// prefix, `@2026-12-02T10:00Z` (each task's newest at or before that time).
+        /// Which checkpoint of each task: `latest` (default), `@2026-12-02T10:00Z` (each
+        /// task's newest at or before that time), `savepoint:NAME`, `#N` (each task's own
+        /// number N: tasks' numbers diverge after restarts), a checkpoint id or prefix.
         #[arg(long, default_value = "latest")]
         at: String,
     },

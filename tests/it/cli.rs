@@ -3188,3 +3188,133 @@ async fn a_time_copied_from_checkpoints_names_that_checkpoint() {
         "{err}"
     );
 }
+
+/// `#N` for a whole job once tasks' numbers diverge (issue 51, item 4): each task numbers
+/// its own checkpoints and each start of a task takes a number, so after restarts one task is
+/// ahead (here Partition 1 has two more claims). `savepoint create --at '#N'` and
+/// `demo --start-from '#N'` for a number only one task has are refused (exit 3, nothing
+/// written) saying what `#N` means for a job and naming what works for the whole job —
+/// `latest`, `@TIME` (the time of the task's `#N` is given), a savepoint — and not the demo's
+/// unrelated --dir/--partitions/--lines hint; the `@TIME` offered works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_wide_seq_that_tasks_do_not_share_says_what_works() {
+    use blobsnap::checkpoint::{BlobCheckpointStore, CheckpointStore as _};
+    let tmp = tempfile::tempdir().unwrap();
+    let t = local_target(tmp.path());
+    let dir = tmp.path().join("demo").display().to_string();
+    let demo = |extra: &[&str]| {
+        let mut a = vec![
+            "demo".to_string(),
+            "--dir".into(),
+            dir.clone(),
+            "--partitions".into(),
+            "2".into(),
+            "--lines".into(),
+            "3000".into(),
+            "--commit-every".into(),
+            "500".into(),
+            "--retention".into(),
+            "10".into(),
+        ];
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let go = |args: Vec<String>| {
+        let t = &t;
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            run(t, &args).await
+        }
+    };
+    let (code, _, err) = go(demo(&[])).await;
+    assert_eq!(code, Some(0), "{err}");
+    // Partition 1 starts twice more than Partition 0: two claims, each repeating its latest
+    // checkpoint under the next number (what a start writes).
+    let job = JobScope::new("wordcount", "1").unwrap();
+    let cps = BlobCheckpointStore::new(Arc::clone(&t.store), job.clone());
+    let p0 = cps.history("Partition 0", 1).await.unwrap()[0].seq;
+    let latest = cps.history("Partition 1", 1).await.unwrap().remove(0);
+    for k in 1..=2 {
+        cps.write("Partition 1", latest.seq + k, "w", &latest.checkpoint)
+            .await
+            .unwrap();
+    }
+    let ahead = latest.seq + 2;
+    assert!(ahead > p0, "Partition 0 at #{p0}, Partition 1 at #{ahead}");
+    let made = blobsnap::units::utc_millis(latest.checkpoint.as_v2().unwrap().id.millis());
+    let n = format!("#{ahead}");
+
+    let explains = |err: &str| {
+        assert!(
+            err.contains("task \"Partition 0\"")
+                && err.contains(&format!("no retained checkpoint {n}"))
+                && err.contains(&format!(
+                    "For a whole job, {n} names each task's own checkpoint {n}"
+                ))
+                && err.contains(&format!("task \"Partition 1\" has a retained {n}"))
+                && err.contains("`latest`, `@TIME`")
+                && err.contains(&format!("task \"Partition 1\"'s {n} was made at `@{made}`"))
+                && err.contains("`savepoint:NAME`")
+                && err.contains("`blobsnap checkpoints --job wordcount`"),
+            "{err}"
+        );
+    };
+    let (code, _, err) = run(
+        &t,
+        &[
+            "savepoint",
+            "create",
+            "--job",
+            "wordcount",
+            "--name",
+            "x",
+            "--at",
+            &n,
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(3), "{err}");
+    explains(&err);
+    let (code, v, err) = run(&t, &["savepoint", "ls", "--job", "wordcount"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        v["savepoints"].as_array().unwrap().len(),
+        0,
+        "nothing written: {v}"
+    );
+
+    let (code, _, err) = go(demo(&["--start-from", &n])).await;
+    assert_eq!(code, Some(3), "{err}");
+    explains(&err);
+    assert!(
+        !err.contains("Give the demo the --dir"),
+        "the store has every task of this run: {err}"
+    );
+
+    // What the error offers works for the whole job.
+    for (name, at) in [
+        ("at-time", format!("@{made}")),
+        ("at-latest", "latest".into()),
+    ] {
+        let (code, v, err) = run(
+            &t,
+            &[
+                "savepoint",
+                "create",
+                "--job",
+                "wordcount",
+                "--name",
+                name,
+                "--at",
+                &at,
+            ],
+        )
+        .await;
+        assert_eq!(code, Some(0), "{at}: {err}");
+        assert_eq!(
+            v["savepoint"]["tasks"].as_object().unwrap().len(),
+            2,
+            "{at}: {v}"
+        );
+    }
+}

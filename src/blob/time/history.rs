@@ -289,6 +289,68 @@ pub async fn resolve(
     })
 }
 
+/// Tasks [`job_wide`] reads (one LIST each, one GET for a task that has the number) to find
+/// one that has a `#N` another lacks: an error path's cost stays bounded however many tasks.
+const JOB_WIDE_TASKS_READ: usize = 64;
+
+/// A job-wide reference's error (`savepoint create --at`, `start-from`: one reference
+/// resolved for every task), with what `#N` means for a job when a task lacks it. `#N` is a
+/// **task's** number: each task numbers its own checkpoints, and each start of a task takes a
+/// number (its claim), so tasks that restarted at different times — or committed at different
+/// rates — carry different numbers for the same moment, and one `#N` is not one point of the
+/// job. The error then says so and names the job-wide choices that work: `latest`, `@TIME`
+/// (each task's newest checkpoint at or before it; the time of a task's `#N`, when one has it,
+/// is given), or a savepoint. Any other reference or error is returned as it is.
+pub async fn job_wide(
+    store: &Arc<dyn BlobStore>,
+    job: &JobScope,
+    r: &CheckpointRef,
+    e: Error,
+) -> Error {
+    let CheckpointRef::Seq(n) = r else {
+        return e;
+    };
+    if e.kind() != ErrorKind::NotFound {
+        return e;
+    }
+    // A task that has #n, and when it was made: the @TIME to offer.
+    let cps = BlobCheckpointStore::new(Arc::clone(store), job.clone());
+    let mut at = None;
+    if let Ok(tasks) = task_names(store.as_ref(), job).await {
+        for task in tasks.iter().take(JOB_WIDE_TASKS_READ) {
+            if let Ok(Some(c)) = by_seq(&cps, task, *n).await {
+                if let Some(v2) = c.checkpoint.as_v2() {
+                    at = Some((task.clone(), v2.id.millis()));
+                    break;
+                }
+            }
+        }
+    }
+    let (name, id) = job.names();
+    let flags = if id == "1" {
+        format!("--job {name}")
+    } else {
+        format!("--job {name} --job-id {id}")
+    };
+    let (who, time) = match at {
+        Some((task, ms)) => (
+            format!("task {task:?} has a retained #{n}"),
+            format!("; task {task:?}'s #{n} was made at `@{}`", utc_millis(ms)),
+        ),
+        None => (format!("no task has a retained #{n}"), String::new()),
+    };
+    let text = e.to_string();
+    let text = text
+        .strip_suffix(&format!(" [{}]", e.kind()))
+        .unwrap_or(&text);
+    Error::new(
+        e.kind(),
+        format!(
+            "{text}. For a whole job, #{n} names each task's own checkpoint #{n}: tasks number their checkpoints independently (each start of a task takes a number), so their numbers diverge ({who}). Name a point every task has: `latest`, `@TIME` (each task's newest checkpoint at or before it{time}), or a savepoint (`savepoint:NAME`; `blobsnap savepoint ls {flags}`); `blobsnap checkpoints {flags}` lists every task's numbers and times"
+        ),
+    )
+}
+
 /// Checkpoint `#n` of `task`, read alone (`None`: not listed, or trimmed before it was read).
 async fn by_seq(
     cps: &BlobCheckpointStore,

@@ -70,7 +70,7 @@ pub async fn create(
     // Every task at once (16 at a time): the longer the resolve, the more of the job's
     // checkpoints leave the history before the record is written (and the re-check below
     // withdraws it).
-    let resolved: Vec<(String, SavedCheckpoint)> = futures::stream::iter(tasks.iter())
+    let resolved: Result<Vec<(String, SavedCheckpoint)>> = futures::stream::iter(tasks.iter())
         .map(|task| {
             let job = &job;
             async move {
@@ -88,7 +88,12 @@ pub async fn create(
         })
         .buffered(16)
         .try_collect()
-        .await?;
+        .await;
+    let resolved = match resolved {
+        Ok(r) => r,
+        // `#N` is a task's number: say what it means for a job, and what works.
+        Err(e) => return Err(history::job_wide(store, &job, at, e).await),
+    };
     let saved: BTreeMap<String, SavedCheckpoint> = resolved.into_iter().collect();
     crate::crash::test_point("savepoint.after-resolve");
     let sp = Savepoint {
