@@ -388,7 +388,7 @@ pub(crate) struct Roots {
     pub savepoints: HashSet<BlobKey>,
 }
 
-/// A root that a partial read ([`read_roots_partial`]: `usage`, `cost`) could not read: a
+/// A root that a partial read of the roots (`usage`, `cost`) could not read: a
 /// task's checkpoint document, the snapshot index a root names, or a savepoint record.
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "kebab-case")]
