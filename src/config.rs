@@ -170,7 +170,8 @@ pub struct JobConfig {
     #[serde(deserialize_with = "crate::units::rate")]
     pub lazy_download_rate: u64,
     /// Start every task from this point (see `JobSettings::start_from`): `savepoint:NAME`,
-    /// `#N`, a checkpoint id, `@2026-12-02T10:00Z`. Applied once per value.
+    /// `@2026-12-02T10:00Z`, `#N` (each task's own number; tasks' numbers diverge after
+    /// restarts), a checkpoint id. Applied once per value.
     pub start_from: Option<String>,
     /// This deployment's id, recorded in the scope's owner record (`scope.json`): a job
     /// started with another id on the same scope is refused (two deployments sharing a scope

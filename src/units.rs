@@ -222,6 +222,22 @@ pub fn utc(ms: u64) -> String {
     }
 }
 
+/// `ms` since the epoch as UTC, to the millisecond: `2026-12-02T10:00:00.250Z` — what a
+/// checkpoint's time is printed as, because `@TIME` reads it back to the same millisecond and
+/// so names the checkpoint it was printed for (`blob::history`). Past 9999-12-31 as [`utc`].
+pub fn utc_millis(ms: u64) -> String {
+    if ms > MAX_UTC_MILLIS {
+        return utc(ms);
+    }
+    let t = std::time::UNIX_EPOCH + Duration::from_millis(ms);
+    let mut s = String::new();
+    use std::fmt::Write as _;
+    match write!(s, "{}", humantime::format_rfc3339_millis(t)) {
+        Ok(()) => s,
+        Err(_) => format!("{ms} ms since the epoch"),
+    }
+}
+
 #[cfg(test)]
 mod utc_tests {
     use super::*;
@@ -230,8 +246,12 @@ mod utc_tests {
     fn any_millisecond_formats_without_a_panic() {
         assert_eq!(utc(0), "1970-01-01T00:00:00Z");
         assert_eq!(utc(MAX_UTC_MILLIS), "9999-12-31T23:59:59Z");
+        assert_eq!(utc_millis(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(utc_millis(1_796_469_491_509), "2026-12-05T11:18:11.509Z");
+        assert_eq!(utc_millis(MAX_UTC_MILLIS), "9999-12-31T23:59:59.999Z");
         for ms in [MAX_UTC_MILLIS + 1, i64::MAX as u64, u64::MAX] {
             assert!(utc(ms).contains("past 9999-12-31"), "{ms}");
+            assert!(utc_millis(ms).contains("past 9999-12-31"), "{ms}");
         }
     }
 }

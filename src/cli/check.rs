@@ -54,6 +54,7 @@ pub(crate) async fn run(
             for by in &p.named_by {
                 println!("      named by {by}");
             }
+            println!("      gc: {}", p.gc);
         }
         println!(
             "checked {job}/{job_id}: {} tasks, {} checkpoints, {} savepoints, {} indexes, {} blobs ({}; {} read and hashed): {} problems",

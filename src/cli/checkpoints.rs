@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::args::{open_existing_store, JobFlags, StoreArgs};
-use blobsnap::blob::history::{task_names, utc};
+use blobsnap::blob::history::{task_names, utc, utc_millis};
 use blobsnap::blob::savepoint;
 use blobsnap::blob::{load_snapshot, Expected, FACTORY_NAME};
 use blobsnap::checkpoint::{BlobCheckpointStore, Record};
@@ -233,8 +233,9 @@ pub(crate) async fn run(
                 seq: c.seq,
                 checkpoint_id: v2.id.to_string(),
                 time_millis: v2.id.millis(),
-                time_utc: utc(v2.id.millis()),
-                time_local: local(v2.id.millis()),
+                // To the millisecond: pasted as `@TIME`, it names this checkpoint.
+                time_utc: utc_millis(v2.id.millis()),
+                time_local: local_millis(v2.id.millis()),
                 input_offsets: v2
                     .input_offsets
                     .iter()
@@ -354,11 +355,21 @@ pub(crate) async fn run(
     partial()
 }
 
-/// `ms` since the epoch in this machine's time zone.
+/// `ms` since the epoch in this machine's time zone, to the second.
 pub(crate) fn local(ms: u64) -> String {
+    local_as(ms, "%Y-%m-%d %H:%M:%S %:z")
+}
+
+/// `ms` since the epoch in this machine's time zone, to the millisecond (a checkpoint's time,
+/// beside its UTC time).
+pub(crate) fn local_millis(ms: u64) -> String {
+    local_as(ms, "%Y-%m-%d %H:%M:%S%.3f %:z")
+}
+
+fn local_as(ms: u64, format: &str) -> String {
     use chrono::TimeZone as _;
     match i64::try_from(ms).map(|ms| chrono::Local.timestamp_millis_opt(ms)) {
-        Ok(chrono::LocalResult::Single(t)) => t.format("%Y-%m-%d %H:%M:%S %:z").to_string(),
+        Ok(chrono::LocalResult::Single(t)) => t.format(format).to_string(),
         _ => "-".into(),
     }
 }

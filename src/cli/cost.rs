@@ -49,6 +49,12 @@ pub(crate) async fn run(
         },
     )
     .await?;
+    let partial = super::usage::partial(
+        &report.job,
+        &report.job_id,
+        &report.unreadable_roots,
+        "estimated",
+    );
     if json {
         let mut doc = serde_json::to_value(&report)
             .map_err(|e| blobsnap::Error::new(blobsnap::ErrorKind::Io, format!("json: {e}")))?;
@@ -56,10 +62,11 @@ pub(crate) async fn run(
             o.insert("schema".into(), 1.into());
         }
         println!("{doc}");
-        return Ok(());
+        return partial;
     }
     print_report(&report);
-    Ok(())
+    super::usage::print_unreadable(&report.unreadable_roots);
+    partial
 }
 
 fn print_report(r: &CostReport) {

@@ -56,10 +56,11 @@ pub(crate) struct DemoArgs {
     #[arg(long, value_parser = blobsnap::units::parse_secs)]
     pub(crate) gc_grace_secs: Option<u64>,
     /// Start every task from this point instead of its latest checkpoint — a rollback, or a
-    /// roll-forward to a newer retained one: `savepoint:NAME`, `#N`, a checkpoint id or prefix,
-    /// `@2026-12-02T10:00Z`. Each task commits the point as its new head (the history records
-    /// the move) and reprocesses from its offsets; applied once (a rerun with the same value
-    /// resumes from the latest) [job.start-from]. `savepoint:JOB/JOB-ID/NAME` names another
+    /// roll-forward to a newer retained one: `savepoint:NAME`, `@2026-12-02T10:00Z` (each
+    /// task's newest at or before it), `#N` (each task's own number N: tasks' numbers diverge
+    /// after restarts), a checkpoint id or prefix. Each task commits the point as its new head
+    /// (the history records the move) and reprocesses from its offsets; applied once (a rerun
+    /// with the same value resumes from the latest) [job.start-from]. `savepoint:JOB/JOB-ID/NAME` names another
     /// job's savepoint: this job starts as a **fork** of it, borrowing its blobs (none copied).
     #[arg(long)]
     pub(crate) start_from: Option<String>,
@@ -164,23 +165,29 @@ pub(crate) async fn run(
     .with_gc_grace(settings.gc_grace);
     // A point every task can start from, and an input that still holds what the job
     // committed, before the input is written (a refused run leaves it as it was).
-    blobsnap::job::check_start_from(&settings, &blob_store)
-        .await
-        .map_err(|e| {
-            if e.kind() != ErrorKind::NotFound {
-                return e;
-            }
-            let text = e.to_string();
-            let text = text
-                .strip_suffix(&format!(" [{}]", e.kind()))
-                .unwrap_or(&text);
-            Error::new(
-                e.kind(),
-                format!(
-                    "{text}. Give the demo the --dir, --partitions and --lines of the job's earlier runs (this run: {partitions} partitions x {lines} lines)"
-                ),
-            )
-        })?;
+    if let Err(e) = blobsnap::job::check_start_from(&settings, &blob_store).await {
+        if e.kind() != ErrorKind::NotFound {
+            return Err(e);
+        }
+        // The runs' shape is the cause only when the store lacks a task of this run (a
+        // store every task of which has a history has the right --dir and --partitions: the
+        // point is what is missing, and the error says why).
+        let job = blobsnap::layout::JobScope::new(&settings.job_name, &settings.job_id)?;
+        let stored = blobsnap::blob::history::task_names(blob_store.as_ref(), &job).await?;
+        if (0..partitions).all(|p| stored.contains(&blobsnap::job::task_name(p))) {
+            return Err(e);
+        }
+        let text = e.to_string();
+        let text = text
+            .strip_suffix(&format!(" [{}]", e.kind()))
+            .unwrap_or(&text);
+        return Err(Error::new(
+            e.kind(),
+            format!(
+                "{text}. Give the demo the --dir, --partitions and --lines of the job's earlier runs (this run: {partitions} partitions x {lines} lines)"
+            ),
+        ));
+    }
     refuse_a_shorter_input(&settings, &blob_store, lines).await?;
     wordcount::generate_input(&settings.input_dir, partitions, lines, 42)?;
     eprintln!(

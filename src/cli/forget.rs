@@ -2,9 +2,9 @@
 //! ([`blobsnap::blob::manual::forget`]); `blobsnap gc --name NAME` then frees the bytes.
 
 use super::args::{open_existing_store, StoreArgs};
-use super::checkpoints::local;
+use super::checkpoints::local_millis;
 use blobsnap::backend::Clock as _;
-use blobsnap::blob::history::utc;
+use blobsnap::blob::history::utc_millis;
 use blobsnap::retention::RetentionPolicy;
 use clap::Args;
 
@@ -73,7 +73,11 @@ pub(crate) async fn run(
         ),
     ] {
         for (seq, id, ms) in list {
-            println!("  {what:<12} #{seq:<5} {id}  {} ({})", utc(*ms), local(*ms));
+            println!(
+                "  {what:<12} #{seq:<5} {id}  {} ({})",
+                utc_millis(*ms),
+                local_millis(*ms)
+            );
         }
     }
     println!(

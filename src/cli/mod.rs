@@ -79,12 +79,15 @@ pub(crate) enum Command {
     Checkpoints(checkpoints::CheckpointsArgs),
     /// Check a whole job: every retained checkpoint and savepoint of every task parses, every
     /// index is present and matches its key, every blob exists with its size (HEAD);
-    /// `--read-data` (or `--read-data-subset 5%`) also hashes them. Problems are listed with
-    /// the checkpoints that name them. Exit 3 if something is missing, 4 if corrupt.
+    /// `--read-data` (or `--read-data-subset 5%`) also hashes them. Each problem is listed
+    /// with every checkpoint and savepoint that needs it, and what gc does about it. Exit 3
+    /// if something is missing, 4 if corrupt.
     Check(check::CheckArgs),
     /// Every object and byte of a job's scope, classified: live (retained checkpoints), kept
     /// only by savepoints, orphans within the grace, orphans past it (a leak), metadata,
-    /// unknown keys, stale multipart uploads — counts, bytes and the oldest of each.
+    /// unknown keys, stale multipart uploads — counts, bytes and the oldest of each. A root
+    /// that cannot be read is named and what it may name counted as maybe-live: exit 4
+    /// "partial".
     Usage(usage::UsageArgs),
     /// Release the writer leases of a job known to be stopped: a lease older than its grace,
     /// or whose process no longer runs on this host, goes; another host's within its grace
@@ -110,7 +113,8 @@ pub(crate) enum Command {
     Verify(verify::VerifyArgs),
     /// What a job costs on S3: requests and bytes per commit, the bytes its retained
     /// snapshots keep, and a monthly estimate at list prices (`[cost]` in the settings
-    /// overrides them), read from the job's retained checkpoints and indexes.
+    /// overrides them), read from the job's retained checkpoints and indexes (one that cannot
+    /// be read is named, the rest estimated: exit 4 "partial").
     Cost(cost::CostArgs),
     /// Parse a CheckpointV2/V1 JSON document (ours or Samza's), or a checkpoint record as
     /// blobsnap stores it (`checkpoints/<task>/<seq>.json`: number, writer, checkpoint), and

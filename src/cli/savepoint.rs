@@ -3,7 +3,7 @@
 
 use super::args::{open_existing_store, JobIdFlags, StoreArgs};
 use super::checkpoints::local;
-use blobsnap::blob::history::{utc, CheckpointRef};
+use blobsnap::blob::history::{utc, utc_millis, CheckpointRef};
 use blobsnap::blob::savepoint::{self, Savepoint};
 use blobsnap::layout::JobScope;
 use clap::Subcommand;
@@ -19,8 +19,9 @@ pub(crate) enum SavepointAction {
         /// The savepoint's name (A-Z a-z 0-9 . _ -).
         #[arg(long = "name")]
         savepoint: String,
-        /// Which checkpoint of each task: `latest` (default), `#N`, a checkpoint id or
-        /// prefix, `@2026-12-02T10:00Z` (each task's newest at or before that time).
+        /// Which checkpoint of each task: `latest` (default), `@2026-12-02T10:00Z` (each
+        /// task's newest at or before that time), `savepoint:NAME`, `#N` (each task's own
+        /// number N: tasks' numbers diverge after restarts), a checkpoint id or prefix.
         #[arg(long, default_value = "latest")]
         at: String,
     },
@@ -275,7 +276,7 @@ fn print_tasks(sp: &Savepoint) -> blobsnap::Result<()> {
             "  task {task}: checkpoint #{} {} ({})  {offsets}",
             c.seq,
             v2.id,
-            utc(v2.id.millis())
+            utc_millis(v2.id.millis())
         );
         for (store, marker) in v2
             .state_checkpoint_markers

@@ -3,6 +3,7 @@
 
 use super::args::{open_existing_store, JobIdFlags, StoreArgs};
 use blobsnap::backend::Clock as _;
+use blobsnap::blob::gc::UnreadableRoot;
 use blobsnap::blob::usage::usage;
 use clap::Args;
 
@@ -31,12 +32,13 @@ pub(crate) async fn run(
         blobsnap::backend::SystemClock.now(),
     )
     .await?;
+    let partial = partial(job, job_id, &report.unreadable_roots, "classified");
     if json {
         println!(
             "{}",
-            serde_json::json!({"schema": 1, "job": job, "job-id": job_id, "usage": report})
+            serde_json::json!({"schema": 1, "job": job, "job-id": job_id, "usage": report, "partial": report.partial})
         );
-        return Ok(());
+        return partial;
     }
     println!(
         "{job}/{job_id}: {} objects, {} ({} roots read; orphans judged by a grace of {} s, from {})",
@@ -61,5 +63,44 @@ pub(crate) async fn run(
             bytesize::ByteSize(c.bytes).to_string()
         );
     }
-    Ok(())
+    print_unreadable(&report.unreadable_roots);
+    partial
+}
+
+/// The roots a report could not read, one line each (nothing when there are none).
+pub(super) fn print_unreadable(roots: &[UnreadableRoot]) {
+    for r in roots {
+        println!("  UNREADABLE {} of {}: {}", r.what, r.root, r.reason);
+    }
+}
+
+/// A report made without `roots` (which could not be read): `Corrupt` (exit 4) saying
+/// "partial", naming them and what removes or repairs each kind, as `blobsnap checkpoints`
+/// reports a partial listing; `Ok` when there are none. `what` says what was done with the
+/// rest ("classified", "estimated").
+pub(super) fn partial(
+    job: &str,
+    job_id: &str,
+    roots: &[UnreadableRoot],
+    what: &str,
+) -> blobsnap::Result<()> {
+    if roots.is_empty() {
+        return Ok(());
+    }
+    let flags = if job_id == "1" {
+        format!("--job {job}")
+    } else {
+        format!("--job {job} --job-id {job_id}")
+    };
+    let mut keys: Vec<&str> = roots.iter().map(|r| r.key.as_str()).collect();
+    keys.dedup();
+    Err(blobsnap::Error::new(
+        blobsnap::ErrorKind::Corrupt,
+        format!(
+            "partial report: {} root(s) of {job}/{job_id} cannot be read ({}), the rest is {what}; gc deletes nothing until they can be read or are gone. {}",
+            keys.len(),
+            keys.join(", "),
+            UnreadableRoot::ways_out(roots, &flags)
+        ),
+    ))
 }

@@ -59,13 +59,13 @@ pub async fn check_start_from(
             }
             continue;
         }
-        crate::blob::time::history::resolve(blob_store, &job, &task, point)
-            .await
-            .map_err(|e| {
-                e.context(format!(
-                    "start-from {point}: task {task:?} cannot start there (nothing started)"
-                ))
-            })?;
+        if let Err(e) = crate::blob::time::history::resolve(blob_store, &job, &task, point).await {
+            let e = e.context(format!(
+                "start-from {point}: task {task:?} cannot start there (nothing started)"
+            ));
+            // `#N` is a task's number: say what it means for a job, and what works.
+            return Err(crate::blob::time::history::job_wide(blob_store, &job, point, e).await);
+        }
     }
     Ok(())
 }
@@ -79,7 +79,7 @@ pub(super) async fn applied(
 ) -> Result<Option<StartedFrom>> {
     Ok(read_start_from(store, job, task)
         .await?
-        .filter(|r| r.start_from == point.to_string()))
+        .filter(|r| point.is_recorded_as(&r.start_from)))
 }
 
 /// The point `task` last started from and the number of the head checkpoint it committed for

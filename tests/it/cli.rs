@@ -1809,6 +1809,190 @@ async fn gc_fails_closed_on_an_unreadable_root_and_names_the_repair() {
     );
 }
 
+/// `usage` and `cost` with one older retained index gone (issue 51, item 2): where `gc`
+/// fails closed, both still report what they can read — `usage` every object classified,
+/// `cost` its estimate from the rest — name the index they could not read and its root
+/// (`unreadable-roots`, `"partial": true`), and exit 4 saying "partial" (as `checkpoints`
+/// does). What the lost index may name (an orphan of its store) is `maybe-live`, never an
+/// orphan; an orphan of another store still is one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_and_cost_report_what_they_read_when_an_older_index_is_gone() {
+    use blobsnap::checkpoint::{BlobCheckpointStore, CheckpointStore as _};
+    let tmp = tempfile::tempdir().unwrap();
+    let t = local_target(tmp.path());
+    let demo = tmp.path().join("demo").display().to_string();
+    let (code, _, err) = run(
+        &t,
+        &[
+            "demo",
+            "--dir",
+            &demo,
+            "--partitions",
+            "2",
+            "--lines",
+            "3000",
+            "--commit-every",
+            "500",
+            "--retention",
+            "3",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let job = JobScope::new("wordcount", "1").unwrap();
+    let cps = BlobCheckpointStore::new(Arc::clone(&t.store), job.clone());
+    let history = cps.history("Partition 1", usize::MAX).await.unwrap();
+    let older = &history[1];
+    let marker: blobsnap::index::IndexMarker =
+        older.checkpoint.as_v2().unwrap().state_checkpoint_markers[blobsnap::blob::FACTORY_NAME]
+            ["counts"]
+            .parse()
+            .unwrap();
+    let index_key = job
+        .store("Partition 1", "counts")
+        .unwrap()
+        .index_key(&marker)
+        .unwrap();
+    // An orphan in the lost index's store (it may name it), and one in another store.
+    let orphan = |task: &str| {
+        job.store(task, "counts")
+            .unwrap()
+            .key(&format!("blobs/1000-0/{}", "cd".repeat(32)))
+            .unwrap()
+    };
+    for task in ["Partition 0", "Partition 1"] {
+        t.store
+            .put(
+                &orphan(task),
+                PutBody::Bytes(b"orphan".to_vec().into()),
+                PutOptions::default(),
+            )
+            .await
+            .unwrap();
+    }
+    let saved = blobsnap::blobstore::get_bytes(t.store.as_ref(), &index_key, 1 << 30)
+        .await
+        .unwrap();
+    t.store
+        .delete_many(std::slice::from_ref(&index_key))
+        .await
+        .unwrap();
+    let (code, _, err) = run(&t, &["gc", "--job", "wordcount", "--dry-run"]).await;
+    assert_eq!(code, Some(3), "gc fails closed: {err}");
+
+    let partial = |what: &str, code: Option<i32>, v: &serde_json::Value, err: &str| {
+        assert_eq!(code, Some(4), "{what}: {err}");
+        let last: serde_json::Value = serde_json::from_str(err.lines().last().unwrap()).unwrap();
+        assert_eq!(last["error"]["kind"], "corrupt", "{what}: {err}");
+        let message = last["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("partial") && message.contains(index_key.as_str()),
+            "{what}: {message}"
+        );
+        assert_eq!(v["partial"], true, "{what}: {v}");
+    };
+    let (code, v, err) = run(&t, &["usage", "--job", "wordcount", "--grace-secs", "0"]).await;
+    partial("usage", code, &v, &err);
+    let u = &v["usage"];
+    assert_eq!(u["partial"], true, "{v}");
+    let lost = &u["unreadable-roots"];
+    assert_eq!(lost.as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(lost[0]["what"], "index", "{v}");
+    assert_eq!(lost[0]["key"], index_key.as_str(), "{v}");
+    assert_eq!(lost[0]["kind"], "not-found", "{v}");
+    assert_eq!(
+        lost[0]["root"],
+        format!(
+            "task \"Partition 1\" checkpoint #{} store counts",
+            older.seq
+        ),
+        "{v}"
+    );
+    let class = |c: &str| u["classes"][c]["objects"].as_u64().unwrap();
+    assert!(class("live") > 0 && class("metadata") > 0, "{v}");
+    assert_eq!(
+        class("maybe-live"),
+        1,
+        "the orphan the lost index may name: {v}"
+    );
+    assert_eq!(
+        class("orphans-past-grace"),
+        1,
+        "the other store's orphan: {v}"
+    );
+    let sum: u64 = u["classes"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|c| c["objects"].as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        Some(sum),
+        u["total-objects"].as_u64(),
+        "every object classified: {v}"
+    );
+
+    let (code, v, err) = run(
+        &t,
+        &["cost", "--job", "wordcount", "--commit-interval", "60s"],
+    )
+    .await;
+    partial("cost", code, &v, &err);
+    assert_eq!(v["unreadable-roots"][0]["key"], index_key.as_str(), "{v}");
+    assert_eq!(v["tasks"], 2, "{v}");
+    assert!(v["stored-bytes"].as_u64().unwrap() > 0, "{v}");
+    assert!(v["sampled-task-commits"].as_u64().unwrap() >= 1, "{v}");
+    assert!(v["monthly"]["total-usd"].as_f64().is_some(), "{v}");
+
+    // The text names the index and its root too.
+    for cmd in [
+        &["usage", "--job", "wordcount"][..],
+        &["cost", "--job", "wordcount"][..],
+    ] {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+            .args(&t.args)
+            .args(cmd)
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(out.status.code(), Some(4), "{cmd:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains(&format!(
+                "UNREADABLE index of task \"Partition 1\" checkpoint #{} store counts",
+                older.seq
+            )),
+            "{cmd:?}: {text}"
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("partial report"),
+            "{cmd:?}"
+        );
+    }
+
+    // The index back: both are whole again, and the lost index's orphan is one.
+    t.store
+        .put(&index_key, PutBody::Bytes(saved), PutOptions::default())
+        .await
+        .unwrap();
+    let (code, v, err) = run(&t, &["usage", "--job", "wordcount", "--grace-secs", "0"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["partial"], false, "{v}");
+    assert_eq!(v["usage"]["classes"]["maybe-live"]["objects"], 0, "{v}");
+    assert_eq!(
+        v["usage"]["classes"]["orphans-past-grace"]["objects"], 2,
+        "{v}"
+    );
+    let (code, v, err) = run(
+        &t,
+        &["cost", "--job", "wordcount", "--commit-interval", "60s"],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["partial"], false, "{v}");
+    assert_eq!(v["unreadable-roots"].as_array().unwrap().len(), 0, "{v}");
+}
+
 /// How long a signal test waits for a child's next step before it fails as hung (item 16 of
 /// issue 46: a graceful stop that deadlocks fails its test with what the child said, instead
 /// of hanging the suite until CI's limit). A bound, not a pace: every step is an event.
@@ -3147,4 +3331,260 @@ async fn unlock_releases_the_leases_of_a_stopped_job_and_never_a_live_one() {
     let (code, v, err) = unlock(&[]).await;
     assert_eq!(code, Some(0), "{err}");
     assert!(v["leases"].as_array().unwrap().is_empty(), "{v}");
+}
+
+/// A time copied from `checkpoints` names the checkpoint it was printed beside (issue 51,
+/// item 3): the demo commits several times a second, and a time printed to the second named
+/// the checkpoint before (or none). Each row's time, from the text and from `time-utc`, given
+/// as `@TIME` to `inspect`, resolves to that row's checkpoint; a time before the oldest says
+/// which is the oldest and when, to the millisecond.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_time_copied_from_checkpoints_names_that_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = local_target(tmp.path());
+    let dir = tmp.path().join("demo").display().to_string();
+    let (code, _, err) = run(
+        &t,
+        &[
+            "demo",
+            "--dir",
+            &dir,
+            "--partitions",
+            "1",
+            "--lines",
+            "3000",
+            "--commit-every",
+            "300",
+            "--retention",
+            "6",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let (code, list, err) = run(&t, &["checkpoints", "--job", "wordcount"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    let rows: Vec<serde_json::Value> = list["tasks"]["Partition 0"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| !r["stores"].as_object().unwrap().is_empty())
+        .cloned()
+        .collect();
+    assert!(rows.len() >= 4, "{list}");
+    let text = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+        .args(&t.args)
+        .args(["checkpoints", "--job", "wordcount"])
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    let resolve = |time: String| {
+        let t = &t;
+        async move {
+            let (code, v, err) = run(
+                t,
+                &[
+                    "inspect",
+                    "--job",
+                    "wordcount",
+                    "--task",
+                    "Partition 0",
+                    "--store",
+                    "counts",
+                    &format!("@{time}"),
+                ],
+            )
+            .await;
+            assert_eq!(code, Some(0), "@{time}: {err}");
+            v["checkpoint-id"].as_str().unwrap().to_string()
+        }
+    };
+    for row in &rows {
+        let id = row["checkpoint-id"].as_str().unwrap();
+        let json_time = row["time-utc"].as_str().unwrap().to_string();
+        // The text line of this row: `#N  ID  TIME  (LOCAL)  offsets`.
+        let line = text
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("#{} ", row["seq"])))
+            .unwrap_or_else(|| panic!("{text}"));
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(words[1], id, "{line}");
+        let text_time = words[2].to_string();
+        assert_eq!(text_time, json_time, "{line}");
+        // A claim repeats the id before it under the next number: the id is what is named.
+        assert_eq!(resolve(text_time).await, id, "{line}\n{text}");
+    }
+    // The rows' times are distinct even where their seconds are not.
+    let seconds: std::collections::BTreeSet<&str> = rows
+        .iter()
+        .map(|r| &r["time-utc"].as_str().unwrap()[..19])
+        .collect();
+    assert!(
+        seconds.len() < rows.len(),
+        "several checkpoints share a second (what made the bug): {list}"
+    );
+
+    // Before the oldest: not found, naming the oldest and its time to the millisecond.
+    let oldest = rows.last().unwrap();
+    let ms = oldest["time-millis"].as_u64().unwrap() - 1;
+    let (code, _, err) = run(
+        &t,
+        &[
+            "inspect",
+            "--job",
+            "wordcount",
+            "--task",
+            "Partition 0",
+            "--store",
+            "counts",
+            &format!("@{ms}"),
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(3), "{err}");
+    let oldest_seq = list["tasks"]["Partition 0"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()["seq"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        err.contains(&format!("the oldest retained is #{oldest_seq}, made "))
+            && err.contains(&format!(
+                "made at or before {}:",
+                blobsnap::units::utc_millis(ms)
+            )),
+        "{err}"
+    );
+}
+
+/// `#N` for a whole job once tasks' numbers diverge (issue 51, item 4): each task numbers
+/// its own checkpoints and each start of a task takes a number, so after restarts one task is
+/// ahead (here Partition 1 has two more claims). `savepoint create --at '#N'` and
+/// `demo --start-from '#N'` for a number only one task has are refused (exit 3, nothing
+/// written) saying what `#N` means for a job and naming what works for the whole job —
+/// `latest`, `@TIME` (the time of the task's `#N` is given), a savepoint — and not the demo's
+/// unrelated --dir/--partitions/--lines hint; the `@TIME` offered works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_wide_seq_that_tasks_do_not_share_says_what_works() {
+    use blobsnap::checkpoint::{BlobCheckpointStore, CheckpointStore as _};
+    let tmp = tempfile::tempdir().unwrap();
+    let t = local_target(tmp.path());
+    let dir = tmp.path().join("demo").display().to_string();
+    let demo = |extra: &[&str]| {
+        let mut a = vec![
+            "demo".to_string(),
+            "--dir".into(),
+            dir.clone(),
+            "--partitions".into(),
+            "2".into(),
+            "--lines".into(),
+            "3000".into(),
+            "--commit-every".into(),
+            "500".into(),
+            "--retention".into(),
+            "10".into(),
+        ];
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let go = |args: Vec<String>| {
+        let t = &t;
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            run(t, &args).await
+        }
+    };
+    let (code, _, err) = go(demo(&[])).await;
+    assert_eq!(code, Some(0), "{err}");
+    // Partition 1 starts twice more than Partition 0: two claims, each repeating its latest
+    // checkpoint under the next number (what a start writes).
+    let job = JobScope::new("wordcount", "1").unwrap();
+    let cps = BlobCheckpointStore::new(Arc::clone(&t.store), job.clone());
+    let p0 = cps.history("Partition 0", 1).await.unwrap()[0].seq;
+    let latest = cps.history("Partition 1", 1).await.unwrap().remove(0);
+    for k in 1..=2 {
+        cps.write("Partition 1", latest.seq + k, "w", &latest.checkpoint)
+            .await
+            .unwrap();
+    }
+    let ahead = latest.seq + 2;
+    assert!(ahead > p0, "Partition 0 at #{p0}, Partition 1 at #{ahead}");
+    let made = blobsnap::units::utc_millis(latest.checkpoint.as_v2().unwrap().id.millis());
+    let n = format!("#{ahead}");
+
+    let explains = |err: &str| {
+        assert!(
+            err.contains("task \"Partition 0\"")
+                && err.contains(&format!("no retained checkpoint {n}"))
+                && err.contains(&format!(
+                    "For a whole job, {n} names each task's own checkpoint {n}"
+                ))
+                && err.contains(&format!("task \"Partition 1\" has a retained {n}"))
+                && err.contains("`latest`, `@TIME`")
+                && err.contains(&format!("task \"Partition 1\"'s {n} was made at `@{made}`"))
+                && err.contains("`savepoint:NAME`")
+                && err.contains("`blobsnap checkpoints --job wordcount`"),
+            "{err}"
+        );
+    };
+    let (code, _, err) = run(
+        &t,
+        &[
+            "savepoint",
+            "create",
+            "--job",
+            "wordcount",
+            "--name",
+            "x",
+            "--at",
+            &n,
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(3), "{err}");
+    explains(&err);
+    let (code, v, err) = run(&t, &["savepoint", "ls", "--job", "wordcount"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        v["savepoints"].as_array().unwrap().len(),
+        0,
+        "nothing written: {v}"
+    );
+
+    let (code, _, err) = go(demo(&["--start-from", &n])).await;
+    assert_eq!(code, Some(3), "{err}");
+    explains(&err);
+    assert!(
+        !err.contains("Give the demo the --dir"),
+        "the store has every task of this run: {err}"
+    );
+
+    // What the error offers works for the whole job.
+    for (name, at) in [
+        ("at-time", format!("@{made}")),
+        ("at-latest", "latest".into()),
+    ] {
+        let (code, v, err) = run(
+            &t,
+            &[
+                "savepoint",
+                "create",
+                "--job",
+                "wordcount",
+                "--name",
+                name,
+                "--at",
+                &at,
+            ],
+        )
+        .await;
+        assert_eq!(code, Some(0), "{at}: {err}");
+        assert_eq!(
+            v["savepoint"]["tasks"].as_object().unwrap().len(),
+            2,
+            "{at}: {v}"
+        );
+    }
 }

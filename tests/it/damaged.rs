@@ -847,3 +847,155 @@ async fn check_read_data_finds_a_flipped_byte_and_a_short_blob() {
     let (code, _, err, _) = check(&["--read-data"]).await;
     assert_eq!(code, Some(0), "mended: {err}");
 }
+
+/// `check --read-data` against a corrupt blob that several checkpoints share (issue 51, item
+/// 1): the problem names every retained checkpoint whose snapshot lists the blob — the
+/// task's latest among them, said to be what its next start restores — and the savepoint
+/// that pins one of them, not only the first snapshot read; and it says what gc does, which
+/// for a bad blob is not to fail closed (a dry run of gc still plans, exit 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_names_every_checkpoint_and_savepoint_that_needs_a_corrupt_shared_blob() {
+    let t = Target::local();
+    let store = t.work.path().join("store");
+    let d = t.work.path().join("demo");
+    let (code, _, err, _) = run(
+        &t,
+        &[
+            "demo",
+            "--dir",
+            d.to_str().unwrap(),
+            "--partitions",
+            "1",
+            "--lines",
+            "6000",
+            "--commit-every",
+            "500",
+            "--retention",
+            "4",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let job = ["--job", "wordcount"];
+    let (code, _, err, _) = run(
+        &t,
+        &[&["savepoint", "create", "--name", "sp"][..], &job].concat(),
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let (code, v, err, _) = run(&t, &[&["checkpoints"][..], &job].concat()).await;
+    assert_eq!(code, Some(0), "{err}");
+    let seqs: Vec<u64> = v["tasks"]["Partition 0"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| !r["stores"].as_object().unwrap().is_empty())
+        .map(|r| r["seq"].as_u64().unwrap())
+        .collect();
+    let latest = seqs[0];
+    // Which retained checkpoints list each blob (by its file name, the blob's SHA-256).
+    let mut named: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
+    for seq in &seqs {
+        let r = format!("#{seq}");
+        let (code, v, err, _) = run(
+            &t,
+            &[
+                &["inspect"][..],
+                &job,
+                &["--task", "Partition 0", "--store", "counts", &r],
+            ]
+            .concat(),
+        )
+        .await;
+        assert_eq!(code, Some(0), "{r}: {err}");
+        for f in v["files"].as_array().unwrap() {
+            if let Some(b) = f["blob"].as_str() {
+                let sha = b.rsplit('/').next().unwrap().to_string();
+                named.entry(sha).or_default().push(*seq);
+            }
+        }
+    }
+    // The blob the most checkpoints share, the latest among them.
+    let (sha, by) = named
+        .iter()
+        .filter(|(_, by)| by.contains(&latest))
+        .max_by_key(|(_, by)| by.len())
+        .map(|(s, b)| (s.clone(), b.clone()))
+        .unwrap();
+    assert!(
+        by.len() >= 2,
+        "a blob shared by several checkpoints: {named:?}"
+    );
+    let file = blob_files(&store)
+        .into_iter()
+        .find(|p| p.file_name().unwrap().to_string_lossy() == sha)
+        .unwrap();
+    let mut bytes = std::fs::read(&file).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    std::fs::write(&file, &bytes).unwrap();
+
+    let (code, v, err, e) = run(&t, &[&["check", "--read-data"][..], &job].concat()).await;
+    assert_eq!(code, Some(4), "{err}");
+    assert_eq!(e["error"]["kind"], "corrupt", "{e}");
+    let problems = v["report"]["problems"].as_array().unwrap();
+    assert_eq!(problems.len(), 1, "one blob, one problem: {v}");
+    let p = &problems[0];
+    assert!(p["message"].as_str().unwrap().contains(&sha), "{v}");
+    let lines: Vec<&str> = p["named-by"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b.as_str().unwrap())
+        .collect();
+    for seq in &by {
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with(&format!("task \"Partition 0\" checkpoint #{seq} "))),
+            "checkpoint #{seq} lists the blob, so it is named: {lines:#?}"
+        );
+    }
+    assert_eq!(
+        lines.len(),
+        by.len() + 1,
+        "each checkpoint once, and the savepoint: {lines:#?}"
+    );
+    let newest = lines
+        .iter()
+        .find(|l| l.contains(&format!("#{latest} ")))
+        .unwrap();
+    assert!(
+        newest.contains("the task's latest checkpoint") && newest.contains("next start"),
+        "{newest}"
+    );
+    assert!(
+        lines.iter().any(|l| l.starts_with("savepoint sp ")),
+        "the savepoint at the latest needs it too: {lines:#?}"
+    );
+    // Truthful about gc: a bad blob does not stop it.
+    assert!(
+        lines.iter().all(|l| !l.contains("fails closed")),
+        "{lines:#?}"
+    );
+    let gc = p["gc"].as_str().unwrap();
+    assert!(
+        gc.contains("not stopped") && !gc.contains("fail closed"),
+        "{gc}"
+    );
+    let (code, _, err, _) = run(&t, &[&["gc", "--dry-run"][..], &job].concat()).await;
+    assert_eq!(
+        code,
+        Some(0),
+        "gc does not fail closed on a bad blob: {err}"
+    );
+    // The text says the same.
+    let out = t
+        .text(&[&["check", "--read-data"][..], &job].concat())
+        .await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("checkpoint #{latest} ")) && text.contains("gc: gc is not stopped"),
+        "{text}"
+    );
+}

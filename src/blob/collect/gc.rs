@@ -396,12 +396,100 @@ pub(crate) struct Roots {
     pub savepoints: HashSet<BlobKey>,
 }
 
+/// A root that a partial read of the roots (`usage`, `cost`) could not read: a
+/// task's checkpoint document, the snapshot index a root names, or a savepoint record.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct UnreadableRoot {
+    /// `checkpoint` (a task's checkpoint document), `index` (the snapshot index a checkpoint
+    /// or savepoint names) or `savepoint` (a savepoint record).
+    pub what: String,
+    /// The key that cannot be read.
+    pub key: String,
+    /// The root: `task "Partition 1" checkpoint #146 store counts` (an index, or `… savepoint
+    /// NAME …`), `task "Partition 1" checkpoint #146` (a document), `savepoint NAME`.
+    pub root: String,
+    /// Why, as an error kind: `not-found`, `corrupt`, `invalid-input`.
+    pub kind: String,
+    /// Why, in words.
+    pub reason: String,
+    /// Where what it names may lie: objects there that no readable root names may be live.
+    #[serde(skip)]
+    pub(crate) may_name: Scope,
+}
+
+impl UnreadableRoot {
+    /// Whether `key` lies where this root may name objects.
+    pub fn may_name(&self, key: &BlobKey) -> bool {
+        key.as_str().starts_with(self.may_name.as_str())
+    }
+
+    /// What removes or repairs roots like `roots`, for a message: one clause per kind.
+    pub fn ways_out(roots: &[UnreadableRoot], job_flags: &str) -> String {
+        let mut out = Vec::new();
+        if roots.iter().any(|r| r.what == "index") {
+            out.push(format!(
+                "`blobsnap check {job_flags}` names every checkpoint and savepoint that needs an unreadable index (an older retained checkpoint leaves the history as the job commits on; restore a missing index from a copy)"
+            ));
+        }
+        if roots.iter().any(|r| r.what == "checkpoint") {
+            out.push(format!(
+                "`blobsnap checkpoints {job_flags}` names every unreadable checkpoint document by its key and why, `blobsnap forget --checkpoint KEY` removes one"
+            ));
+        }
+        if roots.iter().any(|r| r.what == "savepoint") {
+            out.push(format!(
+                "`blobsnap savepoint ls {job_flags}` names every unreadable savepoint record and why, `blobsnap savepoint rm {job_flags} --name NAME` removes one"
+            ));
+        }
+        out.join("; ")
+    }
+}
+
+/// Whether an error reading a root says the root is unreadable (gone, damaged, of a newer
+/// format) rather than that the store failed (transient, permanent, I/O).
+pub(crate) fn is_unreadable(e: &Error) -> bool {
+    matches!(
+        e.kind(),
+        crate::error::ErrorKind::NotFound
+            | crate::error::ErrorKind::Corrupt
+            | crate::error::ErrorKind::InvalidInput
+    )
+}
+
 /// Read every root of `job` ([`Roots`]).
 pub(crate) async fn read_roots(
     shared: &std::sync::Arc<dyn BlobStore>,
     job: &JobScope,
     job_name: &str,
     job_id: &str,
+) -> Result<Roots> {
+    read_roots_with(shared, job, job_name, job_id, None).await
+}
+
+/// Read every root of `job` that can be read, and name each one that cannot (gone, damaged,
+/// of a newer format) instead of failing: for reports (`usage`), never for a collector — what
+/// an unreadable root keeps alive is unknown. A store that fails (transient, permanent,
+/// I/O) is still an error, as is a fork's pin on a savepoint that has no record.
+pub(crate) async fn read_roots_partial(
+    shared: &std::sync::Arc<dyn BlobStore>,
+    job: &JobScope,
+    job_name: &str,
+    job_id: &str,
+) -> Result<(Roots, Vec<UnreadableRoot>)> {
+    let mut bad = Vec::new();
+    let roots = read_roots_with(shared, job, job_name, job_id, Some(&mut bad)).await?;
+    Ok((roots, bad))
+}
+
+/// [`read_roots`] (`partial` `None`: the first unreadable root is the error) or
+/// [`read_roots_partial`] (each unreadable root goes to `partial`).
+async fn read_roots_with(
+    shared: &std::sync::Arc<dyn BlobStore>,
+    job: &JobScope,
+    job_name: &str,
+    job_id: &str,
+    mut partial: Option<&mut Vec<UnreadableRoot>>,
 ) -> Result<Roots> {
     let store = shared.as_ref();
     // Roots: every task's history, whatever the sweep's area; tasks are found under
@@ -410,16 +498,39 @@ pub(crate) async fn read_roots(
     let cps = BlobCheckpointStore::new(std::sync::Arc::clone(shared), job.clone());
     let mut out = Roots::default();
     for task in &tasks {
-        let history = cps.history(task, usize::MAX).await.map_err(|e| {
-            let fix = if e.kind() == crate::error::ErrorKind::Corrupt {
-                "; a checkpoint document cannot be read: `blobsnap checkpoints` names every unreadable one by its key and why, `blobsnap forget --checkpoint KEY` removes one"
-            } else {
-                ""
-            };
-            e.context(format!(
-                "the roots of task {task:?} (its retained checkpoints) cannot all be read, so nothing is deleted or classified{fix}"
-            ))
-        })?;
+        let history = match partial.as_deref_mut() {
+            None => cps.history(task, usize::MAX).await.map_err(|e| {
+                let fix = if e.kind() == crate::error::ErrorKind::Corrupt {
+                    "; a checkpoint document cannot be read: `blobsnap checkpoints` names every unreadable one by its key and why, `blobsnap forget --checkpoint KEY` removes one"
+                } else {
+                    ""
+                };
+                e.context(format!(
+                    "the roots of task {task:?} (its retained checkpoints) cannot all be read, so nothing is deleted or classified{fix}"
+                ))
+            })?,
+            // Every document on its own: one that cannot be read is named, the others are
+            // roots (a document trimmed while listed is not listed).
+            Some(bad) => {
+                let mut history = Vec::new();
+                for l in cps.listing(task).await? {
+                    match l.record {
+                        Ok(crate::checkpoint::Record::Checkpoint(c)) => history.push(c),
+                        Ok(crate::checkpoint::Record::Removed { .. }) => {}
+                        Err(e) if is_unreadable(&e) => bad.push(UnreadableRoot {
+                            what: "checkpoint".into(),
+                            key: l.key.to_string(),
+                            root: format!("task {task:?} checkpoint #{}", l.seq),
+                            kind: e.kind().as_str().into(),
+                            reason: e.to_string(),
+                            may_name: job.tasks()?.escaped(task)?,
+                        }),
+                        Err(e) => return Err(e),
+                    }
+                }
+                history
+            }
+        };
         let newest = history.first().map(|c| c.seq);
         for c in history {
             out.roots += 1;
@@ -436,22 +547,47 @@ pub(crate) async fn read_roots(
                     task_name: task,
                     store_name,
                 };
-                let snap = load_snapshot(store, &who, marker).await.map_err(|e| {
-                    let repair = if Some(c.seq) == newest {
-                        "it is the task's latest checkpoint: restore the index from a copy, or run the job with restore-fallback so that it commits past it".to_string()
-                    } else {
-                        format!(
-                            "it is an older retained checkpoint (the latest is #{}): the job's next commits trim it from the history once it leaves retention, or delete that checkpoint's document under {} if no rollback to it is needed",
-                            newest.unwrap_or(c.seq),
-                            job.scope().as_str()
-                        )
-                    };
-                    e.context(format!(
-                        "sweep: checkpoint #{} ({}) of task {task:?} names the snapshot {marker} of store {store_name:?}, which cannot be read, so the sweep cannot know what it keeps alive and deletes nothing; {repair}",
-                        c.seq,
-                        v2.id
-                    ))
-                })?;
+                let snap = match load_snapshot(store, &who, marker).await {
+                    Ok(snap) => snap,
+                    Err(e) if is_unreadable(&e) && partial.is_some() => {
+                        let scope = job.store(task, store_name)?;
+                        let key = index_key_of(&scope, marker);
+                        if let Some(bad) = partial.as_deref_mut() {
+                            // Named by a root: live, if it is there at all.
+                            if let Some(k) = &key {
+                                out.history.insert(k.clone());
+                            }
+                            bad.push(UnreadableRoot {
+                                what: "index".into(),
+                                key: key.map_or_else(|| marker.clone(), |k| k.to_string()),
+                                root: format!(
+                                    "task {task:?} checkpoint #{} store {store_name}",
+                                    c.seq
+                                ),
+                                kind: e.kind().as_str().into(),
+                                reason: e.to_string(),
+                                may_name: scope.scope().clone(),
+                            });
+                        }
+                        continue;
+                    }
+                    Err(e) => {
+                        let repair = if Some(c.seq) == newest {
+                            "it is the task's latest checkpoint: restore the index from a copy, or run the job with restore-fallback so that it commits past it".to_string()
+                        } else {
+                            format!(
+                                "it is an older retained checkpoint (the latest is #{}): the job's next commits trim it from the history once it leaves retention, or delete that checkpoint's document under {} if no rollback to it is needed",
+                                newest.unwrap_or(c.seq),
+                                job.scope().as_str()
+                            )
+                        };
+                        return Err(e.context(format!(
+                            "sweep: checkpoint #{} ({}) of task {task:?} names the snapshot {marker} of store {store_name:?}, which cannot be read, so the sweep cannot know what it keeps alive and deletes nothing; {repair}",
+                            c.seq,
+                            v2.id
+                        )));
+                    }
+                };
                 out.history.insert(snap.scope.index_key(&snap.marker)?);
                 for (_, f) in snap.index.present_files() {
                     for b in &f.blobs {
@@ -462,18 +598,36 @@ pub(crate) async fn read_roots(
         }
     }
     // Savepoints are roots too (fail closed: one that cannot be read stops the sweep).
-    let savepoints = crate::blob::time::savepoint::list_roots(store, job)
-        .await
-        .map_err(|e| {
-            let hint = if e.kind() == crate::error::ErrorKind::Corrupt {
-                ": a savepoint record cannot be read; `blobsnap savepoint ls` names every unreadable one and why, `blobsnap savepoint rm --name NAME` removes one"
-            } else {
-                ""
-            };
-            e.context(format!(
-                "sweep reads the job's savepoints (nothing deleted){hint}"
-            ))
-        })?;
+    let savepoints = match partial.as_deref_mut() {
+        None => crate::blob::time::savepoint::list_roots(store, job)
+            .await
+            .map_err(|e| {
+                let hint = if e.kind() == crate::error::ErrorKind::Corrupt {
+                    ": a savepoint record cannot be read; `blobsnap savepoint ls` names every unreadable one and why, `blobsnap savepoint rm --name NAME` removes one"
+                } else {
+                    ""
+                };
+                e.context(format!(
+                    "sweep reads the job's savepoints (nothing deleted){hint}"
+                ))
+            })?,
+        Some(bad) => {
+            let (readable, unreadable) =
+                crate::blob::time::savepoint::list_roots_partial(store, job).await?;
+            for (u, kind) in unreadable {
+                bad.push(UnreadableRoot {
+                    what: "savepoint".into(),
+                    key: u.key,
+                    root: format!("savepoint {}", u.name),
+                    kind: kind.as_str().into(),
+                    reason: u.reason,
+                    // A record names snapshots of any task.
+                    may_name: job.tasks()?,
+                });
+            }
+            readable
+        }
+    };
     for sp in &savepoints {
         out.roots += 1;
         for (task, store_name, marker) in sp.markers()? {
@@ -483,12 +637,34 @@ pub(crate) async fn read_roots(
                 task_name: &task,
                 store_name: &store_name,
             };
-            let snap = load_snapshot(store, &who, &marker).await.map_err(|e| {
-                e.context(format!(
+            let snap = match load_snapshot(store, &who, &marker).await {
+                Ok(snap) => snap,
+                Err(e) if is_unreadable(&e) && partial.is_some() => {
+                    let scope = job.store(&task, &store_name)?;
+                    let key = index_key_of(&scope, &marker);
+                    if let Some(bad) = partial.as_deref_mut() {
+                        if let Some(k) = &key {
+                            out.savepoints.insert(k.clone());
+                        }
+                        bad.push(UnreadableRoot {
+                            what: "index".into(),
+                            key: key.map_or_else(|| marker.clone(), |k| k.to_string()),
+                            root: format!(
+                                "savepoint {} task {task:?} store {store_name}",
+                                sp.name
+                            ),
+                            kind: e.kind().as_str().into(),
+                            reason: e.to_string(),
+                            may_name: scope.scope().clone(),
+                        });
+                    }
+                    continue;
+                }
+                Err(e) => return Err(e.context(format!(
                     "sweep: savepoint {:?} names the snapshot {marker} of task {task:?} store {store_name:?}, which cannot be read, so the sweep deletes nothing; remove the savepoint (blobsnap savepoint rm) if it is broken",
                     sp.name
-                ))
-            })?;
+                ))),
+            };
             out.savepoints.insert(snap.scope.index_key(&snap.marker)?);
             for (_, f) in snap.index.present_files() {
                 for b in &f.blobs {
@@ -498,4 +674,12 @@ pub(crate) async fn read_roots(
         }
     }
     Ok(out)
+}
+
+/// The key of the index `marker` names in `scope`, when the marker parses.
+fn index_key_of(scope: &crate::layout::StoreScope, marker: &str) -> Option<BlobKey> {
+    marker
+        .parse::<crate::index::IndexMarker>()
+        .ok()
+        .and_then(|m| scope.index_key(&m).ok())
 }

@@ -5,9 +5,17 @@
 //! (all blobs, or an exact random share).
 //!
 //! Each index and each blob is checked once, however many checkpoints share it; a problem is
-//! reported with every root that names it (task, checkpoint number or savepoint, store), so
-//! an operator sees, for example, that the sweep will fail closed on an older retained
-//! checkpoint whose index is gone — and how to repair it — before `gc` says so.
+//! reported with **every** root that needs what is wrong (task, checkpoint number or
+//! savepoint, store) — for a blob, every snapshot that lists it, not only the first one read —
+//! each with what the problem costs it, and with what `gc` does about it:
+//!
+//! - an index (or a checkpoint document, or a savepoint record) that cannot be read: `gc` and
+//!   the job's cleanup **fail closed** (they cannot know what it keeps alive), until the root
+//!   leaves retention or is removed;
+//! - a blob that is missing or corrupt: `gc` is **not** stopped — it never reads blob
+//!   contents; it keeps a corrupt blob while any root names it, and deletes it after the grace
+//!   once none does. What fails is a restore of each root that names it (the task's next start
+//!   when that is its latest checkpoint, a rollback, a start from the savepoint).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -39,9 +47,14 @@ pub struct Problem {
     pub kind: String,
     /// What is wrong.
     pub message: String,
-    /// The roots that name it: `task "Partition 0" checkpoint #12 store counts`,
-    /// `savepoint before-upgrade task …`.
+    /// Every root that needs it, each with what the problem costs it: `task "Partition 0"
+    /// checkpoint #12 (…; the task's latest checkpoint: …) store counts`, `savepoint
+    /// before-upgrade task … store counts (…)`. Checkpoints first (by task, newest first),
+    /// then savepoints.
     pub named_by: Vec<String>,
+    /// What `gc` (and the job's cleanup) does about it: fails closed on an unreadable root,
+    /// keeps a bad blob while a root names it (see the module docs).
+    pub gc: String,
 }
 
 /// What a check found.
@@ -74,7 +87,7 @@ impl CheckReport {
         self.worst
     }
 
-    fn add(&mut self, kind: ErrorKind, message: String, named_by: Vec<String>) {
+    fn add(&mut self, kind: ErrorKind, message: String, named_by: Vec<String>, gc: &str) {
         self.worst = match (self.worst, kind) {
             (Some(ErrorKind::NotFound), _) | (_, ErrorKind::NotFound) => Some(ErrorKind::NotFound),
             (Some(ErrorKind::Corrupt), _) | (_, ErrorKind::Corrupt) => Some(ErrorKind::Corrupt),
@@ -85,16 +98,98 @@ impl CheckReport {
             kind: kind.as_str().to_string(),
             message,
             named_by,
+            gc: gc.to_string(),
         });
     }
 }
 
-/// A root's view of one store snapshot.
-struct Named {
+/// What `gc` does about a checkpoint document or savepoint record that cannot be read.
+const GC_FAILS_CLOSED: &str = "gc and the job's cleanup fail closed (delete nothing) while this root cannot be read: they cannot know what it keeps alive";
+/// What `gc` does about an index that cannot be read: the roots that name it decide how long.
+const GC_INDEX: &str = "gc fails closed (deletes nothing) while a retained checkpoint or savepoint names this index: it cannot know what the index keeps alive";
+/// What `gc` does about an index whose inline file does not match its hash.
+const GC_INLINE: &str = "gc is not stopped by it: it keeps the index while any checkpoint or savepoint names it, and deletes it after the grace once none does";
+/// What `gc` does about a blob that is missing or corrupt.
+const GC_BLOB: &str = "gc is not stopped by it (it never reads blob contents): a corrupt blob is kept while any checkpoint or savepoint names it, and deleted after the grace once none does";
+
+/// A root that names a store snapshot: a retained checkpoint of a task, or a savepoint.
+#[derive(Clone, Debug)]
+struct Root {
     task: String,
     store: String,
-    marker: String,
-    by: String,
+    kind: RootKind,
+}
+
+#[derive(Clone, Debug)]
+enum RootKind {
+    Checkpoint { seq: u64, id: String, latest: bool },
+    Savepoint(String),
+}
+
+impl Root {
+    /// Checkpoints first (by task, newest first), then savepoints (by name, task).
+    fn order(&self) -> (u8, &str, std::cmp::Reverse<u64>, &str) {
+        match &self.kind {
+            RootKind::Checkpoint { seq, .. } => (0, &self.task, std::cmp::Reverse(*seq), ""),
+            RootKind::Savepoint(name) => (1, name, std::cmp::Reverse(0), &self.task),
+        }
+    }
+
+    /// The root, and what an index of its that cannot be read costs it.
+    fn for_index(&self) -> String {
+        let (task, store) = (&self.task, &self.store);
+        match &self.kind {
+            RootKind::Checkpoint { seq, id, latest: true } => format!(
+                "task {task:?} checkpoint #{seq} ({id}; the task's latest checkpoint: a restore needs it) store {store}"
+            ),
+            RootKind::Checkpoint { seq, id, latest: false } => format!(
+                "task {task:?} checkpoint #{seq} ({id}; an older retained checkpoint: gc fails closed on it until it leaves retention, or its document is deleted) store {store}"
+            ),
+            RootKind::Savepoint(name) => format!(
+                "savepoint {name} task {task:?} store {store} (gc fails closed on it until it is removed: blobsnap savepoint rm)"
+            ),
+        }
+    }
+
+    /// The root, and what a missing or corrupt blob (or inline file) of its costs it.
+    fn for_blob(&self) -> String {
+        let (task, store) = (&self.task, &self.store);
+        match &self.kind {
+            RootKind::Checkpoint { seq, id, latest: true } => format!(
+                "task {task:?} checkpoint #{seq} ({id}; the task's latest checkpoint: its restore, the task's next start, fails) store {store}"
+            ),
+            RootKind::Checkpoint { seq, id, latest: false } => format!(
+                "task {task:?} checkpoint #{seq} ({id}; an older retained checkpoint: a restore of it, or a rollback to it, fails) store {store}"
+            ),
+            RootKind::Savepoint(name) => format!(
+                "savepoint {name} task {task:?} store {store} (a restore of it, or a start from it, fails)"
+            ),
+        }
+    }
+}
+
+/// A store snapshot: (task, store, marker).
+type Snapshot = (String, String, String);
+
+/// One distinct blob to check.
+struct BlobToCheck<'a> {
+    /// Its size, as the index says.
+    size: u64,
+    /// Its SHA-256, as the index says.
+    sha256: Option<Sha256>,
+    /// The file of the first snapshot that lists it, for the message.
+    what: String,
+    /// Every snapshot that lists it: a blob shared by several checkpoints is needed by each.
+    snapshots: Vec<&'a Snapshot>,
+}
+
+/// `roots` in their order (see [`Root::order`]), each described by `describe`, once.
+fn describe(roots: &[&Root], describe: fn(&Root) -> String) -> Vec<String> {
+    let mut sorted = roots.to_vec();
+    sorted.sort_by(|a, b| a.order().cmp(&b.order()));
+    let mut out: Vec<String> = sorted.into_iter().map(describe).collect();
+    out.dedup();
+    out
 }
 
 /// Check every root of `job_name`/`job_id` (see the module docs). Problems are reported, not
@@ -113,7 +208,7 @@ pub async fn check_job(
     let job = JobScope::new(job_name, job_id)?;
     crate::blob::time::history::require_job(store.as_ref(), &job).await?;
     let mut report = CheckReport::default();
-    let mut named: Vec<Named> = Vec::new();
+    let mut named: Vec<(String, Root)> = Vec::new();
 
     // The roots: every task's history, then the savepoints.
     let tasks = crate::blob::time::history::task_names(store.as_ref(), &job).await?;
@@ -129,6 +224,7 @@ pub async fn check_job(
                     e.kind(),
                     format!("the checkpoint history of task {task:?} cannot be listed: {e}"),
                     vec![format!("task {task:?}")],
+                    GC_FAILS_CLOSED,
                 );
                 continue;
             }
@@ -154,6 +250,7 @@ pub async fn check_job(
                             l.seq
                         ),
                         vec![l.key.to_string()],
+                        GC_FAILS_CLOSED,
                     )
                 }
             }
@@ -164,26 +261,24 @@ pub async fn check_job(
             let Some(v2) = c.checkpoint.as_v2() else {
                 continue;
             };
-            let role = if Some(c.seq) == newest {
-                "the task's latest checkpoint: a restore needs it"
-            } else {
-                "an older retained checkpoint: gc fails closed on it until it leaves retention, or its document is deleted"
-            };
             for (s, m) in v2
                 .state_checkpoint_markers
                 .get(FACTORY_NAME)
                 .into_iter()
                 .flatten()
             {
-                named.push(Named {
-                    task: task.clone(),
-                    store: s.clone(),
-                    marker: m.clone(),
-                    by: format!(
-                        "task {task:?} checkpoint #{} ({}; {role}) store {s}",
-                        c.seq, v2.id
-                    ),
-                });
+                named.push((
+                    m.clone(),
+                    Root {
+                        task: task.clone(),
+                        store: s.clone(),
+                        kind: RootKind::Checkpoint {
+                            seq: c.seq,
+                            id: v2.id.to_string(),
+                            latest: Some(c.seq) == newest,
+                        },
+                    },
+                ));
             }
         }
     }
@@ -219,6 +314,7 @@ pub async fn check_job(
                     ErrorKind::Conflict,
                     format!("fork {fork} pins savepoint {savepoint:?}, which has no record ({key}): the job's cleanup and gc delete nothing until the pin goes or the savepoint is back"),
                     vec![format!("fork pin {key}")],
+                    GC_FAILS_CLOSED,
                 );
             }
         }
@@ -234,6 +330,7 @@ pub async fn check_job(
                     e.kind(),
                     format!("savepoint {name:?} cannot be read: {e} (gc fails closed on it; remove it with blobsnap savepoint rm)"),
                     vec![format!("savepoint {name}")],
+                    GC_FAILS_CLOSED,
                 ),
             }
         }
@@ -243,34 +340,38 @@ pub async fn check_job(
         match sp.markers() {
             Ok(ms) => {
                 for (task, s, m) in ms {
-                    named.push(Named {
-                        by: format!("savepoint {} task {task:?} store {s}", sp.name),
-                        task,
-                        store: s,
-                        marker: m,
-                    });
+                    named.push((
+                        m,
+                        Root {
+                            task,
+                            store: s,
+                            kind: RootKind::Savepoint(sp.name.clone()),
+                        },
+                    ));
                 }
             }
             Err(e) => report.add(
                 e.kind(),
                 e.to_string(),
                 vec![format!("savepoint {}", sp.name)],
+                GC_FAILS_CLOSED,
             ),
         }
     }
 
-    // Each distinct snapshot once.
-    let mut by_snapshot: BTreeMap<(String, String, String), Vec<String>> = BTreeMap::new();
-    for n in named {
+    // Each distinct snapshot once, with every root that names it.
+    let mut by_snapshot: BTreeMap<Snapshot, Vec<Root>> = BTreeMap::new();
+    for (marker, root) in named {
         by_snapshot
-            .entry((n.task, n.store, n.marker))
+            .entry((root.task.clone(), root.store.clone(), marker))
             .or_default()
-            .push(n.by);
+            .push(root);
     }
-    // blob key → (size, sha256, who names it: the first snapshot's roots).
-    let mut blobs: BTreeMap<BlobKey, (u64, Option<Sha256>, String, Vec<String>)> = BTreeMap::new();
-    for ((task, store_name, marker), by) in &by_snapshot {
+    let mut blobs: BTreeMap<BlobKey, BlobToCheck<'_>> = BTreeMap::new();
+    for (snapshot, roots) in &by_snapshot {
+        let (task, store_name, marker) = snapshot;
         report.indexes += 1;
+        let refs: Vec<&Root> = roots.iter().collect();
         let who = Expected {
             job_name,
             job_id,
@@ -283,25 +384,32 @@ pub async fn check_job(
                 report.add(
                     e.kind(),
                     format!("index {marker} of task {task:?} store {store_name}: {e}"),
-                    by.clone(),
+                    describe(&refs, Root::for_index),
+                    GC_INDEX,
                 );
                 continue;
             }
         };
         for (path, f) in snap.index.present_files() {
             if let Err(e) = f.verified_inline_bytes() {
-                report.add(e.kind(), format!("{marker}: {path}: {e}"), by.clone());
+                report.add(
+                    e.kind(),
+                    format!("{marker}: {path}: {e}"),
+                    describe(&refs, Root::for_blob),
+                    GC_INLINE,
+                );
             }
             for b in &f.blobs {
                 let key = snap.blobs.key(&b.blob_id)?;
-                blobs.entry(key).or_insert_with(|| {
-                    (
-                        f.file_metadata.size,
-                        f.sha256,
-                        format!("{marker}: {path}"),
-                        by.clone(),
-                    )
+                let entry = blobs.entry(key).or_insert_with(|| BlobToCheck {
+                    size: f.file_metadata.size,
+                    sha256: f.sha256,
+                    what: format!("{marker}: {path}"),
+                    snapshots: Vec::new(),
                 });
+                if entry.snapshots.last() != Some(&snapshot) {
+                    entry.snapshots.push(snapshot);
+                }
             }
         }
     }
@@ -319,7 +427,13 @@ pub async fn check_job(
             .collect()
     };
     let results: Vec<_> = futures::stream::iter(blobs.into_iter().enumerate())
-        .map(|(i, (key, (size, sha, what, by)))| {
+        .map(|(i, (key, blob))| {
+            let BlobToCheck {
+                size,
+                sha256: sha,
+                what,
+                snapshots,
+            } = blob;
             let read = chosen.contains(&i);
             let store = Arc::clone(store);
             async move {
@@ -345,18 +459,23 @@ pub async fn check_job(
                     Ok(_) => None,
                     Err(e) => Some((e.kind(), format!("{what}: blob {key}: {e}"))),
                 };
-                (size, read, outcome, by)
+                (size, read, outcome, snapshots)
             }
         })
         .buffer_unordered(16)
         .collect()
         .await;
-    for (size, read, outcome, by) in results {
+    for (size, read, outcome, snapshots) in results {
         report.blobs += 1;
         report.bytes += size;
         report.blobs_read += u64::from(read);
         if let Some((kind, message)) = outcome {
-            report.add(kind, message, by);
+            let roots: Vec<&Root> = snapshots
+                .into_iter()
+                .filter_map(|s| by_snapshot.get(s))
+                .flatten()
+                .collect();
+            report.add(kind, message, describe(&roots, Root::for_blob), GC_BLOB);
         }
     }
     let rank = |k: &str| match k {

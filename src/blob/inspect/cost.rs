@@ -22,6 +22,12 @@
 //! A running job reads nothing between sweeps (the lifecycle tests check it), so the
 //! estimate has no GET per commit. The commit interval is the one given, else the median
 //! spacing of the sampled checkpoints' ids (their millisecond timestamps).
+//!
+//! A checkpoint document or index that cannot be read (damaged, gone) does not stop the
+//! estimate: it is named in [`CostReport::unreadable_roots`], the report is `partial`, and
+//! the estimate is made from the rest — a commit whose changed store's snapshot (or the one
+//! before it) cannot be read is not sampled, and what only an unreadable index names is not
+//! counted as stored. A store that fails (transient, permanent, I/O) still fails it.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -31,7 +37,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::blob::snapshot::{load_snapshot, Expected, LoadedSnapshot, FACTORY_NAME};
 use crate::blobstore::{BlobStore, Scope};
-use crate::checkpoint::{BlobCheckpointStore, CheckpointStore, CommittedCheckpoint};
+use crate::checkpoint::{BlobCheckpointStore, CommittedCheckpoint};
 use crate::error::{Error, Result};
 use crate::layout::{parse, JobScope, KeyKind};
 
@@ -188,6 +194,11 @@ pub struct CostReport {
     pub prices: Prices,
     /// The monthly estimate.
     pub monthly: Monthly,
+    /// Whether some checkpoint document or index could not be read (then `unreadable-roots`
+    /// names each, and the estimate is made from the rest).
+    pub partial: bool,
+    /// Every checkpoint document and index that could not be read.
+    pub unreadable_roots: Vec<crate::blob::collect::gc::UnreadableRoot>,
 }
 
 /// Seconds in the month the bill counts (30 days).
@@ -223,8 +234,27 @@ pub async fn estimate(store: &Arc<dyn BlobStore>, opts: &CostOptions) -> Result<
     let mut blob_bytes: HashMap<String, u64> = HashMap::new();
     let mut live: HashMap<String, u64> = HashMap::new();
     let mut sweep_reads = Requests::default();
+    let mut unreadable: Vec<crate::blob::collect::gc::UnreadableRoot> = Vec::new();
     for task in &tasks {
-        let mut history = cps.history(task, usize::MAX).await?;
+        // Every document on its own: one that cannot be read is named, the rest estimated.
+        let mut history = Vec::new();
+        for l in cps.listing(task).await? {
+            match l.record {
+                Ok(crate::checkpoint::Record::Checkpoint(c)) => history.push(c),
+                Ok(crate::checkpoint::Record::Removed { .. }) => {}
+                Err(e) if crate::blob::collect::gc::is_unreadable(&e) => {
+                    unreadable.push(crate::blob::collect::gc::UnreadableRoot {
+                        what: "checkpoint".into(),
+                        key: l.key.to_string(),
+                        root: format!("task {task:?} checkpoint #{}", l.seq),
+                        kind: e.kind().as_str().into(),
+                        reason: e.to_string(),
+                        may_name: job.tasks()?.escaped(task)?,
+                    })
+                }
+                Err(e) => return Err(e),
+            }
+        }
         history.sort_by_key(|c| c.seq);
         // A claim writes the last checkpoint again under the next number: one commit.
         history.dedup_by(|b, a| same_checkpoint(a, b));
@@ -238,9 +268,12 @@ pub async fn estimate(store: &Arc<dyn BlobStore>, opts: &CostOptions) -> Result<
             );
         }
         let mut snapshots: HashMap<(String, String), LoadedSnapshot> = HashMap::new();
+        // The snapshots whose index cannot be read (named in `unreadable`).
+        let mut lost: HashSet<(String, String)> = HashSet::new();
         for c in &history {
             for (name, marker) in markers(c) {
-                if snapshots.contains_key(&(name.clone(), marker.clone())) {
+                let both = (name.clone(), marker.clone());
+                if snapshots.contains_key(&both) || lost.contains(&both) {
                     continue;
                 }
                 let who = Expected {
@@ -249,9 +282,28 @@ pub async fn estimate(store: &Arc<dyn BlobStore>, opts: &CostOptions) -> Result<
                     task_name: task,
                     store_name: &name,
                 };
-                let snap = load_snapshot(store.as_ref(), &who, &marker)
-                    .await
-                    .map_err(|e| e.context(format!("cost: task {task:?} store {name:?}")))?;
+                let snap = match load_snapshot(store.as_ref(), &who, &marker).await {
+                    Ok(snap) => snap,
+                    Err(e) if crate::blob::collect::gc::is_unreadable(&e) => {
+                        let scope = job.store(task, &name)?;
+                        let key = marker
+                            .parse::<crate::index::IndexMarker>()
+                            .ok()
+                            .and_then(|m| scope.index_key(&m).ok())
+                            .map_or_else(|| marker.clone(), |k| k.to_string());
+                        unreadable.push(crate::blob::collect::gc::UnreadableRoot {
+                            what: "index".into(),
+                            key,
+                            root: format!("task {task:?} checkpoint #{} store {name}", c.seq),
+                            kind: e.kind().as_str().into(),
+                            reason: e.to_string(),
+                            may_name: scope.scope().clone(),
+                        });
+                        lost.insert(both);
+                        continue;
+                    }
+                    Err(e) => return Err(e.context(format!("cost: task {task:?} store {name:?}"))),
+                };
                 sweep_reads.get += 1.0;
                 let index_len = snap.index.to_bytes().map(|b| b.len() as u64).unwrap_or(0);
                 stored.insert(
@@ -287,6 +339,15 @@ pub async fn estimate(store: &Arc<dyn BlobStore>, opts: &CostOptions) -> Result<
             if before.is_empty() {
                 // The task's first commit (after its first claim, an empty checkpoint):
                 // everything is new, which is not what a commit costs.
+                continue;
+            }
+            // A commit whose snapshots cannot all be read is not sampled: what it uploaded
+            // is unknown.
+            if markers(older)
+                .into_iter()
+                .chain(markers(newer))
+                .any(|m| lost.contains(&m))
+            {
                 continue;
             }
             let mut commit = Requests {
@@ -337,6 +398,8 @@ pub async fn estimate(store: &Arc<dyn BlobStore>, opts: &CostOptions) -> Result<
             report.sampled_task_commits += 1;
         }
     }
+    report.partial = !unreadable.is_empty();
+    report.unreadable_roots = unreadable;
     report.stored_objects = stored.len() as u64;
     report.stored_bytes = stored.values().sum();
     report.live_bytes = live.values().sum();

@@ -10,11 +10,19 @@
 //! | `orphans-past-grace` | nothing names it and it is older than the grace: a leak (the next `gc` deletes it) |
 //! | `metadata` | checkpoint documents, writer leases, savepoints, forks' pins, `scope.json`, start-from records |
 //! | `unknown` | a key of no known shape (never deleted by `gc`; reported) |
+//! | `maybe-live` | an index or blob no readable root names, where a root that cannot be read may name it: live or an orphan, unknown until that root can be read or is gone |
 //! | `stale-multipart` | incomplete multipart uploads older than the grace (their parts' bytes are not listed) |
 //!
-//! The roots are read first (as the sweep reads them, failing closed); the listing is then
-//! streamed, so memory is bounded by the live set, not by the scope. Read-only: the grace is
-//! judged on this machine's clock (no probe object is written).
+//! The roots are read first (as the sweep reads them); the listing is then streamed, so
+//! memory is bounded by the live set, not by the scope. Read-only: the grace is judged on
+//! this machine's clock (no probe object is written).
+//!
+//! A root that cannot be read (a checkpoint document or savepoint record damaged, an index
+//! gone or corrupt) does not stop the report, unlike the sweep (which fails closed on it): it
+//! is named in [`UsageReport::unreadable_roots`], the report is `partial`, and what it may
+//! name — the objects of its store (an index), its task (a checkpoint document) or the whole
+//! job (a savepoint record) that no readable root names — is counted as `maybe-live`, never
+//! as an orphan. A store that fails (transient, permanent, I/O) still fails the report.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -75,6 +83,11 @@ pub struct UsageReport {
     pub total_bytes: u64,
     /// Whether incomplete multipart uploads could be listed on this store.
     pub multipart_listed: bool,
+    /// Whether some root could not be read (then `unreadable-roots` names each, and
+    /// `maybe-live` holds what they may name).
+    pub partial: bool,
+    /// Every root that could not be read.
+    pub unreadable_roots: Vec<crate::blob::collect::gc::UnreadableRoot>,
 }
 
 /// Classify every object of `job_name`/`job_id` at `now`, orphans judged by `grace` (or the
@@ -102,13 +115,20 @@ pub async fn usage(
         },
     };
     let cutoff = now.checked_sub(grace).unwrap_or(SystemTime::UNIX_EPOCH);
-    let roots = crate::blob::collect::gc::read_roots(store, &job, job_name, job_id).await?;
+    let (roots, unreadable) =
+        crate::blob::collect::gc::read_roots_partial(store, &job, job_name, job_id).await?;
     let mut report = UsageReport {
         grace_secs: grace.as_secs(),
         grace_from: grace_from.into(),
         roots: roots.roots,
+        partial: !unreadable.is_empty(),
+        unreadable_roots: unreadable,
         ..Default::default()
     };
+    // Reading a root that is among the unreadable ones again (for the forks' pins below)
+    // fails the same way: it is named already.
+    let named_already =
+        |e: &crate::error::Error| report.partial && crate::blob::collect::gc::is_unreadable(e);
     // What the savepoints that forks pin keep: a fork reads it.
     let mut borrowed = std::collections::HashSet::new();
     let pinned: std::collections::BTreeSet<String> = {
@@ -125,6 +145,7 @@ pub async fn usage(
         let sp = match crate::blob::time::savepoint::read(store.as_ref(), &job, name).await {
             Ok(sp) => sp,
             Err(e) if e.kind() == crate::error::ErrorKind::NotFound => continue,
+            Err(e) if named_already(&e) => continue,
             Err(e) => return Err(e),
         };
         for (task, store_name, marker) in sp.markers()? {
@@ -134,7 +155,12 @@ pub async fn usage(
                 task_name: &task,
                 store_name: &store_name,
             };
-            let snap = crate::blob::snapshot::load_snapshot(store.as_ref(), &who, &marker).await?;
+            let snap =
+                match crate::blob::snapshot::load_snapshot(store.as_ref(), &who, &marker).await {
+                    Ok(snap) => snap,
+                    Err(e) if named_already(&e) => continue,
+                    Err(e) => return Err(e),
+                };
             borrowed.insert(snap.scope.index_key(&snap.marker)?);
             for (_, f) in snap.index.present_files() {
                 for b in &f.blobs {
@@ -151,6 +177,7 @@ pub async fn usage(
         "orphans-past-grace",
         "metadata",
         "unknown",
+        "maybe-live",
         "stale-multipart",
     ] {
         report.classes.insert(c.into(), UsageClass::default());
@@ -165,6 +192,8 @@ pub async fn usage(
                     "borrowed-by-forks"
                 } else if roots.savepoints.contains(&m.key) {
                     "savepoints-only"
+                } else if report.unreadable_roots.iter().any(|r| r.may_name(&m.key)) {
+                    "maybe-live"
                 } else if m.last_modified.is_some_and(|t| t < cutoff) {
                     "orphans-past-grace"
                 } else {

@@ -8,11 +8,24 @@
 //! | `latest` | the task's newest checkpoint |
 //! | `#N` | the checkpoint with sequence number `N` |
 //! | `1733133600000-7`, `17331336` | the checkpoint with that id, or the one id starting so (unique among the retained) |
-//! | `@2026-12-02T10:00Z`, `@2026-12-02T10:00:00Z`, `@2026-12-02` | the newest checkpoint made at or before that UTC time (by its id's clock) |
+//! | `@2026-12-02T10:00Z`, `@2026-12-02T10:00:00Z`, `@2026-12-02T10:00:00.250Z`, `@2026-12-02` | the newest checkpoint made at or before that UTC time (by its id's clock, to the millisecond) |
 //! | `savepoint:NAME`, `NAME` | the task's checkpoint in savepoint `NAME` (`blob::savepoint`) |
 //!
 //! A bare word is an id (prefix) when it is made of digits and `-`, a savepoint name
-//! otherwise; `savepoint:` forces the name. The history is the task's checkpoint documents
+//! otherwise; `savepoint:` forces the name.
+//!
+//! **A printed time names the checkpoint it was printed for.** `@TIME` compares to the
+//! millisecond (the precision of a checkpoint id's clock), and a checkpoint's time is printed
+//! to the millisecond (`checkpoints`, `savepoint show`, `forget`: [`utc_millis`]), so a time
+//! copied from a listing reads back as exactly that checkpoint's time and `@TIME` resolves to
+//! it. The other choice — print to the second and compare at the printed precision (a time
+//! to the second meaning the end of that second) — cannot do this: a task commits several
+//! times a second (the demo does; so does any job with a short commit interval), and
+//! `checkpoints` would print one time for all of them, which would name the newest of that
+//! second, not the one it was printed beside. A time typed with less precision still means
+//! its first millisecond (`@2026-12-02` is midnight). One case remains: two commits of a task
+//! within the same millisecond (ids `T-1` and `T-2`) share a time, which names the newer;
+//! name the older by `#N` or its id. The history is the task's checkpoint documents
 //! (`checkpoints/<task>/`), newest first; a claim repeats the checkpoint before it under the
 //! next number, so two numbers can carry one id: the newest number wins.
 
@@ -92,10 +105,23 @@ impl fmt::Display for CheckpointRef {
             CheckpointRef::Latest => write!(f, "latest"),
             CheckpointRef::Seq(n) => write!(f, "#{n}"),
             CheckpointRef::Id(id) => write!(f, "{id}"),
-            CheckpointRef::At(ms) => write!(f, "@{}", utc(*ms)),
+            // A whole second as before (`@2026-12-02T10:00:00Z`: the text a start-from record
+            // holds, compared by `job::start_from`), else exact to the millisecond.
+            CheckpointRef::At(ms) if ms % 1000 == 0 => write!(f, "@{}", utc(*ms)),
+            CheckpointRef::At(ms) => write!(f, "@{}", utc_millis(*ms)),
             CheckpointRef::Savepoint(n) => write!(f, "savepoint:{n}"),
             CheckpointRef::Fork(src) => write!(f, "savepoint:{src}"),
         }
+    }
+}
+
+impl CheckpointRef {
+    /// Whether `text` — a reference as a start-from record holds it — is this reference: its
+    /// text, or for `@TIME` the text an earlier blobsnap wrote (to the second: a point
+    /// applied before must not be applied again after an upgrade).
+    pub fn is_recorded_as(&self, text: &str) -> bool {
+        text == self.to_string()
+            || matches!(self, CheckpointRef::At(ms) if text == format!("@{}", utc(*ms)))
     }
 }
 
@@ -119,7 +145,7 @@ pub fn parse_time(t: &str) -> std::result::Result<u64, String> {
         .map_err(|_| format!("{t:?} is before 1970"))
 }
 
-pub use crate::units::utc;
+pub use crate::units::{utc, utc_millis};
 
 /// How many objects of the whole store a failed [`require_job`] reads to list the jobs it
 /// holds (10 LIST pages): a typo costs at most that, however big the bucket.
@@ -263,6 +289,68 @@ pub async fn resolve(
     })
 }
 
+/// Tasks [`job_wide`] reads (one LIST each, one GET for a task that has the number) to find
+/// one that has a `#N` another lacks: an error path's cost stays bounded however many tasks.
+const JOB_WIDE_TASKS_READ: usize = 64;
+
+/// A job-wide reference's error (`savepoint create --at`, `start-from`: one reference
+/// resolved for every task), with what `#N` means for a job when a task lacks it. `#N` is a
+/// **task's** number: each task numbers its own checkpoints, and each start of a task takes a
+/// number (its claim), so tasks that restarted at different times — or committed at different
+/// rates — carry different numbers for the same moment, and one `#N` is not one point of the
+/// job. The error then says so and names the job-wide choices that work: `latest`, `@TIME`
+/// (each task's newest checkpoint at or before it; the time of a task's `#N`, when one has it,
+/// is given), or a savepoint. Any other reference or error is returned as it is.
+pub async fn job_wide(
+    store: &Arc<dyn BlobStore>,
+    job: &JobScope,
+    r: &CheckpointRef,
+    e: Error,
+) -> Error {
+    let CheckpointRef::Seq(n) = r else {
+        return e;
+    };
+    if e.kind() != ErrorKind::NotFound {
+        return e;
+    }
+    // A task that has #n, and when it was made: the @TIME to offer.
+    let cps = BlobCheckpointStore::new(Arc::clone(store), job.clone());
+    let mut at = None;
+    if let Ok(tasks) = task_names(store.as_ref(), job).await {
+        for task in tasks.iter().take(JOB_WIDE_TASKS_READ) {
+            if let Ok(Some(c)) = by_seq(&cps, task, *n).await {
+                if let Some(v2) = c.checkpoint.as_v2() {
+                    at = Some((task.clone(), v2.id.millis()));
+                    break;
+                }
+            }
+        }
+    }
+    let (name, id) = job.names();
+    let flags = if id == "1" {
+        format!("--job {name}")
+    } else {
+        format!("--job {name} --job-id {id}")
+    };
+    let (who, time) = match at {
+        Some((task, ms)) => (
+            format!("task {task:?} has a retained #{n}"),
+            format!("; task {task:?}'s #{n} was made at `@{}`", utc_millis(ms)),
+        ),
+        None => (format!("no task has a retained #{n}"), String::new()),
+    };
+    let text = e.to_string();
+    let text = text
+        .strip_suffix(&format!(" [{}]", e.kind()))
+        .unwrap_or(&text);
+    Error::new(
+        e.kind(),
+        format!(
+            "{text}. For a whole job, #{n} names each task's own checkpoint #{n}: tasks number their checkpoints independently (each start of a task takes a number), so their numbers diverge ({who}). Name a point every task has: `latest`, `@TIME` (each task's newest checkpoint at or before it{time}), or a savepoint (`savepoint:NAME`; `blobsnap savepoint ls {flags}`); `blobsnap checkpoints {flags}` lists every task's numbers and times"
+        ),
+    )
+}
+
 /// Checkpoint `#n` of `task`, read alone (`None`: not listed, or trimmed before it was read).
 async fn by_seq(
     cps: &BlobCheckpointStore,
@@ -373,13 +461,29 @@ pub fn pick<'a>(
             .iter()
             .find(|c| id_of(c).is_some_and(|id| id.millis() <= *ms))
             .ok_or_else(|| {
+                // Both times to the millisecond: the oldest is visibly later than the time
+                // asked for, even within one second.
+                let made = |c: &CommittedCheckpoint| {
+                    id_of(c).map_or("?".to_string(), |id| utc_millis(id.millis()))
+                };
+                let what = match (history.last(), history.first()) {
+                    (Some(oldest), Some(newest)) if oldest.seq != newest.seq => format!(
+                        "the oldest retained is #{}, made {}; the newest, #{}, {}",
+                        oldest.seq,
+                        made(oldest),
+                        newest.seq,
+                        made(newest)
+                    ),
+                    (Some(only), _) => format!(
+                        "the only one retained is #{}, made {}",
+                        only.seq,
+                        made(only)
+                    ),
+                    _ => "the task has none retained".to_string(),
+                };
                 not_found(format!(
-                    "no retained checkpoint made at or before {} (the oldest retained: {})",
-                    utc(*ms),
-                    history
-                        .last()
-                        .and_then(id_of)
-                        .map_or("none".to_string(), |id| utc(id.millis()))
+                    "no retained checkpoint made at or before {}: {what}",
+                    utc_millis(*ms)
                 ))
             }),
         CheckpointRef::Savepoint(name) => Err(Error::invalid(format!(
@@ -494,6 +598,43 @@ mod tests {
         assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
         let e = pick(&h, &CheckpointRef::Id("9".into())).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    }
+
+    /// A checkpoint's printed time, read back as `@TIME`, names that checkpoint — also when
+    /// several share one second (issue 51, item 3: printed to the second, each named the one
+    /// before it, or none) — and a time before the oldest says what the history holds,
+    /// to the millisecond, without contradicting itself.
+    #[test]
+    fn a_printed_time_names_its_checkpoint() {
+        // Four commits within one second, newest first.
+        let h = vec![
+            cp(4, "1796469491509-1000000"),
+            cp(3, "1796469491309-1000000"),
+            cp(2, "1796469491191-1000000"),
+            cp(1, "1796469491002-1000000"),
+        ];
+        for c in &h {
+            let ms = c.checkpoint.as_v2().unwrap().id.millis();
+            let printed = format!("@{}", utc_millis(ms));
+            let r: CheckpointRef = printed.parse().unwrap();
+            assert_eq!(pick(&h, &r).unwrap().seq, c.seq, "{printed}");
+            assert_eq!(r.to_string(), printed, "the reference prints as typed");
+        }
+        // The second all four share: the instant it starts, before any of them.
+        let r: CheckpointRef = "@2026-12-05T11:18:11Z".parse().unwrap();
+        let e = pick(&h, &r).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+        assert_eq!(
+            e.to_string(),
+            "no retained checkpoint made at or before 2026-12-05T11:18:11.000Z: the oldest retained is #1, made 2026-12-05T11:18:11.002Z; the newest, #4, 2026-12-05T11:18:11.509Z [not-found]"
+        );
+        // A whole second prints as before (a start-from record's text), and the text an
+        // earlier blobsnap recorded for a sub-second time still matches it.
+        assert_eq!(r.to_string(), "@2026-12-05T11:18:11Z");
+        let exact = CheckpointRef::At(1_796_469_491_509);
+        assert!(exact.is_recorded_as("@2026-12-05T11:18:11.509Z"));
+        assert!(exact.is_recorded_as("@2026-12-05T11:18:11Z"));
+        assert!(!exact.is_recorded_as("@2026-12-05T11:18:12Z"));
     }
 
     /// `#N` and `@TIME` read a few documents, not the history, and give what a linear pick

@@ -70,7 +70,7 @@ pub async fn create(
     // Every task at once (16 at a time): the longer the resolve, the more of the job's
     // checkpoints leave the history before the record is written (and the re-check below
     // withdraws it).
-    let resolved: Vec<(String, SavedCheckpoint)> = futures::stream::iter(tasks.iter())
+    let resolved: Result<Vec<(String, SavedCheckpoint)>> = futures::stream::iter(tasks.iter())
         .map(|task| {
             let job = &job;
             async move {
@@ -88,7 +88,12 @@ pub async fn create(
         })
         .buffered(16)
         .try_collect()
-        .await?;
+        .await;
+    let resolved = match resolved {
+        Ok(r) => r,
+        // `#N` is a task's number: say what it means for a job, and what works.
+        Err(e) => return Err(history::job_wide(store, &job, at, e).await),
+    };
     let saved: BTreeMap<String, SavedCheckpoint> = resolved.into_iter().collect();
     crate::crash::test_point("savepoint.after-resolve");
     let sp = Savepoint {
@@ -293,16 +298,66 @@ pub async fn remove_any(
 /// Every savepoint of `job`, for a collector: as [`list`], and also the forks' pins (one
 /// listing of `savepoints/` reads both). A pin whose savepoint has no record — a `savepoint
 /// rm` in flight or interrupted while a fork pinned it — fails the call (`Conflict`): what the
-/// record named is unknown, so the collector deletes nothing until it is resolved.
+/// record named is unknown, so the collector deletes nothing until it is resolved. A record
+/// that cannot be read fails it too (the first one's error).
 pub async fn list_roots(store: &dyn BlobStore, job: &JobScope) -> Result<Vec<Savepoint>> {
+    let (out, bad) = read_roots(store, job).await?;
+    if let Some((_, e)) = bad.into_iter().next() {
+        return Err(e);
+    }
+    Ok(out)
+}
+
+/// [`list_roots`] for a report (`usage`): each record that cannot be read (damaged, of a
+/// newer format) is named with its error kind instead of failing the call; a pin whose
+/// savepoint has no record at all still fails it (`Conflict`).
+pub async fn list_roots_partial(
+    store: &dyn BlobStore,
+    job: &JobScope,
+) -> Result<(Vec<Savepoint>, Vec<(Unreadable, ErrorKind)>)> {
+    let (out, bad) = read_roots(store, job).await?;
+    let bad = bad
+        .into_iter()
+        .map(|(u, e)| {
+            let kind = e.kind();
+            (
+                Unreadable {
+                    key: u.key,
+                    name: u.name,
+                    reason: e.to_string(),
+                },
+                kind,
+            )
+        })
+        .collect();
+    Ok((out, bad))
+}
+
+/// The readable records and the forks' pins of `job` (see [`list_roots`]), and each record
+/// that cannot be parsed with its error (its `reason` left empty).
+async fn read_roots(
+    store: &dyn BlobStore,
+    job: &JobScope,
+) -> Result<(Vec<Savepoint>, Vec<(Unreadable, Error)>)> {
     let mut out = Vec::new();
+    let mut bad = Vec::new();
     let mut pinned = BTreeMap::new();
     let metas: Vec<_> = store.list(&job.savepoints()?).try_collect().await?;
     for m in metas {
         match parse(&m.key).map(|p| p.kind) {
-            Some(KeyKind::Savepoint { .. }) => {
+            Some(KeyKind::Savepoint { name }) => {
                 match get_bytes(store, &m.key, MAX_RECORD_BYTES).await {
-                    Ok(b) => out.push(parse_record(&b, &m.key)?),
+                    Ok(b) => match parse_record(&b, &m.key) {
+                        Ok(sp) => out.push(sp),
+                        Err(e) => bad.push((
+                            Unreadable {
+                                key: m.key.to_string(),
+                                name,
+                                reason: String::new(),
+                            },
+                            e,
+                        )),
+                    },
                     Err(e) if e.kind() == ErrorKind::NotFound => continue,
                     Err(e) => return Err(e.context(format!("read savepoint {}", m.key))),
                 }
@@ -320,8 +375,9 @@ pub async fn list_roots(store: &dyn BlobStore, job: &JobScope) -> Result<Vec<Sav
             _ => {}
         }
     }
+    // A record that cannot be read is there: its pins are not pins without a record.
     for (name, (fork, task)) in pinned {
-        if !out.iter().any(|sp| sp.name == name) {
+        if !out.iter().any(|sp| sp.name == name) && !bad.iter().any(|(u, _)| u.name == name) {
             return Err(Error::conflict(format!(
                 "fork {fork} task {task} pins savepoint {name:?} of {}, which has no record (a savepoint rm in flight, or one that was interrupted): nothing is deleted while what it kept is unknown; if the rm was interrupted, the fork's pins under {} must go before the job's collectors run again: `blobsnap savepoint unpin --job {} --job-id {} --name {name} --fork {fork}` removes them once nothing of the fork borrows through them",
                 job.scope().as_str().trim_end_matches('/'),
@@ -332,7 +388,7 @@ pub async fn list_roots(store: &dyn BlobStore, job: &JobScope) -> Result<Vec<Sav
         }
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(out)
+    Ok((out, bad))
 }
 
 /// Delete savepoint `name` (`NotFound` if there is none). Refused (`Conflict`, naming them)
