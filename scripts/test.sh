@@ -55,10 +55,11 @@ if [ "${1:-}" != --suites ]; then
   stage "cargo fetch"
   cargo fetch --locked
 
-  # Issue 50's spike (docs/samza.md): Samza 1.8.0's jars and Maven's plugins. `go-offline`
+  # Issue 50 (docs/samza.md): Samza 1.8.0's jars, the AWS SDK and Maven's plugins. `go-offline`
   # misses what surefire resolves lazily (its JUnit provider), so the online step runs the
-  # very goals the offline one runs: the real build and tests, once, before the namespace.
-  stage "Java (the Samza spike): Maven's first run, online (the last step that uses the network)"
+  # very goals the offline one runs: the real build and tests (samza-s3's that need no
+  # server), once, before the namespace.
+  stage "Java (the Samza spike and samza-s3): Maven's first run, online (the last step that uses the network)"
   bash scripts/prereqs.sh --tools java javac mvn
   cargo fetch --locked --manifest-path samza/spike-jni/Cargo.toml
   bash scripts/samza.sh
