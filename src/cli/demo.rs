@@ -392,6 +392,7 @@ fn report(
                     "commits-skipped": s.commits_skipped, "commits-failed": s.commits_failed,
                     "sweeps": s.sweeps, "swept": s.swept,
                     "fell-back-to": s.fell_back_to,
+                    "started-from": s.started_from,
                     "restored": s.restored.iter().map(|(store, r)| (store.clone(), serde_json::json!({
                         "files": r.files, "bytes": r.bytes,
                         "files-downloaded": r.files_downloaded, "bytes-downloaded": r.bytes_downloaded,
@@ -420,6 +421,9 @@ fn report(
                 );
             for (store, r) in s.restored.iter().filter(|(_, r)| r.files > 0) {
                 println!("{}: {}", s.task, restore_line(store, r));
+            }
+            if let Some(note) = &s.started_from {
+                println!("{}: {note}", s.task);
             }
             if let Some(f) = &s.fell_back_to {
                 println!(

@@ -222,6 +222,10 @@ pub struct TaskSummary {
     /// ([`JobSettings::restore_fallback`]): the checkpoint id restored, and why the newer ones
     /// were skipped.
     pub fell_back_to: Option<String>,
+    /// What the job's start-from did for this task, in words: `started from savepoint:NAME,
+    /// checkpoint #9 (committed again as #12)`, `forked from JOB/ID/NAME (…)`, or that it was
+    /// applied before and not again (issue 51, items 5 and 6). `None` without a start-from.
+    pub started_from: Option<String>,
     /// What the task's restore did, by store: downloaded, reused (from a warm standby among
     /// them), and left remote by a lazy restore.
     pub restored: std::collections::BTreeMap<String, crate::backend::RestoreSummary>,
@@ -361,7 +365,8 @@ async fn run_task_leased(
     lease.announce(blob_store.as_ref(), job).await?;
     let mut lease_renewed = std::time::Instant::now();
     crate::crash::point("task.after-claim");
-    let last = start_from(&commits, &ctx, &blob_store, job, &task, settings, last).await?;
+    let (last, started_from) =
+        start_from(&commits, &ctx, &blob_store, job, &task, settings, last).await?;
 
     let (last, fell_back_to, restored) = restore_task(
         settings,
@@ -396,6 +401,7 @@ async fn run_task_leased(
         task: task.clone(),
         resumed_from,
         fell_back_to,
+        started_from,
         restored,
         ..Default::default()
     };

@@ -107,9 +107,10 @@ pub(super) fn start_from_key(job: &JobScope, task: &str) -> Result<crate::blobst
     job.start_from_key(task)
 }
 
-/// Start `task` (claimed: `commits`) from `settings.start_from` (none: `last` as it is): commit a new head with the point's offsets
-/// and markers, record that it did, and return the checkpoint to restore. Already applied:
-/// `last` as it is.
+/// Start `task` (claimed: `commits`) from `settings.start_from` (none: `last` as it is):
+/// commit a new head with the point's offsets and markers, record that it did, and return
+/// the checkpoint to restore with what was done, in words for the task's summary. Already
+/// applied: `last` as it is, and the note says so.
 pub(super) async fn start_from(
     commits: &TaskCommitManager,
     ctx: &TaskContext,
@@ -118,14 +119,18 @@ pub(super) async fn start_from(
     task: &str,
     settings: &super::JobSettings,
     last: Option<Checkpoint>,
-) -> Result<Option<Checkpoint>> {
+) -> Result<(Option<Checkpoint>, Option<String>)> {
     let Some(point) = &settings.start_from else {
-        return Ok(last);
+        return Ok((last, None));
     };
     let grace = settings.gc_grace;
     if let Some(r) = applied(blob_store.as_ref(), job, task, point).await? {
         tracing::info!(task, start_from = %point, seq = r.seq, "start-from was applied before (at #{}); resuming from the latest checkpoint", r.seq);
-        return Ok(last);
+        let note = format!(
+            "start-from {point} was applied before (its head is #{}), not again: resumed from the latest checkpoint",
+            r.seq
+        );
+        return Ok((last, Some(note)));
     }
     let mut pins = Vec::new();
     let (checkpoint, from_seq) = match point {
@@ -181,5 +186,14 @@ pub(super) async fn start_from(
         )
         .await?;
     tracing::warn!(task, start_from = %point, from_seq = ?from_seq, head = seq, checkpoint_id = %record.checkpoint_id, "started from a chosen point: committed it as the new head");
-    Ok(Some(checkpoint))
+    let note = match (point, from_seq) {
+        (crate::blob::time::history::CheckpointRef::Fork(src), _) => {
+            format!("forked from {src} (its head committed as #{seq})")
+        }
+        (_, Some(from)) => {
+            format!("started from {point}, checkpoint #{from} (committed again as #{seq})")
+        }
+        (_, None) => format!("started from {point} (committed as #{seq})"),
+    };
+    Ok((Some(checkpoint), Some(note)))
 }

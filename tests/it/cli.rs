@@ -3588,3 +3588,106 @@ async fn a_job_wide_seq_that_tasks_do_not_share_says_what_works() {
         );
     }
 }
+
+/// A rollback or a fork shows in the task's summary, and a start-from given again says it was
+/// applied before and not again (issue 51, items 6 and 5): `started-from` in the JSON, a line
+/// of its own in the text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_from_shows_in_the_summary_and_says_when_it_is_not_applied_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = local_target(tmp.path());
+    let dir = |d: &str| tmp.path().join(d).display().to_string();
+    let demo = |d: String, id: &'static str, lines: &'static str, extra: Vec<&'static str>| {
+        let t = &t;
+        async move {
+            let mut a: Vec<String> = [
+                "demo",
+                "--dir",
+                &d,
+                "--partitions",
+                "1",
+                "--lines",
+                lines,
+                "--commit-every",
+                "300",
+                "--job-id",
+                id,
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            a.extend(extra.iter().map(|s| s.to_string()));
+            let a: Vec<&str> = a.iter().map(String::as_str).collect();
+            let (code, v, err) = run(t, &a).await;
+            assert_eq!(code, Some(0), "{a:?}: {err}");
+            v["tasks"][0]["started-from"].clone()
+        }
+    };
+    assert_eq!(
+        demo(dir("a"), "1", "900", vec![]).await,
+        serde_json::Value::Null
+    );
+    let (code, _, err) = run(
+        &t,
+        &[
+            "savepoint",
+            "create",
+            "--job",
+            "wordcount",
+            "--name",
+            "base",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    demo(dir("a"), "1", "1800", vec![]).await;
+    let rollback = vec!["--start-from", "savepoint:base"];
+    let first = demo(dir("a"), "1", "1800", rollback.clone()).await;
+    let first = first.as_str().unwrap_or_default().to_string();
+    assert!(
+        first.starts_with("started from savepoint:base, checkpoint #")
+            && first.contains("committed again as #"),
+        "{first}"
+    );
+    let again = demo(dir("a"), "1", "1800", rollback).await;
+    let again = again.as_str().unwrap_or_default().to_string();
+    assert!(
+        again.contains("start-from savepoint:base was applied before")
+            && again.contains("not again"),
+        "{again}"
+    );
+    let fork = demo(
+        dir("b"),
+        "2",
+        "1800",
+        vec!["--start-from", "savepoint:wordcount/1/base"],
+    )
+    .await;
+    let fork = fork.as_str().unwrap_or_default().to_string();
+    assert!(fork.starts_with("forked from wordcount/1/base"), "{fork}");
+    // The text names it too, on a line of its own.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+        .args(&t.args)
+        .env("XDG_CACHE_HOME", cache_dir())
+        .args([
+            "demo",
+            "--dir",
+            &dir("a"),
+            "--partitions",
+            "1",
+            "--lines",
+            "1800",
+            "--commit-every",
+            "300",
+            "--start-from",
+            "savepoint:base",
+        ])
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("Partition 0: start-from savepoint:base was applied before"),
+        "{text}"
+    );
+}
