@@ -91,6 +91,7 @@ fn job(state: &std::path::Path, input: &std::path::Path, id: &str) -> blobsnap::
         lazy_download_rate: blobsnap::local::lazy::DEFAULT_RATE,
         pre_upload: false,
         start_from: None,
+        start_from_id: None,
         retention_tiers: Vec::new(),
         stop: Default::default(),
     }

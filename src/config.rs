@@ -32,6 +32,7 @@
 //! create-resources = true  # bucket, abort-multipart rule, owner record; validated always
 //! index-inline-below = "64KiB"  # smaller files travel inline in the index; 0: Samza's v1 shape
 //! # start-from = "savepoint:before-upgrade"  # rollback / roll-forward, applied once per value
+//! # start-from-id = "2026-12-05"              # and per id: a new id applies it again
 //! #                                           # ("savepoint:JOB/JOB-ID/NAME": fork another job)
 //!
 //! [cost]                   # prices for `blobsnap cost`, dollars (S3 Standard's list prices)
@@ -173,6 +174,8 @@ pub struct JobConfig {
     /// `@2026-12-02T10:00Z`, `#N` (each task's own number; tasks' numbers diverge after
     /// restarts), a checkpoint id. Applied once per value.
     pub start_from: Option<String>,
+    /// Apply `start-from` again under this id (see `JobSettings::start_from_id`).
+    pub start_from_id: Option<String>,
     /// This deployment's id, recorded in the scope's owner record (`scope.json`): a job
     /// started with another id on the same scope is refused (two deployments sharing a scope
     /// would delete each other's blobs). Give each deployment of a job its own.
@@ -205,6 +208,7 @@ impl Default for JobConfig {
             restore_mode: crate::job::RestoreMode::Full,
             lazy_download_rate: crate::local::lazy::DEFAULT_RATE,
             start_from: None,
+            start_from_id: None,
             deployment_id: "default".into(),
             create_resources: true,
             index_inline_below: crate::blob::commit::backup::INLINE_BELOW,

@@ -127,6 +127,7 @@ pub fn one_task_job(
         lazy_download_rate: blobsnap::local::lazy::DEFAULT_RATE,
         pre_upload: false,
         start_from: None,
+        start_from_id: None,
         retention_tiers: Vec::new(),
         stop: Default::default(),
     }

@@ -64,6 +64,11 @@ pub(crate) struct DemoArgs {
     /// job's savepoint: this job starts as a **fork** of it, borrowing its blobs (none copied).
     #[arg(long)]
     pub(crate) start_from: Option<String>,
+    /// Apply --start-from again, once, under this id (a date, a ticket): a point is applied
+    /// once per id, so a second rollback to the same point takes a new one, and a restart
+    /// with the same id resumes from the latest [job.start-from-id].
+    #[arg(long)]
+    pub(crate) start_from_id: Option<String>,
     /// The job's name [job.name, default wordcount].
     #[arg(long)]
     pub(crate) job_name: Option<String>,
@@ -92,6 +97,7 @@ pub(crate) async fn run(
         metrics_addr,
         gc_grace_secs,
         start_from,
+        start_from_id,
         job_name,
         job_id,
     } = args;
@@ -150,6 +156,7 @@ pub(crate) async fn run(
             Some(p) => Some(p.parse()?),
             None => None,
         },
+        start_from_id: start_from_id.or(job.start_from_id.clone()),
         stop: super::signal::stop_on_signal(
             "each task commits what it processed, deletes its lease and releases its stores",
         ),
@@ -280,12 +287,9 @@ async fn refuse_a_shorter_input(
         // from it (a rollback or roll-forward: checked to exist before this), else its latest.
         let pending = match &settings.start_from {
             None => None,
-            Some(point) => {
-                let applied = blobsnap::job::last_start_from(blob_store.as_ref(), &job, &task)
-                    .await?
-                    .is_some_and(|(s, _)| s == point.to_string());
-                (!applied).then_some(point)
-            }
+            Some(point) => blobsnap::job::start_from_pending(blob_store.as_ref(), &task, settings)
+                .await?
+                .then_some(point),
         };
         let from = match pending {
             // A fork reads its source's offsets of the same input: not this job's history.

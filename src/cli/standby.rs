@@ -67,6 +67,7 @@ pub(crate) async fn run(
         lazy_download_rate: blobsnap::local::lazy::DEFAULT_RATE,
         pre_upload: false,
         start_from: None,
+        start_from_id: None,
         retention_tiers: Vec::new(),
         stop: Default::default(),
     };

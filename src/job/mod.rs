@@ -16,7 +16,7 @@ pub mod wordcount;
 
 use restore::*;
 use start_from::*;
-pub use start_from::{check_start_from, last_start_from};
+pub use start_from::{check_start_from, last_start_from, start_from_pending};
 
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, Seek as _};
@@ -98,6 +98,10 @@ pub struct JobSettings {
     /// it the usual way. Applied once: the task records it (`start-from/<task>.json`), and a
     /// restart with the same value resumes from the task's latest checkpoint.
     pub start_from: Option<crate::blob::time::history::CheckpointRef>,
+    /// Apply `start_from` again, once more, when this id differs from the one it was last
+    /// applied with (issue 51, item 5): a rollback to the same point a second time takes a new
+    /// id (a date, a ticket), and a restart with the same one still resumes from the latest.
+    pub start_from_id: Option<String>,
     /// Cancel to stop the job gracefully (the `blobsnap` command does on its first SIGINT or
     /// SIGTERM): a task restoring stops its restore (the store dirs unchanged); a task
     /// processing stops taking messages, waits for its commit in flight, commits what it

@@ -19,7 +19,7 @@ pub async fn check_start_from(
     let mut pending = Vec::new();
     for p in 0..settings.partitions {
         let task = task_name(p);
-        if applied(blob_store.as_ref(), &job, &task, point)
+        if applied(blob_store.as_ref(), &job, &task, point, settings)
             .await?
             .is_none()
         {
@@ -70,16 +70,33 @@ pub async fn check_start_from(
     Ok(())
 }
 
-/// The record of `task` having started from `point`, if it did.
+/// The record of `task` having started from `point`, if it did — with `settings.start_from_id`
+/// when one is given: a point is applied once per id, and without an id once whatever id it
+/// was last applied with (a restart with the old settings never rolls back again).
 pub(super) async fn applied(
     store: &dyn BlobStore,
     job: &JobScope,
     task: &str,
     point: &crate::blob::time::history::CheckpointRef,
+    settings: &JobSettings,
 ) -> Result<Option<StartedFrom>> {
+    let id = &settings.start_from_id;
     Ok(read_start_from(store, job, task)
         .await?
-        .filter(|r| point.is_recorded_as(&r.start_from)))
+        .filter(|r| point.is_recorded_as(&r.start_from) && (id.is_none() || r.id == *id)))
+}
+
+/// Whether `task` has yet to start from `settings.start_from` (false without one).
+pub async fn start_from_pending(
+    store: &dyn BlobStore,
+    task: &str,
+    settings: &JobSettings,
+) -> Result<bool> {
+    let Some(point) = &settings.start_from else {
+        return Ok(false);
+    };
+    let job = JobScope::new(&settings.job_name, &settings.job_id)?;
+    Ok(applied(store, &job, task, point, settings).await?.is_none())
 }
 
 /// The point `task` last started from and the number of the head checkpoint it committed for
@@ -124,10 +141,10 @@ pub(super) async fn start_from(
         return Ok((last, None));
     };
     let grace = settings.gc_grace;
-    if let Some(r) = applied(blob_store.as_ref(), job, task, point).await? {
+    if let Some(r) = applied(blob_store.as_ref(), job, task, point, settings).await? {
         tracing::info!(task, start_from = %point, seq = r.seq, "start-from was applied before (at #{}); resuming from the latest checkpoint", r.seq);
         let note = format!(
-            "start-from {point} was applied before (its head is #{}), not again: resumed from the latest checkpoint",
+            "start-from {point} was applied before (its head is #{}), not again: resumed from the latest checkpoint (a new --start-from-id applies it again)",
             r.seq
         );
         return Ok((last, Some(note)));
@@ -176,6 +193,7 @@ pub(super) async fn start_from(
             .map(|c| c.id.to_string())
             .unwrap_or_default(),
         pins,
+        id: settings.start_from_id.clone(),
     };
     let bytes = serde_json::to_vec(&record).map_err(|e| Error::invalid(e.to_string()))?;
     blob_store

@@ -3649,12 +3649,34 @@ async fn a_start_from_shows_in_the_summary_and_says_when_it_is_not_applied_again
             && first.contains("committed again as #"),
         "{first}"
     );
-    let again = demo(dir("a"), "1", "1800", rollback).await;
+    let again = demo(dir("a"), "1", "1800", rollback.clone()).await;
     let again = again.as_str().unwrap_or_default().to_string();
     assert!(
         again.contains("start-from savepoint:base was applied before")
-            && again.contains("not again"),
+            && again.contains("not again")
+            && again.contains("--start-from-id"),
         "{again}"
+    );
+    // Under a new id the same point is applied again — once: the same id again resumes.
+    let with_id = |id: &'static str| {
+        let mut a = rollback.clone();
+        a.extend(["--start-from-id", id]);
+        a
+    };
+    let second = demo(dir("a"), "1", "1800", with_id("incident-2")).await;
+    let second = second.as_str().unwrap_or_default().to_string();
+    assert!(
+        second.starts_with("started from savepoint:base, checkpoint #"),
+        "{second}"
+    );
+    assert_ne!(second, first, "a new head under a new number");
+    let repeat = demo(dir("a"), "1", "1800", with_id("incident-2")).await;
+    assert!(
+        repeat
+            .as_str()
+            .unwrap_or_default()
+            .contains("was applied before"),
+        "{repeat}"
     );
     let fork = demo(
         dir("b"),

@@ -1627,6 +1627,7 @@ async fn slow_uploads_skip_commits_and_counts_stay_right() {
             lazy_download_rate: blobsnap::local::lazy::DEFAULT_RATE,
             pre_upload: true,
             start_from: None,
+            start_from_id: None,
             retention_tiers: Vec::new(),
             stop: Default::default(),
         };
@@ -2242,6 +2243,7 @@ fn job_settings(
         lazy_download_rate: blobsnap::local::lazy::DEFAULT_RATE,
         pre_upload: true,
         start_from: None,
+        start_from_id: None,
         retention_tiers: Vec::new(),
         stop: Default::default(),
     }

@@ -48,6 +48,7 @@ fn settings(state: &std::path::Path, input: &std::path::Path, job: &str) -> JobS
         lazy_download_rate: blobsnap::local::lazy::DEFAULT_RATE,
         pre_upload: true,
         start_from: None,
+        start_from_id: None,
         retention_tiers: Vec::new(),
         stop: Default::default(),
     }

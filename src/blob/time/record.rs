@@ -411,6 +411,10 @@ pub struct StartFromRecord {
     /// nothing borrows through them, also after a restart).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pins: Vec<ForkPin>,
+    /// The id it was applied with (`start-from-id`): the same point is applied again under
+    /// another id. Absent: none (and in records of older versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
 }
 
 /// The most bytes of a start-from record that are read.
