@@ -429,14 +429,19 @@ impl WriterLease {
     }
 }
 
-/// The leases of `job`'s writers younger than their grace at `now` (running tasks, or tasks
-/// that died less than a grace ago), with their ages. A lease that cannot be parsed counts as
-/// active with the job default grace (never silently ignored).
-pub async fn active_writers(
+/// Every writer lease of `job` with its age at `now` (by the store's clock) and its record
+/// (`None`: it cannot be parsed); one retired while listed is left out.
+async fn read_leases(
     store: &dyn BlobStore,
     job: &JobScope,
     now: std::time::SystemTime,
-) -> Result<Vec<(WriterLease, std::time::Duration)>> {
+) -> Result<
+    Vec<(
+        crate::blobstore::BlobKey,
+        Option<WriterLease>,
+        std::time::Duration,
+    )>,
+> {
     let metas: Vec<_> = store.list(&job.all_writers()?).try_collect().await?;
     let mut out = Vec::new();
     for m in metas {
@@ -447,10 +452,25 @@ pub async fn active_writers(
         let lease = match get_bytes(store, &m.key, 1 << 20).await {
             Ok(b) => serde_json::from_slice::<WriterLease>(&b).ok(),
             Err(e) if e.kind() == ErrorKind::NotFound => continue, // retired meanwhile
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.context(format!("read writer lease {}", m.key))),
         };
+        out.push((m.key, lease, age));
+    }
+    Ok(out)
+}
+
+/// The leases of `job`'s writers younger than their grace at `now` (running tasks, or tasks
+/// that died less than a grace ago), with their ages. A lease that cannot be parsed counts as
+/// active with the job default grace (never silently ignored).
+pub async fn active_writers(
+    store: &dyn BlobStore,
+    job: &JobScope,
+    now: std::time::SystemTime,
+) -> Result<Vec<(WriterLease, std::time::Duration)>> {
+    let mut out = Vec::new();
+    for (key, lease, age) in read_leases(store, job, now).await? {
         let lease = lease.unwrap_or_else(|| WriterLease {
-            task: format!("? ({})", m.key),
+            task: format!("? ({key})"),
             writer: String::new(),
             host: String::new(),
             pid: 0,
@@ -462,7 +482,7 @@ pub async fn active_writers(
         }
         if lease.is_gone() {
             // Killed (SIGKILL, a crash) on this very machine: no commit of it is in flight.
-            tracing::warn!(task = %lease.task, host = %lease.host, pid = lease.pid, age_secs = age.as_secs(), key = %m.key, "a writer lease of a process that no longer runs on this host: not an active writer");
+            tracing::warn!(task = %lease.task, host = %lease.host, pid = lease.pid, age_secs = age.as_secs(), key = %key, "a writer lease of a process that no longer runs on this host: not an active writer");
             continue;
         }
         out.push((lease, age));
@@ -504,20 +524,10 @@ pub async fn unlock(
     stopped_hosts: &[String],
     dry_run: bool,
 ) -> Result<Vec<LeaseVerdict>> {
-    let metas: Vec<_> = store.list(&job.all_writers()?).try_collect().await?;
     let all_hosts = stopped_hosts.iter().any(|h| h == "*");
     let mut out = Vec::new();
     let mut doomed = Vec::new();
-    for m in metas {
-        let age = m
-            .last_modified
-            .and_then(|t| now.duration_since(t).ok())
-            .unwrap_or_default();
-        let lease = match get_bytes(store, &m.key, 1 << 20).await {
-            Ok(b) => serde_json::from_slice::<WriterLease>(&b).ok(),
-            Err(e) if e.kind() == ErrorKind::NotFound => continue, // retired meanwhile
-            Err(e) => return Err(e.context(format!("read writer lease {}", m.key))),
-        };
+    for (key, lease, age) in read_leases(store, job, now).await? {
         let verdict = match &lease {
             Some(l) if age >= std::time::Duration::from_secs(l.gc_grace_secs) => "expired",
             Some(l) if l.is_gone() => "gone",
@@ -528,10 +538,10 @@ pub async fn unlock(
         };
         let removed = matches!(verdict, "expired" | "gone" | "stopped-host");
         if removed {
-            doomed.push(m.key.clone());
+            doomed.push(key.clone());
         }
         out.push(LeaseVerdict {
-            key: m.key.as_str().to_string(),
+            key: key.as_str().to_string(),
             task: lease.as_ref().map(|l| l.task.clone()),
             host: lease.as_ref().map(|l| l.host.clone()),
             pid: lease.as_ref().map(|l| l.pid),

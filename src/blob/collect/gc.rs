@@ -418,6 +418,34 @@ pub struct UnreadableRoot {
     pub(crate) may_name: Scope,
 }
 
+/// The readable checkpoints of `task` (every document read on its own, in number order),
+/// each document that cannot be read named in `bad`; removal records are passed over. A
+/// failed listing, or a document that fails otherwise, is an error.
+pub(crate) async fn readable_history(
+    cps: &BlobCheckpointStore,
+    job: &JobScope,
+    task: &str,
+    bad: &mut Vec<UnreadableRoot>,
+) -> Result<Vec<crate::checkpoint::CommittedCheckpoint>> {
+    let mut history = Vec::new();
+    for l in cps.listing(task).await? {
+        match l.record {
+            Ok(crate::checkpoint::Record::Checkpoint(c)) => history.push(c),
+            Ok(crate::checkpoint::Record::Removed { .. }) => {}
+            Err(e) if is_unreadable(&e) => bad.push(UnreadableRoot {
+                what: "checkpoint".into(),
+                key: l.key.to_string(),
+                root: format!("task {task:?} checkpoint #{}", l.seq),
+                kind: e.kind().as_str().into(),
+                reason: e.to_string(),
+                may_name: job.tasks()?.escaped(task)?,
+            }),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(history)
+}
+
 impl UnreadableRoot {
     /// Whether `key` lies where this root may name objects.
     pub fn may_name(&self, key: &BlobKey) -> bool {
@@ -511,25 +539,7 @@ async fn read_roots_with(
             })?,
             // Every document on its own: one that cannot be read is named, the others are
             // roots (a document trimmed while listed is not listed).
-            Some(bad) => {
-                let mut history = Vec::new();
-                for l in cps.listing(task).await? {
-                    match l.record {
-                        Ok(crate::checkpoint::Record::Checkpoint(c)) => history.push(c),
-                        Ok(crate::checkpoint::Record::Removed { .. }) => {}
-                        Err(e) if is_unreadable(&e) => bad.push(UnreadableRoot {
-                            what: "checkpoint".into(),
-                            key: l.key.to_string(),
-                            root: format!("task {task:?} checkpoint #{}", l.seq),
-                            kind: e.kind().as_str().into(),
-                            reason: e.to_string(),
-                            may_name: job.tasks()?.escaped(task)?,
-                        }),
-                        Err(e) => return Err(e),
-                    }
-                }
-                history
-            }
+            Some(bad) => readable_history(&cps, job, task, bad).await?,
         };
         let newest = history.first().map(|c| c.seq);
         for c in history {

@@ -237,24 +237,8 @@ pub async fn estimate(store: &Arc<dyn BlobStore>, opts: &CostOptions) -> Result<
     let mut unreadable: Vec<crate::blob::collect::gc::UnreadableRoot> = Vec::new();
     for task in &tasks {
         // Every document on its own: one that cannot be read is named, the rest estimated.
-        let mut history = Vec::new();
-        for l in cps.listing(task).await? {
-            match l.record {
-                Ok(crate::checkpoint::Record::Checkpoint(c)) => history.push(c),
-                Ok(crate::checkpoint::Record::Removed { .. }) => {}
-                Err(e) if crate::blob::collect::gc::is_unreadable(&e) => {
-                    unreadable.push(crate::blob::collect::gc::UnreadableRoot {
-                        what: "checkpoint".into(),
-                        key: l.key.to_string(),
-                        root: format!("task {task:?} checkpoint #{}", l.seq),
-                        kind: e.kind().as_str().into(),
-                        reason: e.to_string(),
-                        may_name: job.tasks()?.escaped(task)?,
-                    })
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        let mut history =
+            crate::blob::collect::gc::readable_history(&cps, &job, task, &mut unreadable).await?;
         history.sort_by_key(|c| c.seq);
         // A claim writes the last checkpoint again under the next number: one commit.
         history.dedup_by(|b, a| same_checkpoint(a, b));
