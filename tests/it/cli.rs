@@ -1839,6 +1839,14 @@ async fn usage_and_cost_report_what_they_read_when_an_older_index_is_gone() {
     )
     .await;
     assert_eq!(code, Some(0), "{err}");
+    // What the demo itself left to sweep (a pre-uploaded file a compaction deleted first, the
+    // snapshots its last commit let go) goes first: the orphans below are the only ones.
+    let (code, _, err) = run(
+        &t,
+        &["gc", "--job", "wordcount", "--grace-secs", "0", "--force"],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
     let job = JobScope::new("wordcount", "1").unwrap();
     let cps = BlobCheckpointStore::new(Arc::clone(&t.store), job.clone());
     let history = cps.history("Partition 1", usize::MAX).await.unwrap();
@@ -1910,9 +1918,10 @@ async fn usage_and_cost_report_what_they_read_when_an_older_index_is_gone() {
     );
     let class = |c: &str| u["classes"][c]["objects"].as_u64().unwrap();
     assert!(class("live") > 0 && class("metadata") > 0, "{v}");
-    assert_eq!(
-        class("maybe-live"),
-        1,
+    // The orphan the lost index may name, and any blob only it named (a compaction between
+    // it and the newer checkpoints): never orphans (the one orphan is the other store's).
+    assert!(
+        class("maybe-live") >= 1,
         "the orphan the lost index may name: {v}"
     );
     assert_eq!(
