@@ -497,6 +497,45 @@ impl TaskCommitManager {
         }
         let upload_ms = t.elapsed().as_millis() as u64;
         crate::crash::point("commit.before-checkpoint");
+        self.land(st, id, offsets, markers, upload_ms, sync_ms)
+            .await
+    }
+
+    /// Commit a checkpoint whose uploads were made elsewhere: a Samza job's, through the JNI
+    /// plug-in, where Samza's commit manager drives the backends and hands the checkpoint
+    /// manager the whole CheckpointV2. The same commit point as [`async_stage`](Self::async_stage)'s
+    /// (create-only under the next number: a zombie of the task loses with `Conflict`; a write
+    /// of this writer that landed although its call failed is adopted) and the same trim of
+    /// the history; with no backend attached there is no bound and no backend cleanup (the
+    /// caller's backends bound their uploads and clean up themselves, after this returns).
+    /// Ids need not increase: Samza mints them from its clock.
+    pub async fn commit_made(&self, checkpoint: CheckpointV2) -> Result<CommitReport> {
+        if !self.backends.is_empty() {
+            return Err(Error::invalid(
+                "commit_made: this commit manager drives backends of its own; commit through it",
+            ));
+        }
+        let st = self.state.lock().await;
+        let CheckpointV2 {
+            id,
+            input_offsets,
+            state_checkpoint_markers,
+        } = checkpoint;
+        self.land(st, id, input_offsets, state_checkpoint_markers, 0, 0)
+            .await
+    }
+
+    /// Step 3 and 4 of a commit whose markers are known: the bound, the checkpoint write (the
+    /// commit point), the trim and the backends' cleanup.
+    async fn land(
+        &self,
+        mut st: tokio::sync::MutexGuard<'_, State>,
+        id: CheckpointId,
+        offsets: BTreeMap<Ssp, String>,
+        markers: Markers,
+        upload_ms: u64,
+        sync_ms: u64,
+    ) -> Result<CommitReport> {
         // The last word of every backend, right before the commit point: the age of the
         // commit's first PUT bounds the whole commit (uploads of every store, index PUTs,
         // other backends, and the checkpoint write itself), not only each store's upload.

@@ -138,9 +138,14 @@ class SamzaJobTest {
 
   /** Lines of words from a small vocabulary; returns the independent count (and line count). */
   static Map<String, Integer> writeInput(Path input) throws IOException {
+    return writeInput(input, LINES);
+  }
+
+  /** {@code lines} lines of words from a small vocabulary; the independent count (and line count). */
+  static Map<String, Integer> writeInput(Path input, int lines) throws IOException {
     Map<String, Integer> counts = new TreeMap<>();
     try (Writer w = Files.newBufferedWriter(input, StandardCharsets.UTF_8)) {
-      for (int i = 0; i < LINES; i++) {
+      for (int i = 0; i < lines; i++) {
         String line = "w" + (i % 7) + " x" + (i % 13) + " w" + (i % 3);
         w.write(line + "\n");
         for (String word : line.split(" ")) {
@@ -148,7 +153,7 @@ class SamzaJobTest {
         }
       }
     }
-    counts.put(WordCountTask.LINES, LINES);
+    counts.put(WordCountTask.LINES, lines);
     return counts;
   }
 

@@ -1,0 +1,103 @@
+package blobsnap;
+
+import java.io.File;
+import java.io.IOException;
+import java.io.InputStream;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.StandardCopyOption;
+import java.util.concurrent.CompletableFuture;
+
+/**
+ * The JNI entry points of blobsnap's engine (the Rust library {@code samza/native}). Handles are
+ * ids in the library's table, never pointers: a closed or unknown handle makes a call throw
+ * {@link BlobsnapException}, never crash the JVM. Every failure is a {@link BlobsnapException}
+ * (thrown, or completing a future exceptionally).
+ *
+ * <p>The library is loaded from the system property {@code blobsnap.native.lib} (an absolute
+ * path) when it is set, else from this jar ({@code blobsnap/native/linux-x86_64/}), copied to a
+ * temporary file first.
+ */
+final class Native {
+  static final String LIB_PROPERTY = "blobsnap.native.lib";
+  static final String RESOURCE = "/blobsnap/native/linux-x86_64/libblobsnap_samza_jni.so";
+
+  private Native() {}
+
+  static {
+    load();
+    init();
+  }
+
+  private static void load() {
+    String path = System.getProperty(LIB_PROPERTY);
+    if (path != null && !path.isEmpty()) {
+      File f = new File(path);
+      if (!f.isAbsolute() || !f.isFile()) {
+        throw new UnsatisfiedLinkError("blobsnap: " + LIB_PROPERTY + "=" + path + " is not an absolute path to a file");
+      }
+      System.load(f.getAbsolutePath());
+      return;
+    }
+    String os = System.getProperty("os.name", "") + "/" + System.getProperty("os.arch", "");
+    if (!os.equals("Linux/amd64")) {
+      throw new UnsatisfiedLinkError("blobsnap: the jar carries its native library for Linux x86-64 only, this JVM runs on "
+          + os + ": build samza/native for it and set -D" + LIB_PROPERTY + "=/path/to/libblobsnap_samza_jni.so");
+    }
+    try (InputStream in = Native.class.getResourceAsStream(RESOURCE)) {
+      if (in == null) {
+        throw new UnsatisfiedLinkError("blobsnap: " + RESOURCE + " is not in the jar and " + LIB_PROPERTY
+            + " is not set (build the jar with scripts/samza-jar.sh, or point " + LIB_PROPERTY + " at the library)");
+      }
+      Path tmp = Files.createTempFile("libblobsnap_samza_jni", ".so");
+      tmp.toFile().deleteOnExit();
+      Files.copy(in, tmp, StandardCopyOption.REPLACE_EXISTING);
+      try {
+        System.load(tmp.toAbsolutePath().toString());
+      } catch (UnsatisfiedLinkError e) {
+        UnsatisfiedLinkError out = new UnsatisfiedLinkError("blobsnap: cannot load the native library from the jar"
+            + " (it needs glibc 2.28 or later on Linux x86-64): " + e.getMessage());
+        out.initCause(e);
+        throw out;
+      }
+    } catch (IOException e) {
+      throw new UnsatisfiedLinkError("blobsnap: cannot copy the native library out of the jar: " + e);
+    }
+  }
+
+  /** Makes the JVM's one runtime; resolves {@link BlobsnapException} with this class's loader. */
+  private static native void init();
+
+  /** Settings as {@code [key, value, ...]} (the settings file's keys, without {@code blobsnap.}). */
+  static native long engineOpen(String[] config);
+
+  static native void adminResources(long engine, String job, String jobId, boolean create);
+
+  /** {@code stores}: {@code [name, dir, ...]}. */
+  static native long backupNew(long engine, String job, String jobId, String task, String[] stores);
+
+  static native void backupInit(long handle, byte[] checkpointJson);
+
+  static native String[] backupSnapshot(long handle, String checkpointId);
+
+  static native void backupUpload(long handle, String checkpointId, String[] snapshotMarkers, String[] dirs,
+      CompletableFuture<String[]> future);
+
+  static native void backupCleanup(long handle, String checkpointId, String[] markers, CompletableFuture<Void> future);
+
+  static native long restoreNew(long engine, String job, String jobId, String task, String[] stores);
+
+  static native void restoreInit(long handle, byte[] checkpointJson);
+
+  static native void restoreRun(long handle, CompletableFuture<Void> future);
+
+  static native long taskClaim(long engine, String job, String jobId, String task);
+
+  static native byte[] taskLast(long handle);
+
+  static native void taskWrite(long handle, byte[] checkpointJson);
+
+  static native void cancel(long handle);
+
+  static native void close(long handle);
+}
