@@ -8,8 +8,8 @@
 #    loads: scripts/prereqs.sh), the tools the suites run (ldb from rocksdb-tools, curl,
 #    python3, ...), LocalStack (once, into ~/.cache/blobsnap, a venv), Garage (once: cargo
 #    install, ~12.5 min, cached in ~/.cache/blobsnap/garage), the crates (cargo fetch), Java 17,
-#    Maven and Samza 1.8.0's jars (one online Maven run of the Samza spike and of samza-s3's
-#    server-less tests: scripts/samza.sh);
+#    Maven and Samza 1.8.0's jars (one online Maven run of each Java module's tests that need
+#    no server and no Rust build: scripts/samza.sh);
 # 2. runs everything else in a network namespace whose only interface is loopback
 #    (scripts/netns.sh, offline cargo): no test, server or library can reach an address off
 #    this machine. Inside it:
@@ -19,8 +19,8 @@
 #    module of the `it` binary (formats, conformance, backup, restore, lifecycle, cli, ...)
 #    against the local store and an in-process s3s-fs server, plus the `secrets` binary — and
 #    the library example (examples/embed.rs, three runs checked by their output), and the
-#    Java tests with Maven offline (scripts/samza.sh --offline: the Samza spike, and samza-s3
-#    on LocalStack);
+#    Java tests with Maven offline (scripts/samza.sh --offline: route 1 through the JNI
+#    library samza/native, and samza-s3, on LocalStack);
 # 5. runs every `external::` case of the test binaries (conformance, backup, restore,
 #    lifecycle, admin, faults, ...) against LocalStack;
 # 6. the same external suites against a single Garage node, then the node-loss test on a
@@ -59,9 +59,8 @@ if [ "${1:-}" != --suites ]; then
   # misses what surefire resolves lazily (its JUnit provider), so the online step runs the
   # very goals the offline one runs: the real build and tests (samza-s3's that need no
   # server), once, before the namespace.
-  stage "Java (the Samza spike and samza-s3): Maven's first run, online (the last step that uses the network)"
+  stage "Java (samza/ and samza-s3/): Maven's first run, online (the last step that uses the network)"
   bash scripts/prereqs.sh --tools java javac mvn
-  cargo fetch --locked --manifest-path samza/spike-jni/Cargo.toml
   bash scripts/samza.sh
 
   # No run of the suites without the guard, in CI or not (issue 46 item 14).
@@ -102,12 +101,15 @@ bounded 2400 cargo clippy --locked --all-targets -- -D warnings
 # The library alone, as an embedding application builds it (no clap, indicatif, exporter or
 # log subscriber).
 bounded 900 cargo clippy --locked --lib --no-default-features -- -D warnings
+# The Samza plug-in's JNI library (samza/native, a workspace member).
+bounded 900 cargo clippy --locked -p blobsnap-samza-jni --all-targets -- -D warnings
 
 stage "cargo test (unit, formats, conformance on local + in-process s3s-fs)"
 bounded 2400 cargo test --locked
 
-stage "Java: the Samza 1.8.0 spike (a job killed and restarted, a JNI future) and samza-s3 (Samza's engine on blobsnap's layout, on LocalStack; blobsnap reads it), Maven offline"
-bounded 600 bash scripts/samza.sh --offline
+stage "Java: route 1 (blobsnap's engine through JNI: a real Samza job killed three times, hostile input) and samza-s3 (Samza's engine on blobsnap's layout), on LocalStack; blobsnap reads both; Maven offline"
+bounded 300 cargo test --locked -p blobsnap-samza-jni --lib
+bounded 900 bash scripts/samza.sh --offline
 
 stage "the library example (examples/embed.rs): commits, resumes, restores a lost state dir"
 embed=$(mktemp -d)
