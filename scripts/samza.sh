@@ -17,8 +17,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mvn_args=(-B -ntp -Dstyle.color=never)
 if [ "${1:-}" != --offline ]; then
+  # samza-s3 first: samza/'s tests use it (installed into the local repository).
+  (cd samza-s3 && mvn "${mvn_args[@]}" -Dtest=LayoutTest -Dsurefire.failIfNoSpecifiedTests=false clean install)
   (cd samza && mvn "${mvn_args[@]}" -Dtest=SamzaJobTest -Dsurefire.failIfNoSpecifiedTests=false clean test)
-  (cd samza-s3 && mvn "${mvn_args[@]}" -Dtest=LayoutTest -Dsurefire.failIfNoSpecifiedTests=false clean test)
   exit 0
 fi
 
@@ -28,5 +29,5 @@ export BLOBSNAP_BIN=${BLOBSNAP_BIN:-$target/debug/blobsnap}
 cargo build --locked --offline -p blobsnap-samza-jni
 lib=$target/debug/libblobsnap_samza_jni.so
 [ -f "$lib" ] || { echo "samza.sh: $lib was not built" >&2; exit 1; }
+(cd samza-s3 && mvn "${mvn_args[@]}" -o clean install)
 (cd samza && mvn "${mvn_args[@]}" -o -Dnative.lib="$lib" -Dblobsnap.bin="$BLOBSNAP_BIN" clean test)
-(cd samza-s3 && mvn "${mvn_args[@]}" -o clean test)

@@ -19,6 +19,22 @@ pub(super) fn tls_refused(err: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// Whether the SDK found no credentials at all (every provider of the default chain declined):
+/// a setting to fix, never a network hiccup to retry for the whole budget.
+pub(super) fn no_credentials(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if matches!(
+            e.downcast_ref::<aws_credential_types::provider::error::CredentialsError>(),
+            Some(aws_credential_types::provider::error::CredentialsError::CredentialsNotLoaded(_))
+        ) {
+            return true;
+        }
+        cur = e.source();
+    }
+    false
+}
+
 /// Map an SDK error to a classified [`Error`] (DESIGN §9).
 /// An AWS SDK error as blobsnap's: timeouts and unreachable servers `Transient`, HTTP
 /// statuses and S3 codes by [`kind_of_status`].
@@ -42,6 +58,12 @@ where
                 Error::new(
                     ErrorKind::Permanent,
                     format!("{what}: the server's TLS certificate is not trusted (set s3.ca-bundle / BLOBSNAP_S3_CA_BUNDLE to the CA that signed it, or check the endpoint's host name)"),
+                )
+                .with_source(err)
+            } else if no_credentials(&err) {
+                Error::new(
+                    ErrorKind::Permanent,
+                    format!("{what}: no AWS credentials found (the default chain: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile, web identity, ECS, instance metadata)"),
                 )
                 .with_source(err)
             } else {
