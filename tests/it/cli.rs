@@ -3722,3 +3722,46 @@ async fn a_start_from_shows_in_the_summary_and_says_when_it_is_not_applied_again
         "{text}"
     );
 }
+
+/// No AWS credentials anywhere in the default chain is a setting to fix: the command fails at
+/// once (exit 8, permanent) naming the chain, instead of retrying "could not reach the server"
+/// for the whole retry budget (found running the Samza plug-in without credentials: 116 s).
+#[test]
+fn no_aws_credentials_is_permanent_and_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let empty = tmp.path().join("empty");
+    std::fs::write(&empty, b"").unwrap();
+    // A loopback port nothing listens on: the request never gets that far.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("AWS_") || k.starts_with("BLOBSNAP_") {
+            c.env_remove(k);
+        }
+    }
+    let out = c
+        .current_dir(tmp.path())
+        .env("HOME", tmp.path())
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("AWS_CONFIG_FILE", &empty)
+        .env("AWS_SHARED_CREDENTIALS_FILE", &empty)
+        .args([
+            "ls",
+            "--bucket",
+            "no-creds",
+            "--s3-path-style",
+            "--s3-region",
+            "us-east-1",
+        ])
+        .arg("--s3-endpoint")
+        .arg(format!("http://127.0.0.1:{port}"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no AWS credentials found"), "{err}");
+    assert_eq!(out.status.code(), Some(8), "{err}");
+}
