@@ -16,7 +16,9 @@ pub mod wordcount;
 
 use restore::*;
 use start_from::*;
-pub use start_from::{check_start_from, last_start_from, start_from_pending};
+pub use start_from::{
+    check_start_from, last_start_from, start_from_pending, start_task_from, StartFrom,
+};
 
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, Seek as _};
@@ -109,6 +111,17 @@ pub struct JobSettings {
     /// writer lease — without waiting for a lazy restore's background download — and
     /// returns `Cancelled` naming the offset it committed.
     pub stop: tokio_util::sync::CancellationToken,
+}
+
+impl JobSettings {
+    /// The operator's start-from point, with its id and the job's grace.
+    pub fn start_from(&self) -> Option<StartFrom> {
+        self.start_from.clone().map(|point| StartFrom {
+            point,
+            id: self.start_from_id.clone(),
+            grace: self.gc_grace,
+        })
+    }
 }
 
 /// How a task's stores are restored when it starts.
@@ -369,8 +382,14 @@ async fn run_task_leased(
     lease.announce(blob_store.as_ref(), job).await?;
     let mut lease_renewed = std::time::Instant::now();
     crate::crash::point("task.after-claim");
-    let (last, started_from) =
-        start_from(&commits, &ctx, &blob_store, job, &task, settings, last).await?;
+    let (last, started_from) = start_task_from(
+        &commits,
+        &ctx,
+        &blob_store,
+        settings.start_from().as_ref(),
+        last,
+    )
+    .await?;
 
     let (last, fell_back_to, restored) = restore_task(
         settings,

@@ -19,9 +19,15 @@ pub async fn check_start_from(
     let mut pending = Vec::new();
     for p in 0..settings.partitions {
         let task = task_name(p);
-        if applied(blob_store.as_ref(), &job, &task, point, settings)
-            .await?
-            .is_none()
+        if applied(
+            blob_store.as_ref(),
+            &job,
+            &task,
+            point,
+            &settings.start_from_id,
+        )
+        .await?
+        .is_none()
         {
             pending.push(task);
         }
@@ -70,7 +76,7 @@ pub async fn check_start_from(
     Ok(())
 }
 
-/// The record of `task` having started from `point`, if it did — with `settings.start_from_id`
+/// The record of `task` having started from `point`, if it did — with the start-from id `id`
 /// when one is given: a point is applied once per id, and without an id once whatever id it
 /// was last applied with (a restart with the old settings never rolls back again).
 pub(super) async fn applied(
@@ -78,9 +84,8 @@ pub(super) async fn applied(
     job: &JobScope,
     task: &str,
     point: &crate::blob::time::history::CheckpointRef,
-    settings: &JobSettings,
+    id: &Option<String>,
 ) -> Result<Option<StartedFrom>> {
-    let id = &settings.start_from_id;
     Ok(read_start_from(store, job, task)
         .await?
         .filter(|r| point.is_recorded_as(&r.start_from) && (id.is_none() || r.id == *id)))
@@ -96,7 +101,9 @@ pub async fn start_from_pending(
         return Ok(false);
     };
     let job = JobScope::new(&settings.job_name, &settings.job_id)?;
-    Ok(applied(store, &job, task, point, settings).await?.is_none())
+    Ok(applied(store, &job, task, point, &settings.start_from_id)
+        .await?
+        .is_none())
 }
 
 /// The point `task` last started from and the number of the head checkpoint it committed for
@@ -124,24 +131,37 @@ pub(super) fn start_from_key(job: &JobScope, task: &str) -> Result<crate::blobst
     job.start_from_key(task)
 }
 
-/// Start `task` (claimed: `commits`) from `settings.start_from` (none: `last` as it is):
-/// commit a new head with the point's offsets and markers, record that it did, and return
-/// the checkpoint to restore with what was done, in words for the task's summary. Already
-/// applied: `last` as it is, and the note says so.
-pub(super) async fn start_from(
+/// Where a task starts when an operator chose a point: the point, the id it is applied under
+/// (`start-from-id`), and the sweep grace of the job (a fork's index reuse is bounded by it).
+#[derive(Clone, Debug)]
+pub struct StartFrom {
+    /// The point (`savepoint:NAME`, `#N`, `@TIME`, `savepoint:JOB/JOB-ID/NAME`).
+    pub point: crate::blob::time::history::CheckpointRef,
+    /// Applied once per id; without one, once.
+    pub id: Option<String>,
+    /// The job's sweep grace.
+    pub grace: std::time::Duration,
+}
+
+/// Start `task` (claimed: `commits`) from `from` (none: `last` as it is): commit a new head
+/// with the point's offsets and markers, record that it did, and return the checkpoint to
+/// restore with what was done, in words for the task's summary. Already applied: `last` as
+/// it is, and the note says so. Used by the job runtime at each task's start and by the Samza
+/// plug-in's checkpoint manager at its claim of a task.
+pub async fn start_task_from(
     commits: &TaskCommitManager,
     ctx: &TaskContext,
     blob_store: &Arc<dyn BlobStore>,
-    job: &JobScope,
-    task: &str,
-    settings: &super::JobSettings,
+    from: Option<&StartFrom>,
     last: Option<Checkpoint>,
 ) -> Result<(Option<Checkpoint>, Option<String>)> {
-    let Some(point) = &settings.start_from else {
+    let Some(from) = from else {
         return Ok((last, None));
     };
-    let grace = settings.gc_grace;
-    if let Some(r) = applied(blob_store.as_ref(), job, task, point, settings).await? {
+    let job = &JobScope::new(&ctx.job_name, &ctx.job_id)?;
+    let task = ctx.task_name.as_str();
+    let (point, grace) = (&from.point, from.grace);
+    if let Some(r) = applied(blob_store.as_ref(), job, task, point, &from.id).await? {
         tracing::info!(task, start_from = %point, seq = r.seq, "start-from was applied before (at #{}); resuming from the latest checkpoint", r.seq);
         let note = format!(
             "start-from {point} was applied before (its head is #{}), not again: resumed from the latest checkpoint (a new --start-from-id applies it again)",
@@ -193,7 +213,7 @@ pub(super) async fn start_from(
             .map(|c| c.id.to_string())
             .unwrap_or_default(),
         pins,
-        id: settings.start_from_id.clone(),
+        id: from.id.clone(),
     };
     let bytes = serde_json::to_vec(&record).map_err(|e| Error::invalid(e.to_string()))?;
     blob_store

@@ -39,6 +39,7 @@ use blobsnap::blob::restore::RestoreSettings;
 use blobsnap::checkpoint::{BlobCheckpointStore, Checkpoint, CheckpointId, CheckpointStore};
 use blobsnap::commit::TaskCommitManager;
 use blobsnap::config::Settings;
+use blobsnap::job::{start_task_from, StartFrom};
 use blobsnap::layout::JobScope;
 use blobsnap::{Error, ErrorKind};
 use jni::objects::{GlobalRef, JByteArray, JClass, JObject, JObjectArray, JString, JValue};
@@ -962,12 +963,23 @@ pub extern "system" fn Java_blobsnap_Native_taskClaim<'l>(
             Arc::clone(&e.store),
             JobScope::new(&ctx.job_name, &ctx.job_id)?,
         ));
+        // An operator's start-from (`blobsnap.job.start-from`: a rollback to a savepoint or a
+        // retained checkpoint, a fork of another job), applied at the claim as the runtime
+        // does: the point's checkpoint is committed as the new head, and Samza reads it.
+        let from = match &job.start_from {
+            Some(p) => Some(StartFrom {
+                point: p.parse()?,
+                id: job.start_from_id.clone(),
+                grace: Duration::from_secs(job.gc_grace_secs),
+            }),
+            None => None,
+        };
         let (commits, previous) = block_on(async {
             let previous = checkpoints
                 .latest(&ctx.task_name)
                 .await?
                 .map(|c| c.checkpoint);
-            let (commits, _claim) = TaskCommitManager::start(
+            let (commits, claim) = TaskCommitManager::start(
                 ctx.clone(),
                 Arc::clone(&checkpoints),
                 Arc::new(SystemClock),
@@ -975,6 +987,16 @@ pub extern "system" fn Java_blobsnap_Native_taskClaim<'l>(
                 job.unsafe_no_fencing,
             )
             .await?;
+            let (started, note) =
+                start_task_from(&commits, &ctx, &e.store, from.as_ref(), claim).await?;
+            if let Some(note) = note {
+                tracing::warn!(task = %ctx.task_name, "{note}");
+            }
+            let previous = if from.is_some() && previous.is_some() {
+                started
+            } else {
+                previous
+            };
             Ok((commits, previous))
         })?;
         let commits = commits.with_retention_tiers(job.retention.tiers.clone());

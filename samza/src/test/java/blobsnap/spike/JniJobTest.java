@@ -37,8 +37,11 @@ import org.junit.jupiter.api.Test;
  * from the job's event log, never a sleep); before runs 2 and 4 its local state is deleted (a new
  * host), run 3 restarts on the same host. Each restart must restore exactly the store of the
  * checkpoint it resumes from ({@code lines-in-store} = offset + 1) and resume right after its
- * offset; the final counts must EQUAL an independent count of the input. blobsnap's own binary
- * then lists the job's checkpoints with their offsets and reads every retained blob back.
+ * offset. Between the runs an operator works on the job with blobsnap's binary: a savepoint after
+ * run 1, {@code unlock} and {@code gc} after run 3; run 4 starts from that savepoint (a
+ * rollback, {@code blobsnap.job.start-from}) and the final counts must still EQUAL an independent
+ * count of the input. blobsnap then lists the job's checkpoints with their offsets and reads every
+ * retained blob back.
  */
 class JniJobTest {
   static final int LINES = 3000;
@@ -115,6 +118,7 @@ class JniJobTest {
         "blobsnap.job.gc-grace-secs=600"));
 
     long lastOffset = -1;
+    long savepointOffset = -1;
     List<String> report = new ArrayList<>();
     for (int run = 1; run <= 3; run++) {
       if (run != 3) {
@@ -132,29 +136,47 @@ class JniJobTest {
       assertTrue(p.waitFor(30, TimeUnit.SECONDS), "run " + run + " did not die");
       assertEquals(137, p.exitValue(), "run " + run + " must die by SIGKILL");
       List<String> ev = SamzaJobTest.events(work).subList(before, SamzaJobTest.events(work).size());
-      checkResumed(ev, lastOffset, run, work);
+      long resumed = checkResumed(ev, lastOffset, run, work);
+      if (run == 2) {
+        savepointOffset = resumed; // the savepoint made after run 1 names the checkpoint run 2 resumed from
+      }
       List<Long> w = written(work, before);
       lastOffset = w.get(w.size() - 1);
       // The kill may fall after a later write than the log's last line: the next run reads
       // which one it resumes from, and checks it against the log.
       report.add("run " + run + " killed after offset " + lastOffset);
+      if (run == 1) {
+        // An operator's savepoint of the stopped job: the rollback target of run 4.
+        blobsnap(work, bucket, "savepoint", "create", "--job", JOB, "--job-id", "1", "--name", "after-run1");
+      }
       List<Long> all = written(work, 0);
       if (!(lastOffset < LINES - 1)) {
         fail("run " + run + " reached the end of the input before its kill: make the input longer (" + all + ")");
       }
     }
 
-    // Run 4 on a new host: restores, resumes and runs to the end of the input.
+    // The operator's second hour on a Samza job: the killed JVM's writer lease released (its
+    // process is gone), a sweep of the job's orphans (the grace of its scope), nothing a
+    // retained checkpoint or the savepoint names deleted (run 4 restores, check reads all).
+    String unlock = blobsnap(work, bucket, "unlock", "--job", JOB, "--job-id", "1");
+    String gc = blobsnap(work, bucket, "gc", "--job", JOB, "--job-id", "1");
+
+    // Run 4 on a new host, rolled back to the savepoint: restores its checkpoint, resumes
+    // after its offset and runs to the end of the input; the counts are still exact.
     deleteState(work);
     int before = SamzaJobTest.events(work).size();
-    Process p4 = start(work, input, 0, true, "run4", overrides);
+    List<String> rollback = new ArrayList<>(overrides);
+    rollback.add("blobsnap.job.start-from=savepoint:after-run1");
+    Process p4 = start(work, input, 0, true, "run4", rollback);
     if (!p4.waitFor(WAIT_SECONDS, TimeUnit.SECONDS)) {
       p4.destroyForcibly();
       fail("run 4 did not finish within " + WAIT_SECONDS + " s: see " + work.resolve("run4.log"));
     }
     assertEquals(0, p4.exitValue(), () -> "run 4 failed: see " + work.resolve("run4.log") + "\n" + tail(work, "run4"));
     List<String> ev4 = SamzaJobTest.events(work).subList(before, SamzaJobTest.events(work).size());
-    checkResumed(ev4, lastOffset, 4, work);
+    long resumed4 = checkResumed(ev4, savepointOffset, 4, work);
+    assertEquals(savepointOffset, resumed4, "run 4 starts from the savepoint's checkpoint (a rollback): " + ev4);
+    assertTrue(savepointOffset < lastOffset, "the savepoint is older than the last checkpoint");
     assertTrue(ev4.contains("task.endOfStream lines-in-store=" + LINES), ev4.toString());
     Map<String, Integer> got = SamzaJobTest.readCounts(work.resolve("counts.txt"));
     assertEquals(expected, got, "the final word counts equal an independent count of the input");
@@ -172,18 +194,20 @@ class JniJobTest {
     assertTrue(cps.contains("lines.input.0"), "the Samza job's input offsets are in blobsnap's history: " + cps);
     assertTrue(cps.contains("\"marker\":\"index/"), "its store's marker, an index of blobsnap's layout: " + cps);
     String check = blobsnap(work, bucket, "check", "--job", JOB, "--job-id", "1", "--read-data");
-    System.out.printf("jni job: %s; run 4 restored %d lines and finished; counts exact (%d words); %.1f s%n%s%n",
-        report, lastOffset + 1, expected.size() - 1, (System.nanoTime() - t0) / 1e9, check);
+    System.out.printf("jni job: %s; unlock: %s; gc: %s; run 4 rolled back to savepoint after-run1 (offset %d),"
+            + " restored %d lines and finished; counts exact (%d words); %.1f s%n%s%n",
+        report, unlock.trim(), gc.trim(), savepointOffset, savepointOffset + 1, expected.size() - 1,
+        (System.nanoTime() - t0) / 1e9, check);
   }
 
   /**
    * A restarted run must start from the checkpoint it read, with the store restored exactly to
    * it, and resume right after its offset.
    */
-  static void checkResumed(List<String> ev, long lastLogged, int run, Path work) {
+  static long checkResumed(List<String> ev, long lastLogged, int run, Path work) {
     if (run == 1) {
       assertTrue(ev.contains("checkpoint.read none"), "run 1 starts with no checkpoint: " + ev);
-      return;
+      return -1;
     }
     String read = ev.stream().filter(e -> e.startsWith("checkpoint.read ")).findFirst()
         .orElseThrow(() -> new AssertionError("run " + run + " read no checkpoint: " + ev));
@@ -196,6 +220,7 @@ class JniJobTest {
     assertTrue(ev.contains("task.init Partition 0 lines-in-store=" + (k + 1)),
         "run " + run + "'s store holds exactly the " + (k + 1) + " lines of its checkpoint: " + ev + "\n"
             + tail(work, "run" + run));
+    return k;
   }
 
   static List<Long> written(Path work, int from) throws IOException {
