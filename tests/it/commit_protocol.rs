@@ -956,3 +956,54 @@ async fn nothing_leaves_retention_while_a_store_hydrates() {
     assert_eq!(after.len(), 2, "back to the retention: {after:?}");
     assert!(before.iter().all(|s| !after.contains(s)), "{after:?}");
 }
+
+/// A checkpoint made elsewhere (a Samza job's, through the JNI plug-in's checkpoint manager):
+/// `commit_made` writes it create-only under the next number — a zombie of the task that
+/// claimed it earlier loses with `Conflict` and writes nothing — accepts an id older than the
+/// last (Samza mints ids from its own clock), and trims the history to the retention.
+#[tokio::test]
+async fn a_checkpoint_made_elsewhere_is_committed_fenced_and_trimmed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store: Arc<dyn BlobStore> = Arc::new(LocalStore::new(tmp.path().join("s")).unwrap());
+    let cps: Arc<dyn CheckpointStore> = Arc::new(BlobCheckpointStore::new(
+        Arc::clone(&store),
+        JobScope::new("proto", "1").unwrap(),
+    ));
+    let clock = Arc::new(At(AtomicU64::new(1_000)));
+    let made = |millis: u64, offset: u64| CheckpointV2 {
+        id: CheckpointId::new(millis, 42).unwrap(),
+        input_offsets: offsets(offset),
+        state_checkpoint_markers: BTreeMap::from([(
+            "blobsnap.BlobStoreStateBackendFactory".to_string(),
+            BTreeMap::from([("counts".to_string(), format!("index/{millis}-42.x.json"))]),
+        )]),
+    };
+    let (zombie, _) = TaskCommitManager::start(ctx(), Arc::clone(&cps), clock.clone(), 2, false)
+        .await
+        .unwrap();
+    zombie.commit_made(made(5_000, 10)).await.unwrap();
+    // A new container of the task claims it; the old one's next write loses, and writes nothing.
+    let (newer, last) = TaskCommitManager::start(ctx(), Arc::clone(&cps), clock.clone(), 2, false)
+        .await
+        .unwrap();
+    assert_eq!(last.unwrap().as_v2().unwrap().input_offsets, offsets(10));
+    let e = zombie.commit_made(made(6_000, 20)).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Conflict, "{e}");
+    // Ids that do not increase are committed as they come.
+    newer.commit_made(made(9_000, 30)).await.unwrap();
+    let r = newer.commit_made(made(7_000, 40)).await.unwrap();
+    let latest = cps.latest("Partition 0").await.unwrap().unwrap();
+    assert_eq!(latest.seq, r.seq);
+    assert_eq!(
+        latest.checkpoint.as_v2().unwrap().input_offsets,
+        offsets(40),
+        "the latest is the last written, whatever its id"
+    );
+    // Retention 2: the history holds the newest two ids (the zombie's lost write is nowhere).
+    let history = cps.history("Partition 0", 100).await.unwrap();
+    let ids: Vec<String> = history
+        .iter()
+        .map(|c| c.checkpoint.as_v2().unwrap().id.to_string())
+        .collect();
+    assert_eq!(ids, ["7000-42", "9000-42"], "{history:?}");
+}
