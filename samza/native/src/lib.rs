@@ -630,6 +630,7 @@ fn init_logging() {
         let filter = std::env::var("BLOBSNAP_LOG").unwrap_or_else(|_| "warn".to_string());
         let _ = tracing_subscriber::fmt()
             .with_writer(std::io::stderr)
+            .with_ansi(false)
             .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
             .with_target(false)
             .try_init();
