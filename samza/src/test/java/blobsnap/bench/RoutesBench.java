@@ -196,13 +196,13 @@ public final class RoutesBench {
         for (Route r : routes) {
           String bucket = r == samza ? samzaBucket : jniBucket;
           java.util.Set<String> before = new java.util.HashSet<>();
-          list(raw, bucket).forEach(o -> before.add(o.key()));
+          list(raw, bucket).forEach(obj -> before.add(obj.key()));
           long t = System.nanoTime();
           Map<String, String> m = commit(backups.get(r), cid);
           times.computeIfAbsent(r, x -> new ArrayList<>()).add((System.nanoTime() - t) / 1e6);
           // The bytes of the objects this commit added (a cleanup's deletes do not count).
           added.computeIfAbsent(r, x -> new ArrayList<>()).add(list(raw, bucket).stream()
-              .filter(o -> !before.contains(o.key())).mapToLong(S3Object::size).sum());
+              .filter(obj -> !before.contains(obj.key())).mapToLong(S3Object::size).sum());
           backups.get(r).cleanUp(cid, m).get(600, TimeUnit.SECONDS);
           last.put(r, m);
           lastId.put(r, cid);
