@@ -14,7 +14,9 @@ cd "$(dirname "$0")/.."
 target=${CARGO_TARGET_DIR:-$PWD/target}
 lib=${BLOBSNAP_BENCH_LIB:-$target/release/libblobsnap_samza_jni.so}
 if [ -z "${BLOBSNAP_BENCH_LIB:-}" ]; then
-  CXXSTDLIB_STATIC=1 cargo build --release --locked -p blobsnap-samza-jni
+  libstdcxx=$(g++ -print-file-name=libstdc++.a)
+  CXXSTDLIB= BLOBSNAP_STATIC_LIBSTDCXX_DIR=$(dirname "$libstdcxx") \
+    cargo build --release --locked -p blobsnap-samza-jni
 fi
 (cd samza-s3 && mvn -B -q -ntp -o -DskipTests install)
 (cd samza && mvn -B -q -ntp -o -DskipTests test-compile dependency:build-classpath -Dmdep.outputFile=target/test-classpath.txt -Dmdep.includeScope=test)

@@ -13,11 +13,15 @@ cd "$(dirname "$0")/.."
 offline=()
 [ "${1:-}" = --offline ] && offline=(-o)
 target=${CARGO_TARGET_DIR:-$PWD/target}
-# cc (RocksDB's C++ and the lazy file system's) links the C++ standard library statically.
-CXXSTDLIB_STATIC=1 cargo build --release --locked -p blobsnap-samza-jni
+# The C++ standard library, linked in statically: cc (RocksDB's C++ build and the lazy file
+# system's) links none (CXXSTDLIB empty), samza/native/build.rs links libstdc++.a.
+libstdcxx=$(g++ -print-file-name=libstdc++.a)
+[ -f "$libstdcxx" ] || { echo "samza-jar.sh: no libstdc++.a (g++ -print-file-name: $libstdcxx)" >&2; exit 1; }
+CXXSTDLIB= BLOBSNAP_STATIC_LIBSTDCXX_DIR=$(dirname "$libstdcxx") \
+  cargo build --release --locked -p blobsnap-samza-jni
 lib=$target/release/libblobsnap_samza_jni.so
 if readelf -d "$lib" | grep -q 'NEEDED.*libstdc++'; then
-  echo "samza-jar.sh: $lib still needs libstdc++.so (CXXSTDLIB_STATIC not honoured)" >&2
+  echo "samza-jar.sh: $lib still needs libstdc++.so" >&2
   exit 1
 fi
 floor=$(objdump -T "$lib" | grep -o 'GLIBC_[0-9][0-9.]*' | sort -uV | tail -1)

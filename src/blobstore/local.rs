@@ -49,18 +49,23 @@ impl std::fmt::Display for LocalStore {
 }
 
 impl LocalStore {
-    /// Open (creating if needed) a store rooted at `root`.
+    /// Open (creating if needed) a store rooted at `root`. The warning that a store on the
+    /// state's disk does not survive that disk is logged once per store, when it is created
+    /// (issue 51, item 12: every command repeated it).
     pub fn new(root: impl Into<PathBuf>) -> Result<Self> {
         let root = root.into();
+        let created = !root.exists();
         std::fs::create_dir_all(&root)
             .map_err(|e| Error::io(format!("create store root {}", root.display()), e))?;
         let root = root
             .canonicalize()
             .map_err(|e| Error::io(format!("resolve store root {}", root.display()), e))?;
-        tracing::warn!(
-            root = %root.display(),
-            "using the local blob store: a backup on the same disk as the state does not survive the loss of that disk"
-        );
+        if created {
+            tracing::warn!(
+                root = %root.display(),
+                "created a local blob store: a backup on the same disk as the state does not survive the loss of that disk"
+            );
+        }
         Ok(LocalStore { root })
     }
 

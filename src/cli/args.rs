@@ -37,10 +37,20 @@ pub(crate) struct StoreArgs {
     #[arg(long, global = true, help_heading = "Blob store (every command)")]
     pub(crate) s3_endpoint: Option<String>,
     /// S3 region.
-    #[arg(long, global = true, help_heading = "Blob store (every command)")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Blob store (every command)",
+        hide_short_help = true
+    )]
     pub(crate) s3_region: Option<String>,
     /// Key prefix inside the bucket ("" or ending in "/").
-    #[arg(long, global = true, help_heading = "Blob store (every command)")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Blob store (every command)",
+        hide_short_help = true
+    )]
     pub(crate) s3_prefix: Option<String>,
     /// Path-style addressing (most S3-compatible servers need it).
     #[arg(long, global = true, help_heading = "Blob store (every command)")]
@@ -50,20 +60,24 @@ pub(crate) struct StoreArgs {
         long,
         global = true,
         help_heading = "Limits of the whole process (every command)",
+        hide_short_help = true,
         value_name = "N"
     )]
     pub(crate) max_transfers: Option<usize>,
     /// Upload bandwidth, bytes/s: "50MiB/s" [store.max-upload-rate; 0: none].
-    #[arg(long, global = true, help_heading = "Limits of the whole process (every command)", value_name = "RATE", value_parser = parse_rate)]
+    #[arg(long, global = true, help_heading = "Limits of the whole process (every command)",
+        hide_short_help = true, value_name = "RATE", value_parser = parse_rate)]
     pub(crate) max_upload_rate: Option<u64>,
     /// Download bandwidth, bytes/s: "200MiB/s" [store.max-download-rate; 0: none].
-    #[arg(long, global = true, help_heading = "Limits of the whole process (every command)", value_name = "RATE", value_parser = parse_rate)]
+    #[arg(long, global = true, help_heading = "Limits of the whole process (every command)",
+        hide_short_help = true, value_name = "RATE", value_parser = parse_rate)]
     pub(crate) max_download_rate: Option<u64>,
     /// Requests per second [store.max-request-rate; 0: none].
     #[arg(
         long,
         global = true,
         help_heading = "Limits of the whole process (every command)",
+        hide_short_help = true,
         value_name = "N"
     )]
     pub(crate) max_request_rate: Option<u64>,
@@ -460,14 +474,39 @@ impl StoreArgs {
         out.join(" ")
     }
 
-    /// Whether the flags, the settings file or the environment name a blob store.
+    /// Whether the flags, the settings file or the environment name a blob store. A settings
+    /// file names one only with a `[store]` table: a file of `[job]` settings alone leaves
+    /// `demo` and `standby` on their `--dir/store` (issue 51, item 8: it moved the demo to the
+    /// settings' default `./blobsnap-store`, a new empty store). A file that cannot be read
+    /// counts as naming one: loading it then says what is wrong.
     pub(crate) fn names_a_store(&self) -> bool {
         self.local.is_some()
             || self.bucket.is_some()
-            || self.config.is_some()
+            || self.config.as_deref().is_some_and(config_names_a_store)
             || std::env::var_os("BLOBSNAP_STORE").is_some()
             || std::env::var_os("BLOBSNAP_LOCAL_DIR").is_some()
     }
+}
+
+/// Whether the settings file at `path` sets `[store] key` (unreadable or unparsable: true, so
+/// that loading it says what is wrong).
+fn config_store_has(path: &std::path::Path, key: &str) -> bool {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| text.parse::<toml::Table>().ok())
+        .is_none_or(|t| {
+            t.get("store")
+                .and_then(|s| s.as_table())
+                .is_some_and(|s| s.contains_key(key))
+        })
+}
+
+/// Whether the settings file at `path` has a `[store]` table (unreadable or unparsable: true).
+fn config_names_a_store(path: &std::path::Path) -> bool {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| text.parse::<toml::Table>().ok())
+        .is_none_or(|t| t.contains_key("store"))
 }
 
 /// The store a command works on that reads or changes what exists (everything but `demo`,
@@ -576,14 +615,25 @@ pub(crate) fn store_settings(args: &StoreArgs) -> blobsnap::Result<Settings> {
     args.apply_limits(&mut settings)?;
     // A local store needs its dir named (a flag, the settings file, or BLOBSNAP_LOCAL_DIR),
     // never the relative default: a typo'd environment would otherwise write to ./blobsnap-store.
+    // A settings file names it only with `[store] local-dir`.
     if settings.store.kind == StoreKind::Local
         && args.local.is_none()
-        && args.config.is_none()
+        && !args
+            .config
+            .as_deref()
+            .is_some_and(|p| config_store_has(p, "local-dir"))
         && std::env::var_os("BLOBSNAP_LOCAL_DIR").is_none()
     {
+        let file = match &args.config {
+            Some(p) => format!(
+                "the settings file {} names no store (no [store] local-dir, and no kind = \"s3\"); ",
+                p.display()
+            ),
+            None => String::new(),
+        };
         return Err(Error::new(
             ErrorKind::InvalidInput,
-            "no blob store given: use --local DIR, --bucket B (S3) or --config FILE, or in the environment BLOBSNAP_LOCAL_DIR=DIR (with BLOBSNAP_STORE=local, the default) or BLOBSNAP_STORE=s3 with BLOBSNAP_S3_BUCKET=B",
+            format!("no blob store given: {file}use --local DIR, --bucket B (S3) or --config FILE, or in the environment BLOBSNAP_LOCAL_DIR=DIR (with BLOBSNAP_STORE=local, the default) or BLOBSNAP_STORE=s3 with BLOBSNAP_S3_BUCKET=B"),
         ));
     }
     Ok(settings)

@@ -36,11 +36,13 @@ pub(crate) async fn ls_command(args: &StoreArgs, json: bool) -> blobsnap::Result
     }
     let mut jobs: std::collections::BTreeMap<String, std::collections::BTreeMap<String, TaskInfo>> =
         Default::default();
+    let mut ours = false;
     for m in &all {
         use blobsnap::layout::KeyKind;
         let Some(p) = blobsnap::layout::parse(&m.key) else {
             continue;
         };
+        ours |= !matches!(p.kind, KeyKind::Unknown { .. });
         let job = format!("{}/{}", p.job_name, p.job_id);
         match p.kind {
             KeyKind::Checkpoint { task, seq } => {
@@ -80,6 +82,9 @@ pub(crate) async fn ls_command(args: &StoreArgs, json: bool) -> blobsnap::Result
             _ => {}
         }
     }
+    if !ours && !all.is_empty() {
+        return Err(not_a_store(args, &all));
+    }
     if json {
         println!("{}", serde_json::json!({"schema": 1, "jobs": jobs}));
         return Ok(());
@@ -107,6 +112,34 @@ pub(crate) async fn ls_command(args: &StoreArgs, json: bool) -> blobsnap::Result
         }
     }
     Ok(())
+}
+
+/// A store that holds keys but no job, task or store of blobsnap's layout: the wrong dir or
+/// bucket (`--local blobsnap-demo` for `--local blobsnap-demo/store`), named with what it holds
+/// (issue 51, item 11) instead of an empty listing.
+fn not_a_store(args: &StoreArgs, all: &[blobsnap::blobstore::ObjectMeta]) -> blobsnap::Error {
+    let mut tops: Vec<String> = all
+        .iter()
+        .filter_map(|m| m.key.as_str().split('/').next().map(str::to_string))
+        .collect();
+    tops.dedup();
+    tops.truncate(8);
+    let hint = match &args.local {
+        Some(dir) if dir.join("store").is_dir() && dir.join("state").is_dir() => format!(
+            " ({} looks like a demo's --dir: its store is {})",
+            dir.display(),
+            dir.join("store").display()
+        ),
+        _ => String::new(),
+    };
+    blobsnap::Error::new(
+        blobsnap::ErrorKind::NotFound,
+        format!(
+            "no job stored here: the store holds {} objects, none of blobsnap's layout (top level: {}){hint}; a typo in --local, --bucket or --s3-prefix?",
+            all.len(),
+            tops.join(", ")
+        ),
+    )
 }
 
 /// The newest marker as the text of its key (as `ls --json` always printed it).

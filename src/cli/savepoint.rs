@@ -95,6 +95,13 @@ pub(crate) async fn run(
         }
         SavepointAction::Ls { job } => {
             let (job_name, job_id) = (job.job, job.job_id);
+            // A typo in --job fails as everywhere else (naming what the store holds), never
+            // "has no savepoint" (issue 51, item 11).
+            blobsnap::blob::history::require_job(
+                store.as_ref(),
+                &JobScope::new(&job_name, &job_id)?,
+            )
+            .await?;
             let (all, unreadable) =
                 savepoint::list_all(store.as_ref(), &JobScope::new(&job_name, &job_id)?).await?;
             if json {

@@ -7,6 +7,7 @@ use super::args::{open_demo_store, StoreArgs};
 use super::progress::mib;
 use blobsnap::config::Settings;
 use blobsnap::job::standby::{follow, StandbySettings, StandbyUpdate};
+use blobsnap::{Error, ErrorKind};
 use clap::Args;
 
 #[derive(Args)]
@@ -43,6 +44,18 @@ pub(crate) async fn run(
         &args.dir.join("state"),
         &super::args::protected_store(store_args, Some(&args.dir)),
     )?;
+    // Without store flags the store is the demo's, DIR/store: a DIR without one is a wrong
+    // --dir (a standby there would wait forever for a job that is not in it), or a job whose
+    // store is elsewhere (its flags were left out).
+    if !store_args.names_a_store() && !args.dir.join("store").is_dir() {
+        return Err(Error::new(
+            ErrorKind::NotFound,
+            format!(
+                "no blob store to stand by for: {} does not exist (without store flags a standby follows the demo's store under --dir); give the job's --dir, or the job's store flags (--local DIR, --bucket B …)",
+                args.dir.join("store").display()
+            ),
+        ));
+    }
     let blob_store = open_demo_store(store_args, &args.dir).await?;
     let job_settings = blobsnap::job::JobSettings {
         job_name: job.name.clone(),
