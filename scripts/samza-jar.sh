@@ -28,6 +28,8 @@ floor=$(objdump -T "$lib" | grep -o 'GLIBC_[0-9][0-9.]*' | sort -uV | tail -1)
 res=samza/target/native-resource/blobsnap/native/linux-x86_64
 mkdir -p "$res"
 strip --strip-unneeded -o "$res/libblobsnap_samza_jni.so" "$lib"
+# The loader names it when the library does not load (an older glibc).
+echo "${floor/GLIBC_/glibc }" > "$res/glibc-floor.txt"
 (cd samza && mvn -B -ntp -Dstyle.color=never "${offline[@]}" -DskipTests package)
 jar=$(ls samza/target/blobsnap-samza-*.jar)
 unzip -l "$jar" | grep -q 'blobsnap/native/linux-x86_64/libblobsnap_samza_jni.so' || {

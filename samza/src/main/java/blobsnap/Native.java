@@ -56,12 +56,30 @@ final class Native {
         System.load(tmp.toAbsolutePath().toString());
       } catch (UnsatisfiedLinkError e) {
         UnsatisfiedLinkError out = new UnsatisfiedLinkError("blobsnap: cannot load the native library from the jar"
-            + " (it needs glibc 2.28 or later on Linux x86-64): " + e.getMessage());
+            + " (it needs " + floor() + " or later on Linux x86-64; elsewhere build samza/native and set -D"
+            + LIB_PROPERTY + "): " + e.getMessage());
         out.initCause(e);
         throw out;
       }
     } catch (IOException e) {
       throw new UnsatisfiedLinkError("blobsnap: cannot copy the native library out of the jar: " + e);
+    }
+  }
+
+  /** The oldest glibc the jar's library runs on, as scripts/samza-jar.sh recorded it. */
+  static String floor() {
+    try (InputStream in = Native.class.getResourceAsStream("/blobsnap/native/linux-x86_64/glibc-floor.txt")) {
+      if (in == null) {
+        return "the glibc it was built against";
+      }
+      java.io.ByteArrayOutputStream b = new java.io.ByteArrayOutputStream();
+      byte[] buf = new byte[64];
+      for (int n; (n = in.read(buf)) > 0;) {
+        b.write(buf, 0, n);
+      }
+      return new String(b.toByteArray(), java.nio.charset.StandardCharsets.UTF_8).trim();
+    } catch (IOException e) {
+      return "the glibc it was built against";
     }
   }
 
