@@ -37,20 +37,10 @@ pub(crate) struct StoreArgs {
     #[arg(long, global = true, help_heading = "Blob store (every command)")]
     pub(crate) s3_endpoint: Option<String>,
     /// S3 region.
-    #[arg(
-        long,
-        global = true,
-        help_heading = "Blob store (every command)",
-        hide_short_help = true
-    )]
+    #[arg(long, global = true, help_heading = "Blob store (every command)")]
     pub(crate) s3_region: Option<String>,
     /// Key prefix inside the bucket ("" or ending in "/").
-    #[arg(
-        long,
-        global = true,
-        help_heading = "Blob store (every command)",
-        hide_short_help = true
-    )]
+    #[arg(long, global = true, help_heading = "Blob store (every command)")]
     pub(crate) s3_prefix: Option<String>,
     /// Path-style addressing (most S3-compatible servers need it).
     #[arg(long, global = true, help_heading = "Blob store (every command)")]
@@ -60,24 +50,20 @@ pub(crate) struct StoreArgs {
         long,
         global = true,
         help_heading = "Limits of the whole process (every command)",
-        hide_short_help = true,
         value_name = "N"
     )]
     pub(crate) max_transfers: Option<usize>,
     /// Upload bandwidth, bytes/s: "50MiB/s" [store.max-upload-rate; 0: none].
-    #[arg(long, global = true, help_heading = "Limits of the whole process (every command)",
-        hide_short_help = true, value_name = "RATE", value_parser = parse_rate)]
+    #[arg(long, global = true, help_heading = "Limits of the whole process (every command)", value_name = "RATE", value_parser = parse_rate)]
     pub(crate) max_upload_rate: Option<u64>,
     /// Download bandwidth, bytes/s: "200MiB/s" [store.max-download-rate; 0: none].
-    #[arg(long, global = true, help_heading = "Limits of the whole process (every command)",
-        hide_short_help = true, value_name = "RATE", value_parser = parse_rate)]
+    #[arg(long, global = true, help_heading = "Limits of the whole process (every command)", value_name = "RATE", value_parser = parse_rate)]
     pub(crate) max_download_rate: Option<u64>,
     /// Requests per second [store.max-request-rate; 0: none].
     #[arg(
         long,
         global = true,
         help_heading = "Limits of the whole process (every command)",
-        hide_short_help = true,
         value_name = "N"
     )]
     pub(crate) max_request_rate: Option<u64>,

@@ -439,6 +439,28 @@ fn every_json_document_is_kebab_case() {
         vec!["backup", "--db", "r", "--name", "nb"],
         vec!["forget", "--name", "nb", "--keep", "1", "--dry-run"],
         vec!["unlock", "--job", "wordcount", "--dry-run"],
+        // The demo again on its store (nothing new to read: it resumes, commits, checks).
+        vec![
+            "demo",
+            "--partitions",
+            "1",
+            "--lines",
+            "1500",
+            "--commit-every",
+            "300",
+        ],
+        // A standby of the demo's task on another dir, up to the checkpoint it finds.
+        vec![
+            "standby",
+            "--dir",
+            "standby-dir",
+            "--task",
+            "Partition 0",
+            "--stores",
+            "counts",
+            "--until-seq",
+            "1",
+        ],
         vec![
             "savepoint",
             "rm",
