@@ -42,29 +42,48 @@ impl StoreDirLock {
             std::fs::create_dir_all(parent)
                 .map_err(|e| Error::io(format!("create {}", parent.display()), e))?;
         }
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
-        rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).map_err(
-            |e| {
-                if e == rustix::io::Errno::WOULDBLOCK {
-                    Error::new(
-                        ErrorKind::Conflict,
-                        format!(
-                            "store dir {} is in use by another task or process (it holds {})",
-                            store_dir.display(),
-                            path.display()
-                        ),
-                    )
-                } else {
-                    Error::io(format!("lock {}", path.display()), e.into())
-                }
-            },
-        )?;
+        // A holder deletes the lock file when it lets go (nothing is left beside the dir):
+        // the file locked here must still be the one at `path`, else a holder unlinked it
+        // between this open and this lock — open the new one and lock again.
+        let mut attempts = 0;
+        let file = loop {
+            attempts += 1;
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+            rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+                .map_err(|e| {
+                    if e == rustix::io::Errno::WOULDBLOCK {
+                        Error::new(
+                            ErrorKind::Conflict,
+                            format!(
+                                "store dir {} is in use by another task or process (it holds {})",
+                                store_dir.display(),
+                                path.display()
+                            ),
+                        )
+                    } else {
+                        Error::io(format!("lock {}", path.display()), e.into())
+                    }
+                })?;
+            if same_file(&file, &path) {
+                break file;
+            }
+            if attempts >= 16 {
+                return Err(Error::new(
+                    ErrorKind::Conflict,
+                    format!(
+                        "store dir {}: its lock file {} keeps being replaced (another process takes and lets go of it again and again)",
+                        store_dir.display(),
+                        path.display()
+                    ),
+                ));
+            }
+        };
         if store_dir.join("LOCK").exists() {
             // Locked by a RocksDB of another process → Conflict; we drop it at once.
             drop(super::rocks::ClosedDb::lock(store_dir).map_err(|e| {
@@ -90,6 +109,27 @@ impl StoreDirLock {
     }
 }
 
+/// Whether `path` names the file `file` is open on (same device and inode).
+fn same_file(file: &std::fs::File, path: &Path) -> bool {
+    match (rustix::fs::fstat(file), rustix::fs::stat(path)) {
+        (Ok(a), Ok(b)) => a.st_dev == b.st_dev && a.st_ino == b.st_ino,
+        _ => false,
+    }
+}
+
+impl Drop for StoreDirLock {
+    /// Deletes the lock file while still holding it (issue 51, item 12: a restore, failed or
+    /// not, left `<dir>.blobsnap.lock` beside its target); the next holder re-checks that the
+    /// file it locked is still the one at the path ([`StoreDirLock::acquire`]).
+    fn drop(&mut self) {
+        if same_file(&self._file, &self.path) {
+            if let Err(e) = std::fs::remove_file(&self.path) {
+                tracing::debug!(path = %self.path.display(), error = %e, "could not delete the store-dir lock file");
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,7 +145,33 @@ mod tests {
         );
         let e = StoreDirLock::acquire(&dir).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Conflict, "{e}");
+        let path = a.path().to_path_buf();
         drop(a);
-        StoreDirLock::acquire(&dir).unwrap();
+        assert!(!path.exists(), "the lock file goes with its holder");
+        let b = StoreDirLock::acquire(&dir).unwrap();
+        assert!(path.exists());
+        drop(b);
+    }
+
+    /// A file opened before its holder let go (and deleted it) is not the lock any more: the
+    /// next taker locks the file at the path, and two takers never both hold it.
+    #[test]
+    fn a_lock_file_deleted_under_a_waiter_is_not_taken_for_the_lock() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("s");
+        let a = StoreDirLock::acquire(&dir).unwrap();
+        // A waiter's descriptor on the file `a` holds, opened before `a` lets go.
+        let stale = std::fs::File::open(a.path()).unwrap();
+        let path = a.path().to_path_buf();
+        drop(a);
+        // The stale descriptor locks fine (its inode is free), but it is not at the path.
+        rustix::fs::flock(&stale, rustix::fs::FlockOperation::NonBlockingLockExclusive).unwrap();
+        assert!(!same_file(&stale, &path));
+        let b = StoreDirLock::acquire(&dir).unwrap();
+        assert!(same_file(&b._file, &path));
+        assert_eq!(
+            StoreDirLock::acquire(&dir).unwrap_err().kind(),
+            ErrorKind::Conflict
+        );
     }
 }

@@ -3904,3 +3904,80 @@ async fn typos_in_a_job_or_a_store_dir_fail_named() {
         "{err}"
     );
 }
+
+/// A restore leaves nothing beside its target (issue 51, item 12): no `<target>.blobsnap.lock`
+/// after it succeeds, nor after it fails on a corrupt blob (exit 4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_leaves_no_lock_file_beside_its_target() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = local_target(tmp.path());
+    let dir = tmp.path().join("demo");
+    let (code, _, err) = run(
+        &t,
+        &[
+            "demo",
+            "--dir",
+            dir.to_str().unwrap(),
+            "--partitions",
+            "1",
+            "--lines",
+            "400",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let restore = |to: &Path| {
+        let to = to.display().to_string();
+        let t = &t;
+        async move {
+            run(
+                t,
+                &[
+                    "restore",
+                    "--job",
+                    "wordcount",
+                    "--task",
+                    "Partition 0",
+                    "--store",
+                    "counts",
+                    "--to",
+                    &to,
+                ],
+            )
+            .await
+        }
+    };
+    let ok = tmp.path().join("ok");
+    let (code, _, err) = restore(&ok).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!tmp.path().join("ok.blobsnap.lock").exists());
+    // The largest blob of the store, corrupted in place.
+    let mut blobs: Vec<_> = walk_files(&tmp.path().join("store"))
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains("/blobs/"))
+        .collect();
+    blobs.sort_by_key(|p| std::fs::metadata(p).unwrap().len());
+    let big = blobs.last().expect("a blob");
+    let mut bytes = std::fs::read(big).unwrap();
+    bytes[0] ^= 1;
+    std::fs::write(big, bytes).unwrap();
+    let bad = tmp.path().join("bad");
+    let (code, _, err) = restore(&bad).await;
+    assert_eq!(code, Some(4), "{err}");
+    assert!(!tmp.path().join("bad.blobsnap.lock").exists(), "{err}");
+}
+
+fn walk_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else {
+                out.push(e.path());
+            }
+        }
+    }
+    out
+}
