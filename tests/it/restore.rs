@@ -1363,6 +1363,11 @@ mod cases {
             "a corrupt blob is fetched max_attempts times in all: {msg}"
         );
         assert!(msg.contains("after 3 attempts"), "{msg}");
+        assert_eq!(
+            msg.matches(key.as_str()).count(),
+            1,
+            "the key named once (issue 51, item 11): {msg}"
+        );
         assert_eq!(snapshot_of(&dst.dir), before);
 
         fx.store

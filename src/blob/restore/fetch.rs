@@ -202,7 +202,9 @@ pub(super) async fn fetch_verified(
             }
             Err(e) if matches!(e.kind(), ErrorKind::Corrupt | ErrorKind::NotFound) => {
                 let _ = std::fs::remove_file(tmp);
-                return Err(e.context(format!("file {path} (blob {key}) after {attempt} attempts")));
+                // The error names the blob's key ("blob K has SHA-256 …", "no object K"):
+                // named once (issue 51, item 11).
+                return Err(e.context(format!("file {path}, after {attempt} attempts")));
             }
             Err(e) if e.is_transient() && attempt < settings.max_attempts => {
                 tracing::warn!(file = %path, %key, attempt, error = %e, "download failed; retrying");
