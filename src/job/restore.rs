@@ -66,8 +66,49 @@ pub(super) async fn restore_task(
             );
             Ok((Some(c), Some(note), restored))
         }
+        Err(e)
+            if matches!(
+                e.kind(),
+                crate::ErrorKind::Corrupt | crate::ErrorKind::NotFound
+            ) =>
+        {
+            Err(with_next_steps(e, blob_store, job).await)
+        }
         Err(e) => Err(e),
     }
+}
+
+/// A restore that cannot succeed as configured, with what to do next (issue 51, item 11): an
+/// older retained checkpoint through the fallback, or a savepoint of the job (named, the
+/// newest first), and `check` to see what is damaged.
+async fn with_next_steps(e: Error, blob_store: &dyn BlobStore, job: &JobScope) -> Error {
+    let savepoints = match crate::blob::time::savepoint::list_all(blob_store, job).await {
+        Ok((mut all, _)) => {
+            all.sort_by_key(|s| std::cmp::Reverse(s.created_millis));
+            all.into_iter().map(|s| s.name).take(3).collect::<Vec<_>>()
+        }
+        Err(_) => Vec::new(),
+    };
+    let savepoint = match savepoints.first() {
+        Some(newest) => format!(
+            ", or start from a savepoint: --start-from savepoint:{newest} (the job's newest: {})",
+            savepoints.join(", ")
+        ),
+        None => String::new(),
+    };
+    let (name, id) = job.names();
+    let kind = e.kind();
+    let text = e.to_string();
+    let text = text
+        .strip_suffix(&format!(" [{kind}]"))
+        .unwrap_or(&text)
+        .to_string();
+    Error::new(
+        kind,
+        format!(
+            "{text}. To go on: start from the newest older checkpoint that restores with --restore-fallback (job.restore-fallback = true){savepoint}; `blobsnap check --job {name} --job-id {id} --read-data` names every damaged checkpoint"
+        ),
+    )
 }
 
 /// The input offset of `ssp` in `last` (0 without one).

@@ -2115,6 +2115,13 @@ async fn corrupt_last_snapshot_is_detected_and_fallback_restores_an_older_one() 
         let stderr = String::from_utf8_lossy(&out.stderr);
         let want = if damage.starts_with("flip") { 4 } else { 3 };
         assert_eq!(out.status.code(), Some(want), "{damage}: {stderr}");
+        // The failure says how to go on (issue 51, item 11).
+        assert!(
+            stderr.contains("To go on:")
+                && stderr.contains("--restore-fallback")
+                && stderr.contains("check --job wordcount --job-id 1 --read-data"),
+            "{damage}: {stderr}"
+        );
         let store_dir = state.join("counts").join("Partition_0");
         let installed = std::fs::read_dir(&store_dir)
             .map(|d| {
