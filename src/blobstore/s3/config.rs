@@ -179,6 +179,22 @@ impl S3Config {
                 self.bucket
             )));
         }
+        if let Some(ep) = &self.endpoint {
+            // Checked here, not by the first request: the SDK's "not a valid URI" is a
+            // dispatch failure, retried as transient for the whole budget (found with a
+            // Samza config whose `# comment` became part of the value).
+            let host = ep
+                .strip_prefix("http://")
+                .or_else(|| ep.strip_prefix("https://"))
+                .map(|rest| rest.split(['/', '?', '#']).next().unwrap_or(""));
+            if ep.chars().any(|c| c.is_whitespace() || c.is_control())
+                || host.is_none_or(str::is_empty)
+            {
+                return Err(Error::invalid(format!(
+                    "s3 endpoint {ep:?} is not a URL: expected http://HOST[:PORT] or https://HOST[:PORT] (a `# comment` after a value in a .properties file becomes part of the value)"
+                )));
+            }
+        }
         for name in self.resolve.keys() {
             let bare = name.strip_prefix("*.").unwrap_or(name);
             let ok = !bare.is_empty()
@@ -229,5 +245,37 @@ impl S3Config {
             return Err(Error::invalid("s3 list-page-size must be within 1..=1000"));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_endpoint_that_is_not_a_url_is_refused_before_any_request() {
+        let with = |ep: &str| S3Config {
+            bucket: "state-backups".into(),
+            endpoint: Some(ep.into()),
+            ..Default::default()
+        };
+        for ok in [
+            "http://127.0.0.1:9000",
+            "https://s3.example.test",
+            "http://[::1]:9000/",
+        ] {
+            with(ok).validate().unwrap();
+        }
+        for bad in [
+            "http://127.0.0.1:31530   # S3-compatible servers; default: AWS",
+            "127.0.0.1:9000",
+            "ftp://host",
+            "http://",
+            "",
+        ] {
+            let e = with(bad).validate().unwrap_err();
+            assert_eq!(e.kind(), crate::ErrorKind::InvalidInput, "{bad:?}: {e}");
+            assert!(e.to_string().contains("is not a URL"), "{e}");
+        }
     }
 }
