@@ -243,41 +243,52 @@ enum Value {
 }
 
 /// Work of one handle that `close` cancels and waits for.
+///
+/// A close racing a call: `spawn_op` starts work only under `state`'s lock and only while the
+/// handle is open; `drain` marks it closed and cancels under the same lock, then waits. So
+/// every op is either started before the close (tracked, cancelled, waited for) or refused
+/// ("closed"): none runs on a closed manager. The lock is never held across an await.
 struct Ops {
-    cancel: Mutex<CancellationToken>,
+    state: Mutex<OpsState>,
     tracker: TaskTracker,
+}
+
+struct OpsState {
+    cancel: CancellationToken,
+    closed: bool,
 }
 
 impl Ops {
     fn new() -> Self {
         Ops {
-            cancel: Mutex::new(CancellationToken::new()),
+            state: Mutex::new(OpsState {
+                cancel: CancellationToken::new(),
+                closed: false,
+            }),
             tracker: TaskTracker::new(),
         }
     }
 
-    fn token(&self) -> R<CancellationToken> {
-        Ok(self
-            .cancel
+    fn state(&self) -> R<std::sync::MutexGuard<'_, OpsState>> {
+        self.state
             .lock()
-            .map_err(|_| fail(ErrorKind::Io, "handle lock poisoned"))?
-            .clone())
+            .map_err(|_| fail(ErrorKind::Io, "handle lock poisoned"))
     }
 
     /// Cancels the work in flight; later calls get a fresh token.
     fn cancel(&self) -> R<()> {
-        let mut t = self
-            .cancel
-            .lock()
-            .map_err(|_| fail(ErrorKind::Io, "handle lock poisoned"))?;
-        t.cancel();
-        *t = CancellationToken::new();
+        let mut st = self.state()?;
+        st.cancel.cancel();
+        st.cancel = CancellationToken::new();
         Ok(())
     }
 
-    /// Cancels what is in flight and waits for it to end (bounded).
+    /// Marks the handle closed, cancels what is in flight and waits for it to end (bounded).
     async fn drain(&self) {
-        let _ = self.cancel();
+        if let Ok(mut st) = self.state() {
+            st.closed = true;
+            st.cancel.cancel();
+        }
         self.tracker.close();
         if tokio::time::timeout(CLOSE_WAIT, self.tracker.wait())
             .await
@@ -326,8 +337,9 @@ struct Table {
     map: BTreeMap<jlong, Entry>,
 }
 
-/// Every live handle. Lock order: `TABLE`, then `ENGINES`; neither is held across an await
-/// or a call into Java.
+/// Every live handle. Lock order: `TABLE`, then `ENGINES`; a handle's `Ops::state` is taken
+/// alone (after its `Arc` left the table's lock). None is held across an await or a call
+/// into Java.
 static TABLE: Mutex<Table> = Mutex::new(Table {
     next: 0,
     map: BTreeMap::new(),
@@ -495,7 +507,14 @@ fn spawn_op(
     work: impl Future<Output = R<Value>> + Send + 'static,
 ) -> R<()> {
     let rt = runtime()?;
-    let token = ops.token()?;
+    let st = ops.state()?;
+    if st.closed {
+        return Err(fail(
+            ErrorKind::InvalidInput,
+            "the blobsnap handle was closed: the object was used after close()",
+        ));
+    }
+    let token = st.cancel.clone();
     let handle = ops.tracker.spawn_on(
         async move {
             tokio::select! {
@@ -506,6 +525,7 @@ fn spawn_op(
         },
         rt.handle(),
     );
+    drop(st);
     rt.spawn(async move {
         let r = match handle.await {
             Ok(r) => r,
