@@ -63,5 +63,6 @@ class EmbeddedLibraryTest {
     assertTrue(copies.get(0).getParent().getFileName().toString().startsWith("blobsnap-native-"), copies.toString());
     assertEquals("rwx------", java.nio.file.attribute.PosixFilePermissions.toString(
         Files.getPosixFilePermissions(copies.get(0).getParent())));
+    NativeTest.delete(root); // two copies of a debug library: over 1 GB
   }
 }
