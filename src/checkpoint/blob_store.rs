@@ -210,7 +210,7 @@ impl BlobCheckpointStore {
         let reason = match self.read_record(task, seq, &key).await {
             Ok(Record::Checkpoint(_)) => {
                 return Err(Error::invalid(format!(
-                    "checkpoint #{seq} of task {task:?} ({key}) can be read: `forget --checkpoint` removes only a document that cannot be read (retention removes the others; `blobsnap start-from` moves a task back)"
+                    "checkpoint #{seq} of task {task:?} ({key}) can be read: `forget --checkpoint` removes only a document that cannot be read (retention removes the others; a start-from — `[job] start-from`, `demo --start-from` — moves a task back)"
                 )))
             }
             Ok(Record::Removed { removal, .. }) => {

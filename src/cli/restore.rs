@@ -31,7 +31,8 @@ pub(crate) struct RestoreArgs {
     #[arg(long)]
     pub(crate) dry_run: bool,
     /// Replace a `--to` that holds a RocksDB store blobsnap did not restore (`CURRENT` or a
-    /// `MANIFEST` at its top, no subdirectory but RocksDB's `archive/`).
+    /// `MANIFEST` at its top, no subdirectory but RocksDB's `archive/`), or one it restored
+    /// for another task, store or job.
     #[arg(long)]
     pub(crate) force: bool,
     /// Replace a `--to` that holds anything at all, deleting every file in it (the plan says
@@ -88,6 +89,35 @@ pub(crate) async fn run(
         task,
         store,
     } = snap;
+    // A dir blobsnap restored holds whose store it is: another task's or job's store is not
+    // replaced without --force (issue 51, item 12: a typo in --task replaced a neighbour).
+    if !force && !replace_any_dir {
+        if let Some(there) = blobsnap::blob::restore::RestoredMarker::read(&to) {
+            let theirs = (&there.job, &there.job_id, &there.task, &there.store);
+            let known = there.job.is_some() && there.task.is_some() && there.store.is_some();
+            if known
+                && theirs
+                    != (
+                        &Some(job.clone()),
+                        &Some(job_id.clone()),
+                        &Some(task.clone()),
+                        &Some(store.clone()),
+                    )
+            {
+                return Err(blobsnap::Error::new(
+                    blobsnap::ErrorKind::InvalidInput,
+                    format!(
+                        "--to {} holds store {:?} of task {:?} of job {}/{}, restored by blobsnap; this restore is store {store:?} of task {task:?} of job {job}/{job_id}: give --force to replace it (nothing changed)",
+                        to.display(),
+                        there.store.unwrap_or_default(),
+                        there.task.unwrap_or_default(),
+                        there.job.unwrap_or_default(),
+                        there.job_id.unwrap_or_default(),
+                    ),
+                ));
+            }
+        }
+    }
     let parsed: IndexMarker = marker.parse()?;
     let ctx = TaskContext {
         job_name: job,
@@ -99,7 +129,12 @@ pub(crate) async fn run(
         dir: to,
     };
     // Nobody else may restore into the dir or have its database open meanwhile.
-    let _lock = blobsnap::local::lock::StoreDirLock::acquire(&spec.dir)?;
+    // A dry run changes nothing (not even the lock file's parent dirs): it takes no lock.
+    let _lock = if dry_run {
+        None
+    } else {
+        Some(blobsnap::local::lock::StoreDirLock::acquire(&spec.dir)?)
+    };
     let cache_dir = super::args::hash_cache_dir();
     let mgr = BlobRestoreManager::new(
         blob_store,

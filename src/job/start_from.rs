@@ -1,4 +1,4 @@
-//! Where a task starts: the operator's start-from record (`blobsnap start-from`), read once
+//! Where a task starts: the operator's start-from (`[job] start-from`), read once
 //! at the task's start, checked against the checkpoint it names, and applied at most once.
 
 use super::*;

@@ -3981,3 +3981,83 @@ fn walk_files(dir: &Path) -> Vec<PathBuf> {
     }
     out
 }
+
+/// A dir blobsnap restored says whose store it holds: restoring another task's store over it
+/// needs `--force` (issue 51, item 12); the same task's store replaces it as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restoring_over_another_task_s_restored_store_needs_force() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = local_target(tmp.path());
+    let dir = tmp.path().join("demo");
+    let (code, _, err) = run(
+        &t,
+        &[
+            "demo",
+            "--dir",
+            dir.to_str().unwrap(),
+            "--partitions",
+            "2",
+            "--lines",
+            "300",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let to = tmp.path().join("r").display().to_string();
+    let restore = |task: &'static str, extra: &'static [&'static str]| {
+        let (t, to) = (&t, to.clone());
+        async move {
+            let mut args = vec![
+                "restore",
+                "--job",
+                "wordcount",
+                "--task",
+                task,
+                "--store",
+                "counts",
+                "--to",
+            ];
+            args.push(&to);
+            args.extend_from_slice(extra);
+            run(t, &args).await
+        }
+    };
+    let (code, _, err) = restore("Partition 0", &[]).await;
+    assert_eq!(code, Some(0), "{err}");
+    let (code, _, err) = restore("Partition 0", &[]).await;
+    assert_eq!(code, Some(0), "the same task's store again: {err}");
+    let (code, _, err) = restore("Partition 1", &[]).await;
+    assert_eq!(code, Some(5), "{err}");
+    assert!(
+        err.contains("holds store \"counts\" of task \"Partition 0\"") && err.contains("--force"),
+        "{err}"
+    );
+    let (code, _, err) = restore("Partition 1", &["--force"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    // A dry run writes nothing, not even its target's parent dirs (the lock file's).
+    let deep = tmp
+        .path()
+        .join("x")
+        .join("y")
+        .join("p0")
+        .display()
+        .to_string();
+    let (code, _, err) = run(
+        &t,
+        &[
+            "restore",
+            "--job",
+            "wordcount",
+            "--task",
+            "Partition 0",
+            "--store",
+            "counts",
+            "--to",
+            &deep,
+            "--dry-run",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!tmp.path().join("x").exists(), "a dry run made dirs");
+}

@@ -139,6 +139,27 @@ pub struct RestoredMarker {
     pub checkpoint_id: Option<CheckpointId>,
     /// The index key restored from (absent for a reset).
     pub index: Option<String>,
+    /// Whose store this is: the job, its id, the task and the store restored (absent in
+    /// markers of older versions). A restore of another task's store over it needs `--force`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<String>,
+    /// The job's id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_id: Option<String>,
+    /// The task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
+    /// The store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<String>,
+}
+
+impl RestoredMarker {
+    /// The marker in `dir`, if there is one that parses.
+    pub fn read(dir: &Path) -> Option<RestoredMarker> {
+        let bytes = std::fs::read(dir.join(RESTORED_MARKER)).ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
 }
 
 /// Record in `cache` the SHA-256 of every immutable file of the tree just restored into
@@ -630,6 +651,10 @@ impl BlobRestoreManager {
         let marker = RestoredMarker {
             checkpoint_id: plan.marker.map(|m| m.checkpoint_id),
             index: plan.marker.map(|m| m.to_string()),
+            job: Some(self.task.job_name.clone()),
+            job_id: Some(self.task.job_id.clone()),
+            task: Some(self.task.task_name.clone()),
+            store: Some(spec.name.clone()),
         };
         let dir = spec.dir.clone();
         let cache = self.caches.get(&spec.name).cloned();

@@ -378,9 +378,8 @@ async fn by_seq(
 /// V1 checkpoint or one trimmed while read. `None`: search linearly (also for the message
 /// when nothing is that old). One window stays: a head whose record was never written (the
 /// process died between the two writes, and `start-from` was then taken out of the settings,
-/// so no restart wrote it) is searched as if its id were in order; `@TIME` may then name the
-/// checkpoint before it — the head the task had at that time — where the linear rule names the
-/// rollback head.
+/// so no restart wrote it) is searched as if its id were in order, which the linear rule agrees
+/// with: the newest checkpoint by time, ties to the newest number.
 async fn at_or_before(
     store: &dyn BlobStore,
     cps: &BlobCheckpointStore,
@@ -457,9 +456,15 @@ pub fn pick<'a>(
                 ))),
             }
         }
+        // The newest by time (a checkpoint's id's clock), ties to the newest number: after a
+        // rollback the head repeats its point's older id, and a time copied from a checkpoint
+        // made before the rollback names that checkpoint, not the head written after it.
         CheckpointRef::At(ms) => history
             .iter()
-            .find(|c| id_of(c).is_some_and(|id| id.millis() <= *ms))
+            .filter_map(|c| Some((id_of(c)?.millis(), c)))
+            .filter(|(millis, _)| *millis <= *ms)
+            .max_by_key(|(millis, c)| (*millis, c.seq))
+            .map(|(_, c)| c)
             .ok_or_else(|| {
                 // Both times to the millisecond: the oldest is visibly later than the time
                 // asked for, even within one second.
@@ -592,6 +597,12 @@ mod tests {
         assert_eq!(pick(&h, &CheckpointRef::At(3000)).unwrap().seq, 6);
         let e = pick(&h, &CheckpointRef::At(1000)).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+        // A rollback head (#11) repeats its point's older id (#4's): a time copied from #9,
+        // made before the rollback, names #9; #4's time names the head (the same state).
+        let rolled = vec![cp(11, "1000-0"), cp(9, "3000-0"), cp(4, "1000-0")];
+        assert_eq!(pick(&rolled, &CheckpointRef::At(3000)).unwrap().seq, 9);
+        assert_eq!(pick(&rolled, &CheckpointRef::At(2999)).unwrap().seq, 11);
+        assert_eq!(pick(&rolled, &CheckpointRef::At(1000)).unwrap().seq, 11);
         let e = pick(&h, &CheckpointRef::Seq(9)).unwrap_err();
         assert!(e.to_string().contains("#3..#6"), "{e}");
         let e = pick(&h, &CheckpointRef::Id("".into())).unwrap_err();
@@ -685,7 +696,8 @@ mod tests {
         assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
 
         // A rollback to #50 committed as #201 (its id, older than #200's), and the record
-        // start-from leaves: the search is linear, and picks #201 as the linear rule does.
+        // start-from leaves: the search is linear, and picks the newest by time — #120, the
+        // head the task had at that time (#201 was written later, with #50's older id).
         cps.write("t", 201, "w", &full[150].checkpoint)
             .await
             .unwrap();
@@ -701,6 +713,9 @@ mod tests {
         let r = CheckpointRef::At(millis(120));
         let got = resolve(&store, &job, "t", &r).await.unwrap().committed.seq;
         assert_eq!(got, pick(&full, &r).unwrap().seq);
-        assert_eq!(got, 201);
+        assert_eq!(got, 120);
+        // #50's own time names the rollback head: the same state, the newest number.
+        let r = CheckpointRef::At(millis(50));
+        assert_eq!(resolve(&store, &job, "t", &r).await.unwrap().committed.seq, 201);
     }
 }
