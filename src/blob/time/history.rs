@@ -716,6 +716,9 @@ mod tests {
         assert_eq!(got, 120);
         // #50's own time names the rollback head: the same state, the newest number.
         let r = CheckpointRef::At(millis(50));
-        assert_eq!(resolve(&store, &job, "t", &r).await.unwrap().committed.seq, 201);
+        assert_eq!(
+            resolve(&store, &job, "t", &r).await.unwrap().committed.seq,
+            201
+        );
     }
 }
