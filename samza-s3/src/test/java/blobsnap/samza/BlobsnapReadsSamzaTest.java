@@ -410,7 +410,7 @@ class BlobsnapReadsSamzaTest {
     Path to = tmp.resolve("restored-corrupt");
     Run restore = blobsnap(prefix, "restore", snapshotFlags(b.marker, "--to", to.toString()));
     assertEquals(4, restore.exit, restore.toString());
-    assertTrue(restore.stderr.contains("file " + victim + " "), "the error names the file\n" + restore);
+    assertTrue(restore.stderr.contains("file " + victim + ","), "the error names the file\n" + restore);
     assertFalse(Files.exists(to.resolve("RESTORED")), restore.toString());
     assertFalse(Files.exists(to.resolve(victim)), restore.toString());
   }
