@@ -82,7 +82,11 @@ pub(crate) async fn ls_command(args: &StoreArgs, json: bool) -> blobsnap::Result
             _ => {}
         }
     }
-    if !ours && !all.is_empty() {
+    // A local dir that holds files but none of blobsnap's is the wrong dir (the demo's --dir
+    // for its store); a bucket or prefix may hold other objects beside none of ours.
+    let local = super::args::store_settings(args)
+        .is_ok_and(|s| s.store.kind == blobsnap::config::StoreKind::Local);
+    if local && !ours && !all.is_empty() {
         return Err(not_a_store(args, &all));
     }
     if json {
@@ -114,8 +118,8 @@ pub(crate) async fn ls_command(args: &StoreArgs, json: bool) -> blobsnap::Result
     Ok(())
 }
 
-/// A store that holds keys but no job, task or store of blobsnap's layout: the wrong dir or
-/// bucket (`--local blobsnap-demo` for `--local blobsnap-demo/store`), named with what it holds
+/// A local store that holds files but no job, task or store of blobsnap's layout: the wrong
+/// dir (`--local blobsnap-demo` for `--local blobsnap-demo/store`), named with what it holds
 /// (issue 51, item 11) instead of an empty listing.
 fn not_a_store(args: &StoreArgs, all: &[blobsnap::blobstore::ObjectMeta]) -> blobsnap::Error {
     let mut tops: Vec<String> = all
@@ -135,7 +139,7 @@ fn not_a_store(args: &StoreArgs, all: &[blobsnap::blobstore::ObjectMeta]) -> blo
     blobsnap::Error::new(
         blobsnap::ErrorKind::NotFound,
         format!(
-            "no job stored here: the store holds {} objects, none of blobsnap's layout (top level: {}){hint}; a typo in --local, --bucket or --s3-prefix?",
+            "no job stored here: the dir holds {} files, none of blobsnap's layout (top level: {}){hint}; a typo in --local?",
             all.len(),
             tops.join(", ")
         ),
