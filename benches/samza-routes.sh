@@ -11,6 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${BLOBSNAP_TEST_S3_ENDPOINT:?start an S3 server on loopback and export BLOBSNAP_TEST_S3_* (see the header)}"
+bash scripts/prereqs.sh --tools java javac mvn g++
 target=${CARGO_TARGET_DIR:-$PWD/target}
 lib=${BLOBSNAP_BENCH_LIB:-$target/release/libblobsnap_samza_jni.so}
 if [ -z "${BLOBSNAP_BENCH_LIB:-}" ]; then

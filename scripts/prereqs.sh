@@ -66,8 +66,9 @@ package_of() {
     setsid|flock|unshare) echo util-linux ;;
     ip) echo iproute2 ;;
     ldb) echo rocksdb-tools ;;
-    java|javac) echo openjdk-17-jdk-headless ;;
+    java|javac|jar) echo openjdk-17-jdk-headless ;;
     mvn) echo maven ;;
+    readelf|objdump|strip) echo binutils ;;
     *) echo "$1" ;;
   esac
 }

@@ -10,6 +10,7 @@
 # The release build compiles RocksDB once more (about 15 minutes on 2 cores, cold).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+bash scripts/prereqs.sh --tools java javac jar mvn g++ readelf objdump strip
 offline=()
 [ "${1:-}" = --offline ] && offline=(-o)
 target=${CARGO_TARGET_DIR:-$PWD/target}
@@ -32,7 +33,7 @@ strip --strip-unneeded -o "$res/libblobsnap_samza_jni.so" "$lib"
 echo "${floor/GLIBC_/glibc }" > "$res/glibc-floor.txt"
 (cd samza && mvn -B -ntp -Dstyle.color=never "${offline[@]}" -DskipTests package)
 jar=$(ls samza/target/blobsnap-samza-*.jar)
-unzip -l "$jar" | grep -q 'blobsnap/native/linux-x86_64/libblobsnap_samza_jni.so' || {
+jar tf "$jar" | grep -q '^blobsnap/native/linux-x86_64/libblobsnap_samza_jni.so$' || {
   echo "samza-jar.sh: the library is not in $jar" >&2
   exit 1
 }

@@ -308,15 +308,23 @@ struct Engine {
     store: Arc<dyn blobsnap::blobstore::BlobStore>,
 }
 
-struct Backup {
-    manager: Arc<dyn TaskBackupManager>,
+/// A manager behind a handle, with its work in flight.
+struct Managed<M: ?Sized> {
+    manager: Arc<M>,
     ops: Ops,
 }
 
-struct Restore {
-    manager: Arc<dyn TaskRestoreManager>,
-    ops: Ops,
+impl<M: ?Sized> Managed<M> {
+    fn new(manager: Arc<M>) -> Arc<Self> {
+        Arc::new(Managed {
+            manager,
+            ops: Ops::new(),
+        })
+    }
 }
+
+type Backup = Managed<dyn TaskBackupManager>;
+type Restore = Managed<dyn TaskRestoreManager>;
 
 struct TaskCheckpoints {
     commits: TaskCommitManager,
@@ -795,17 +803,25 @@ pub extern "system" fn Java_blobsnap_Native_backupNew<'l>(
     stores: JObjectArray<'l>,
 ) -> jlong {
     entry(&mut env, 0, |env| {
-        let e = engine(h)?;
-        let ctx = context(env, &job, &job_id, &task_name)?;
-        let specs = specs(env, &stores)?;
+        let (e, ctx, specs) = task_args(env, h, (&job, &job_id, &task_name), &stores)?;
         let manager = e
             .factory
             .backup_manager(&ctx, &specs, Arc::new(SystemClock))?;
-        insert(Entry::Backup(Arc::new(Backup {
-            manager,
-            ops: Ops::new(),
-        })))
+        insert(Entry::Backup(Managed::new(manager)))
     })
+}
+
+/// The arguments every manager's constructor takes: its engine, the task, the stores.
+fn task_args(
+    env: &mut JNIEnv,
+    h: jlong,
+    (job, job_id, task): (&JString, &JString, &JString),
+    stores: &JObjectArray,
+) -> R<(Arc<Engine>, TaskContext, Vec<StoreSpec>)> {
+    let e = engine(h)?;
+    let ctx = context(env, job, job_id, task)?;
+    let specs = specs(env, stores)?;
+    Ok((e, ctx, specs))
 }
 
 fn checkpoint_arg(env: &mut JNIEnv, json: &JByteArray) -> R<Option<Checkpoint>> {
@@ -917,16 +933,11 @@ pub extern "system" fn Java_blobsnap_Native_restoreNew<'l>(
     stores: JObjectArray<'l>,
 ) -> jlong {
     entry(&mut env, 0, |env| {
-        let e = engine(h)?;
-        let ctx = context(env, &job, &job_id, &task_name)?;
-        let specs = specs(env, &stores)?;
+        let (e, ctx, specs) = task_args(env, h, (&job, &job_id, &task_name), &stores)?;
         let manager = e
             .factory
             .restore_manager(&ctx, &specs, Arc::new(SystemClock))?;
-        insert(Entry::Restore(Arc::new(Restore {
-            manager,
-            ops: Ops::new(),
-        })))
+        insert(Entry::Restore(Managed::new(manager)))
     })
 }
 
