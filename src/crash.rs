@@ -12,6 +12,8 @@
 //! `restore.after-plan`, `restore.mid-download` (after the first downloaded file is in
 //! staging), `restore.before-marker`, `restore.after-marker`, `restore.after-exchange` (before
 //! the old tree is deleted); `sweep.mid-delete` (after the sweep's first delete batch);
+//! `forget.mid-deployment` (a deployment's removal, after its first kind of object — its
+//! checkpoint documents — is deleted);
 //! `lazy.after-fetch` (a lazy restore's first remote file fetched and in place, the others
 //! still remote); `preupload.after-put` (a pre-upload's PUT landed, no commit names its blob
 //! yet), `preupload.after-named` (a commit named pre-uploaded blobs, before its index PUT).
@@ -48,6 +50,7 @@ pub const POINTS: &[&str] = &[
     "restore.after-marker",
     "restore.after-exchange",
     "sweep.mid-delete",
+    "forget.mid-deployment",
     "lazy.after-fetch",
     "preupload.after-put",
     "preupload.after-named",

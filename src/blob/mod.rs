@@ -28,7 +28,7 @@ pub mod restore;
 pub mod snapshot;
 pub mod time;
 
-pub use collect::{admin, gc};
+pub use collect::{admin, gc, remove};
 pub use commit::{backup, diff, preupload};
 pub use inspect::{check, cost, usage, verify};
 pub use snapshot::*;

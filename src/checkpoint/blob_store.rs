@@ -87,7 +87,7 @@ pub struct Listed {
     pub record: Result<Record>,
 }
 
-/// What [`BlobCheckpointStore::remove_unreadable`] did.
+/// What [`BlobCheckpointStore::remove`] did.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct RemovedReport {
@@ -97,7 +97,7 @@ pub struct RemovedReport {
     pub task: String,
     /// Its number (kept taken).
     pub seq: u64,
-    /// Why it could not be read.
+    /// Why it could not be read, or that an operator removed a readable one.
     pub reason: String,
     /// False: it had been removed before (nothing written).
     pub changed: bool,
@@ -171,6 +171,22 @@ impl BlobCheckpointStore {
         Ok(r)
     }
 
+    /// The number of the newest checkpoint of `task` after `seq` that can be read.
+    async fn newest_readable_after(&self, task: &str, seq: u64) -> Result<Option<u64>> {
+        for (newer, key) in self.seqs(task).await?.into_iter().rev() {
+            if newer <= seq {
+                break;
+            }
+            match self.read_record(task, newer, &key).await {
+                Ok(Record::Checkpoint(_)) => return Ok(Some(newer)),
+                Ok(Record::Removed { .. }) => {}
+                Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::Corrupt) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(None)
+    }
+
     /// Every document of `task`'s history, newest first, each read, removed or unreadable
     /// with why (an operator's listing: one damaged document never hides the others). A
     /// document trimmed between the listing and its read is left out.
@@ -194,12 +210,15 @@ impl BlobCheckpointStore {
             .await)
     }
 
-    /// Remove checkpoint document `seq` of `task` because it cannot be read: it is replaced
-    /// by a removal's record, so its number stays taken (a writer whose lease is still live,
-    /// or a zombie, can never commit under a freed number) and every reader passes over it
-    /// (`checkpoints` lists it as removed; the sweep and the restore do not see it). Refused
-    /// for a document that can be read (retention removes those). `dry_run`: nothing written.
-    pub async fn remove_unreadable(
+    /// Remove checkpoint document `seq` of `task` (`blobsnap forget --checkpoint`): it is
+    /// replaced by a removal's record, so its number stays taken (a writer whose lease is
+    /// still live, or a zombie, can never commit under a freed number) and every reader passes
+    /// over it (`checkpoints` lists it as removed; the sweep and the restore do not see it, so
+    /// the next sweep frees what only it needed). A document that cannot be read goes with
+    /// why; a readable checkpoint goes only while a newer readable one stands in its task's
+    /// history (the newest is what the task restores: a start-from moves a task back), and a
+    /// document a newer blobsnap wrote is refused. `dry_run`: nothing written.
+    pub async fn remove(
         &self,
         task: &str,
         seq: u64,
@@ -209,9 +228,15 @@ impl BlobCheckpointStore {
         let key = self.job.checkpoint_key(task, seq)?;
         let reason = match self.read_record(task, seq, &key).await {
             Ok(Record::Checkpoint(_)) => {
-                return Err(Error::invalid(format!(
-                    "checkpoint #{seq} of task {task:?} ({key}) can be read: `forget --checkpoint` removes only a document that cannot be read (retention removes the others; a start-from — `[job] start-from`, `demo --start-from` — moves a task back)"
-                )))
+                let newer = self.newest_readable_after(task, seq).await?;
+                let Some(newer) = newer else {
+                    return Err(Error::invalid(format!(
+                        "checkpoint #{seq} of task {task:?} ({key}) is the newest the task can restore: it stays (a start-from — `[job] start-from`, `demo --start-from` — moves a task back; `blobsnap forget --job J --job-id ID --all` removes a whole deployment)"
+                    )));
+                };
+                format!(
+                    "removed by an operator (`blobsnap forget --checkpoint`); #{newer} is newer"
+                )
             }
             Ok(Record::Removed { removal, .. }) => {
                 return Ok(RemovedReport {

@@ -35,6 +35,9 @@ struct StoreLine {
     /// A fork's snapshot: the jobs (and savepoints) whose blobs it borrows, `JOB/ID/NAME`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     borrows_from: Vec<String>,
+    /// Set when its index cannot be read (missing or damaged): why; the sizes are then 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unreadable: Option<String>,
 }
 
 /// One retained checkpoint.
@@ -42,6 +45,8 @@ struct StoreLine {
 #[serde(rename_all = "kebab-case")]
 struct Line {
     seq: u64,
+    /// Its document's key (what `forget --checkpoint` takes).
+    key: String,
     checkpoint_id: String,
     time_millis: u64,
     time_utc: String,
@@ -115,6 +120,7 @@ pub(crate) async fn run(
     let mut out: BTreeMap<String, Vec<Line>> = BTreeMap::new();
     let mut removed: Vec<RemovedLine> = Vec::new();
     let mut damaged: Vec<UnreadableLine> = Vec::new();
+    let mut lost_indexes: Vec<String> = Vec::new();
     for task in &tasks {
         // One damaged checkpoint document costs its own line, not the listing (issue 47).
         let mut history = Vec::new();
@@ -185,9 +191,33 @@ pub(crate) async fn run(
                     task_name: task,
                     store_name,
                 };
-                let snap = load_snapshot(store.as_ref(), &who, marker)
-                    .await
-                    .map_err(|e| e.context(format!("checkpoint #{} of task {task:?}", c.seq)))?;
+                let snap = match load_snapshot(store.as_ref(), &who, marker).await {
+                    Ok(snap) => snap,
+                    // One lost or damaged index costs its store's line, not the listing.
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            blobsnap::ErrorKind::NotFound | blobsnap::ErrorKind::Corrupt
+                        ) =>
+                    {
+                        lost_indexes.push(format!("task {task:?} #{} store {store_name}", c.seq));
+                        stores.insert(
+                            store_name.clone(),
+                            StoreLine {
+                                marker: marker.clone(),
+                                files: 0,
+                                bytes: 0,
+                                new_bytes: 0,
+                                borrows_from: Vec::new(),
+                                unreadable: Some(format!("{} ({})", e, e.kind().as_str())),
+                            },
+                        );
+                        continue;
+                    }
+                    Err(e) => {
+                        return Err(e.context(format!("checkpoint #{} of task {task:?}", c.seq)))
+                    }
+                };
                 let own = format!("blobs/{}/", snap.marker.checkpoint_id);
                 let files = snap.index.present_files();
                 stores.insert(
@@ -207,6 +237,7 @@ pub(crate) async fn run(
                             .values()
                             .map(|b| format!("{}/{}/{}", b.job_name, b.job_id, b.savepoint))
                             .collect(),
+                        unreadable: None,
                     },
                 );
             }
@@ -231,6 +262,7 @@ pub(crate) async fn run(
             forks.dedup();
             lines.push(Line {
                 seq: c.seq,
+                key: job.checkpoint_key(task, c.seq)?.to_string(),
                 checkpoint_id: v2.id.to_string(),
                 time_millis: v2.id.millis(),
                 // To the millisecond: pasted as `@TIME`, it names this checkpoint.
@@ -270,6 +302,12 @@ pub(crate) async fn run(
                 blobsnap::blob::savepoint::Unreadable::names(&unreadable)
             ));
         }
+        if !lost_indexes.is_empty() {
+            why.push(format!(
+                "the snapshot index of {} cannot be read (listed as UNREADABLE with why), so what it holds is unknown; `blobsnap check` names what else needs it, and a restore of that checkpoint fails (`demo --restore-fallback`, `[job] restore-fallback = true`, or a savepoint restores an older point)",
+                lost_indexes.join(", ")
+            ));
+        }
         if why.is_empty() {
             return Ok(());
         }
@@ -278,7 +316,7 @@ pub(crate) async fn run(
             format!("partial listing: {}", why.join("; ")),
         ))
     };
-    let is_partial = !unreadable.is_empty() || !damaged.is_empty();
+    let is_partial = !unreadable.is_empty() || !damaged.is_empty() || !lost_indexes.is_empty();
     if json {
         println!(
             "{}",
@@ -309,6 +347,10 @@ pub(crate) async fn run(
                 l.seq, l.checkpoint_id, l.time_utc, l.time_local
             );
             for (name, s) in &l.stores {
+                if let Some(why) = &s.unreadable {
+                    println!("         store {name}: UNREADABLE index: {why}");
+                    continue;
+                }
                 let borrowed = if s.borrows_from.is_empty() {
                     String::new()
                 } else {

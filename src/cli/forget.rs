@@ -1,5 +1,8 @@
 //! `blobsnap forget`: prune a manual backup's history by a retention policy
-//! ([`blobsnap::blob::manual::forget`]); `blobsnap gc --name NAME` then frees the bytes.
+//! ([`blobsnap::blob::manual::forget`]; `blobsnap gc --name NAME` then frees the bytes), remove
+//! one checkpoint of a task ([`blobsnap::checkpoint::BlobCheckpointStore::remove`]; the next
+//! sweep frees what only it needed), or remove a whole deployment — a retired job id or a
+//! fork — at once ([`blobsnap::blob::remove::remove_deployment`]).
 
 use super::args::{open_existing_store, StoreArgs};
 use super::checkpoints::local_millis;
@@ -11,19 +14,32 @@ use clap::Args;
 #[derive(Args)]
 pub(crate) struct ForgetArgs {
     /// The manual backup (`blobsnap backup --name NAME`).
-    #[arg(long, required_unless_present = "checkpoint", requires = "keep")]
+    #[arg(long, required_unless_present_any = ["checkpoint", "all"], requires = "keep")]
     pub(crate) name: Option<String>,
     /// What to keep: a count ("7"), or rules such as "last 3, every 1d for 30d, every 7d for
     /// 1y" (the newest N; the newest of each period within the window). The newest backup
     /// always stays.
     #[arg(long, requires = "name")]
     pub(crate) keep: Option<String>,
-    /// Remove one checkpoint document that cannot be read, by its key as `blobsnap
-    /// checkpoints` names it (`JOB/ID/checkpoints/TASK/SEQ.json`): it is replaced by the record
-    /// of its removal, so its number stays taken, and every reader passes over it. A readable
-    /// checkpoint is refused.
-    #[arg(long, value_name = "KEY", conflicts_with_all = ["name", "keep"])]
+    /// Remove one checkpoint of a task, by its key as `blobsnap checkpoints --json` names it
+    /// (`JOB/ID/checkpoints/TASK/SEQ.json`): it is replaced by the record of its removal, so
+    /// its number stays taken, and every reader passes over it; the next `gc` frees what only
+    /// it needed. A document that cannot be read goes with why; a readable checkpoint only
+    /// while a newer one can be read (the newest is what the task restores).
+    #[arg(long, value_name = "KEY", conflicts_with_all = ["name", "keep", "all"])]
     pub(crate) checkpoint: Option<String>,
+    /// Remove a whole deployment, `--job J --job-id ID` (a retired job id, or a fork): every
+    /// checkpoint, savepoint, index, blob and record under its scope, and the pins a fork
+    /// holds on its sources. Refused while the job runs (a live writer lease) or while a fork
+    /// borrows from one of its savepoints.
+    #[arg(long, requires_all = ["job", "job_id"], conflicts_with_all = ["name", "keep"])]
+    pub(crate) all: bool,
+    /// The job of `--all`.
+    #[arg(long, requires = "all")]
+    pub(crate) job: Option<String>,
+    /// The job id of `--all` (no default: name the deployment to remove).
+    #[arg(long, requires = "all")]
+    pub(crate) job_id: Option<String>,
     /// Print what would be kept and removed; remove nothing.
     #[arg(long)]
     pub(crate) dry_run: bool,
@@ -37,10 +53,13 @@ pub(crate) async fn run(
     if let Some(key) = &args.checkpoint {
         return forget_checkpoint(store_args, json, key, args.dry_run).await;
     }
+    if let (true, Some(job), Some(job_id)) = (args.all, &args.job, &args.job_id) {
+        return forget_deployment(store_args, json, job, job_id, args.dry_run).await;
+    }
     let (Some(name), Some(keep)) = (args.name.clone(), args.keep.clone()) else {
         return Err(blobsnap::Error::new(
             blobsnap::ErrorKind::InvalidInput,
-            "forget takes --name NAME --keep POLICY, or --checkpoint KEY",
+            "forget takes --name NAME --keep POLICY, --checkpoint KEY, or --all --job J --job-id ID",
         ));
     };
     let args = Named {
@@ -72,11 +91,13 @@ pub(crate) async fn run(
             &report.removed,
         ),
     ] {
-        for (seq, id, ms) in list {
+        for e in list {
             println!(
-                "  {what:<12} #{seq:<5} {id}  {} ({})",
-                utc_millis(*ms),
-                local_millis(*ms)
+                "  {what:<12} #{:<5} {}  {} ({})",
+                e.seq,
+                e.checkpoint_id,
+                utc_millis(e.time_millis),
+                local_millis(e.time_millis)
             );
         }
     }
@@ -101,7 +122,63 @@ struct Named {
     dry_run: bool,
 }
 
-/// `forget --checkpoint KEY`: replace one unreadable checkpoint document by its removal.
+/// `forget --all --job J --job-id ID`: remove a whole deployment.
+async fn forget_deployment(
+    store_args: &StoreArgs,
+    json: bool,
+    job: &str,
+    job_id: &str,
+    dry_run: bool,
+) -> blobsnap::Result<()> {
+    let scope = blobsnap::layout::JobScope::new(job, job_id)?;
+    let store = open_existing_store(store_args).await?;
+    let report = blobsnap::blob::remove::remove_deployment(
+        store,
+        &scope,
+        blobsnap::backend::SystemClock.now(),
+        dry_run,
+    )
+    .await?;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"schema": 1, "removed-deployment": report})
+        );
+        return Ok(());
+    }
+    let verb = if dry_run { "would remove" } else { "removed" };
+    println!(
+        "{job}/{job_id}: {verb} {} object(s), {}: {} checkpoint document(s), {} savepoint(s), {} index(es), {} blob(s), {} other record(s){}",
+        report.objects,
+        bytesize::ByteSize(report.bytes),
+        report.checkpoints,
+        report.savepoints,
+        report.indexes,
+        report.blobs,
+        report.other,
+        if report.uploads_aborted > 0 {
+            format!("; {} incomplete upload(s) aborted", report.uploads_aborted)
+        } else {
+            String::new()
+        }
+    );
+    for p in &report.pins_released {
+        println!(
+            "  {} its pin on savepoint {:?} of {}/{} (task {:?})",
+            if dry_run { "would release" } else { "released" },
+            p.savepoint,
+            p.source_job,
+            p.source_id,
+            p.task
+        );
+    }
+    if dry_run {
+        println!("dry run: nothing was deleted");
+    }
+    Ok(())
+}
+
+/// `forget --checkpoint KEY`: replace one checkpoint document by its removal.
 async fn forget_checkpoint(
     store_args: &StoreArgs,
     json: bool,
@@ -129,7 +206,7 @@ async fn forget_checkpoint(
     let store = open_existing_store(store_args).await?;
     let cps = blobsnap::checkpoint::BlobCheckpointStore::new(store, job);
     let now = blobsnap::backend::SystemClock.now_millis();
-    let report = cps.remove_unreadable(&task, seq, now, dry_run).await?;
+    let report = cps.remove(&task, seq, now, dry_run).await?;
     if json {
         println!(
             "{}",

@@ -4061,3 +4061,239 @@ async fn restoring_over_another_task_s_restored_store_needs_force() {
     assert_eq!(code, Some(0), "{err}");
     assert!(!tmp.path().join("x").exists(), "a dry run made dirs");
 }
+
+/// Removing what is no longer wanted (issue 51, item 9): a fork's whole deployment with its pins
+/// in the source, one checkpoint of a task, a retired deployment — a dry run first, each
+/// refused while something still needs it (a fork borrowing, a live writer, the newest
+/// checkpoint), and the job still resumes with its counts after one of its checkpoints went.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forget_removes_a_fork_a_deployment_and_one_checkpoint() {
+    use blobsnap::checkpoint::CheckpointStore as _;
+    use blobsnap::layout::JobScope;
+    let tmp = tempfile::tempdir().unwrap();
+    let t = local_target(tmp.path());
+    let dir = |d: &str| tmp.path().join(d).display().to_string();
+    let demo = |d: String, id: &'static str, lines: &'static str, extra: Vec<&'static str>| {
+        let t = &t;
+        async move {
+            let mut a: Vec<String> = [
+                "demo",
+                "--dir",
+                &d,
+                "--partitions",
+                "1",
+                "--lines",
+                lines,
+                "--commit-every",
+                "300",
+                "--job-id",
+                id,
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            a.extend(extra.iter().map(|s| s.to_string()));
+            let a: Vec<&str> = a.iter().map(String::as_str).collect();
+            let (code, v, err) = run(t, &a).await;
+            assert_eq!(code, Some(0), "{a:?}: {err}");
+            assert_eq!(v["check"], "ok", "{v}");
+        }
+    };
+    let count = |job: JobScope| {
+        let store = Arc::clone(&t.store);
+        async move {
+            blobsnap::blobstore::list_all(store.as_ref(), job.scope())
+                .await
+                .unwrap()
+                .len()
+        }
+    };
+    let source = JobScope::new("wordcount", "1").unwrap();
+    let fork = JobScope::new("wordcount", "2").unwrap();
+    demo(dir("a"), "1", "900", vec![]).await;
+    let (code, _, err) = run(
+        &t,
+        &[
+            "savepoint",
+            "create",
+            "--job",
+            "wordcount",
+            "--name",
+            "base",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    demo(dir("a"), "1", "1800", vec![]).await;
+    // The fork commits its start and nothing more: its snapshot borrows the savepoint's blobs.
+    demo(
+        dir("b"),
+        "2",
+        "900",
+        vec!["--start-from", "savepoint:wordcount/1/base"],
+    )
+    .await;
+    let all = |id: &'static str| vec!["forget", "--all", "--job", "wordcount", "--job-id", id];
+
+    // The source cannot go while the fork borrows from it.
+    let (code, _, err) = run(&t, &all("1")).await;
+    assert_eq!(code, Some(6), "{err}");
+    assert!(
+        err.contains("wordcount/2") && err.contains("forget them first"),
+        "{err}"
+    );
+
+    // A running fork (a live writer lease) is refused.
+    let lease = blobsnap::blob::admin::WriterLease::new(
+        "Partition 0",
+        std::time::Duration::from_secs(3600),
+    );
+    lease.announce(t.store.as_ref(), &fork).await.unwrap();
+    let (code, _, err) = run(&t, &all("2")).await;
+    assert_eq!(code, Some(6), "{err}");
+    assert!(
+        err.contains("is running") && err.contains("blobsnap unlock"),
+        "{err}"
+    );
+    lease.retire(t.store.as_ref(), &fork).await.unwrap();
+
+    // A dry run reports everything and deletes nothing.
+    let before = count(fork.clone()).await;
+    let pins_scope = source.fork_pins("base").unwrap();
+    let pins = blobsnap::blobstore::list_all(t.store.as_ref(), &pins_scope)
+        .await
+        .unwrap();
+    assert_eq!(
+        pins.len(),
+        1,
+        "the fork's one task pins the savepoint: {pins:?}"
+    );
+    let mut dry = all("2");
+    dry.push("--dry-run");
+    let (code, v, err) = run(&t, &dry).await;
+    assert_eq!(code, Some(0), "{err}");
+    let r = &v["removed-deployment"];
+    assert_eq!(r["dry-run"], true, "{v}");
+    assert_eq!(r["objects"].as_u64(), Some(before as u64), "{v}");
+    // A fork copies nothing: its indexes name the source's blobs.
+    assert_eq!(r["blobs"].as_u64(), Some(0), "{v}");
+    assert!(r["indexes"].as_u64().unwrap_or(0) > 0, "{v}");
+    assert_eq!(r["pins-released"].as_array().map(Vec::len), Some(1), "{v}");
+    assert_eq!(
+        count(fork.clone()).await,
+        before,
+        "a dry run deletes nothing"
+    );
+
+    // Killed after its checkpoint documents went, the removal leaves nothing that restores
+    // (no readable checkpoint names a deleted blob) and runs again to the end.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+        .args(&t.args)
+        .args(all("2"))
+        .env("XDG_CACHE_HOME", cache_dir())
+        .env("BLOBSNAP_CRASH_AT", "forget.mid-deployment")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        None,
+        "killed at the crash point: {out:?}"
+    );
+    let cps = blobsnap::checkpoint::BlobCheckpointStore::new(Arc::clone(&t.store), fork.clone());
+    assert!(
+        cps.latest("Partition 0").await.unwrap().is_none(),
+        "no checkpoint is left"
+    );
+    let left = count(fork.clone()).await;
+    assert!(left > 0 && left < before, "{left} of {before} left");
+    // The fork goes, and with it its pin in the source.
+    let (code, v, err) = run(&t, &all("2")).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        v["removed-deployment"]["objects"].as_u64(),
+        Some(left as u64),
+        "{v}"
+    );
+    assert_eq!(count(fork.clone()).await, 0, "nothing of the fork is left");
+    let pins = blobsnap::blobstore::list_all(t.store.as_ref(), &pins_scope)
+        .await
+        .unwrap();
+    assert!(pins.is_empty(), "its pin is released: {pins:?}");
+
+    // One checkpoint: the newest stays (it is what the task restores); an older one goes, is
+    // listed as removed, and the job still resumes with its counts.
+    let (code, v, err) = run(&t, &["checkpoints", "--job", "wordcount"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    let history = v["tasks"]["Partition 0"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(history.len() >= 2, "{v}");
+    let key = |i: usize| history[i]["key"].as_str().unwrap_or_default().to_string();
+    let (code, _, err) = run(&t, &["forget", "--checkpoint", &key(0)]).await;
+    assert_eq!(code, Some(5), "{err}");
+    assert!(err.contains("newest the task can restore"), "{err}");
+    let (code, v, err) = run(&t, &["forget", "--checkpoint", &key(1)]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(v["removed-checkpoint"]["changed"], true, "{v}");
+    let (code, v, err) = run(&t, &["checkpoints", "--job", "wordcount"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    let removed: Vec<u64> = v["removed-checkpoints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["seq"].as_u64())
+        .collect();
+    assert_eq!(removed, vec![history[1]["seq"].as_u64().unwrap()], "{v}");
+    demo(dir("a"), "1", "2100", vec![]).await;
+
+    // A lost index costs its own line in `checkpoints`, not the listing: exit 4 "partial".
+    let (_, v, _) = run(&t, &["checkpoints", "--job", "wordcount"]).await;
+    let newest = &v["tasks"]["Partition 0"][0];
+    let marker = newest["stores"]["counts"]["marker"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let index = source
+        .store("Partition 0", "counts")
+        .unwrap()
+        .key(&marker)
+        .unwrap();
+    t.store.delete_many(&[index]).await.unwrap();
+    let (code, v, err) = run(&t, &["checkpoints", "--job", "wordcount"]).await;
+    assert_eq!(code, Some(4), "{err}");
+    assert!(
+        err.contains("partial") && err.contains("cannot be read"),
+        "{err}"
+    );
+    assert_eq!(v["partial"], true, "{v}");
+    let listed = v["tasks"]["Partition 0"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(listed.len() >= 2, "the others are listed: {v}");
+    assert!(
+        listed[0]["stores"]["counts"]["unreadable"]
+            .as_str()
+            .is_some(),
+        "{v}"
+    );
+    assert!(listed[1]["stores"]["counts"]["unreadable"].is_null(), "{v}");
+    assert!(
+        listed[1]["stores"]["counts"]["files"].as_u64().unwrap_or(0) > 0,
+        "{v}"
+    );
+
+    // The retired deployment goes whole; asked again, it is not found.
+    let (code, v, err) = run(&t, &all("1")).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        v["removed-deployment"]["savepoints"].as_u64() == Some(1),
+        "{v}"
+    );
+    assert_eq!(count(source.clone()).await, 0, "nothing of the job is left");
+    let (code, _, err) = run(&t, &all("1")).await;
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("no job stored under"), "{err}");
+}

@@ -642,11 +642,12 @@ async fn damaged_checkpoints(t: &Target) {
     assert_eq!(code, Some(4), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 
-    // forget --checkpoint: a readable one and a key that is not a checkpoint's are refused.
+    // forget --checkpoint: the newest readable one (no readable one is newer: it is what the
+    // task would restore) and a key that is not a checkpoint's are refused.
     let k_third = key_of(third.0);
     let (code, _, err, _) = run(t, &["forget", "--checkpoint", &k_third]).await;
     assert_eq!(code, Some(5), "{err}");
-    assert!(err.contains("can be read"), "{err}");
+    assert!(err.contains("newest the task can restore"), "{err}");
     let (code, _, err, _) = run(
         t,
         &["forget", "--checkpoint", "wordcount/1/savepoints/x.json"],

@@ -439,6 +439,15 @@ fn every_json_document_is_kebab_case() {
         vec!["backup", "--db", "r", "--name", "nb"],
         vec!["forget", "--name", "nb", "--keep", "1", "--dry-run"],
         vec!["unlock", "--job", "wordcount", "--dry-run"],
+        vec![
+            "forget",
+            "--all",
+            "--job",
+            "wordcount",
+            "--job-id",
+            "1",
+            "--dry-run",
+        ],
         // The demo again on its store (nothing new to read: it resumes, commits, checks).
         vec![
             "demo",

@@ -185,10 +185,22 @@ async fn pin(
 pub struct ForgetReport {
     /// The policy applied.
     pub policy: String,
-    /// Backups kept, newest first: (number, checkpoint id, time ms).
-    pub kept: Vec<(u64, String, u64)>,
+    /// Backups kept, newest first.
+    pub kept: Vec<ForgetEntry>,
     /// Backups removed (or, in a dry run, to remove).
-    pub removed: Vec<(u64, String, u64)>,
+    pub removed: Vec<ForgetEntry>,
+}
+
+/// One backup in a [`ForgetReport`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct ForgetEntry {
+    /// Its number in the backup's history.
+    pub seq: u64,
+    /// Its checkpoint id.
+    pub checkpoint_id: String,
+    /// When it was made, ms since the epoch.
+    pub time_millis: u64,
 }
 
 /// Forget the backups of manual backup `name` that `policy` does not keep at `now_ms` (their
@@ -205,18 +217,18 @@ pub async fn forget(
     crate::blob::time::history::require_job(store.as_ref(), &scope).await?;
     let pins = BlobCheckpointStore::new(Arc::clone(&store), scope);
     let history = pins.history(TASK, usize::MAX).await?;
-    let points: Vec<(u64, String, u64)> = history
+    let points: Vec<ForgetEntry> = history
         .iter()
         .map(|c| {
             let id = c.checkpoint.as_v2().map(|v| v.id);
-            (
-                c.seq,
-                id.map(|i| i.to_string()).unwrap_or_default(),
-                id.map_or(0, |i| i.millis()),
-            )
+            ForgetEntry {
+                seq: c.seq,
+                checkpoint_id: id.map(|i| i.to_string()).unwrap_or_default(),
+                time_millis: id.map_or(0, |i| i.millis()),
+            }
         })
         .collect();
-    let times: Vec<u64> = points.iter().map(|p| p.2).collect();
+    let times: Vec<u64> = points.iter().map(|p| p.time_millis).collect();
     let keep = policy.select(&times, now_ms);
     let mut report = ForgetReport {
         policy: policy.to_string(),
@@ -230,7 +242,7 @@ pub async fn forget(
         }
     }
     if !dry_run && !report.removed.is_empty() {
-        let seqs: Vec<u64> = report.removed.iter().map(|p| p.0).collect();
+        let seqs: Vec<u64> = report.removed.iter().map(|p| p.seq).collect();
         pins.delete_seqs(TASK, &seqs).await?;
     }
     Ok(report)
