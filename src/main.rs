@@ -53,7 +53,7 @@ fn main() -> ExitCode {
         .with_writer(blobsnap::redact::RedactingWriter::new(std::io::stderr))
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = <cli::Cli as clap::Parser>::parse();
+    let cli = cli::parse();
     let json = cli.json;
     if let Err(e) = blobsnap::crash::check_env() {
         return fail(&e, json);

@@ -135,9 +135,17 @@ pub(crate) enum Command {
         /// bash, zsh, fish, elvish or powershell.
         shell: clap_complete::Shell,
     },
-    /// Print blobsnap's man page (roff) on stdout: `blobsnap man | man -l -`, or install it
-    /// with `blobsnap man > ~/.local/share/man/man1/blobsnap.1`.
-    Man,
+    /// Print blobsnap's man page (roff) on stdout: `blobsnap man | man -l -`; a command's own
+    /// page: `blobsnap man gc`, `blobsnap man savepoint create`; install them all with
+    /// `blobsnap man --dir ~/.local/share/man/man1` (then `man blobsnap-gc`).
+    Man {
+        /// The command whose page to print (none: the main page).
+        command: Vec<String>,
+        /// Write every page (blobsnap.1, blobsnap-gc.1, blobsnap-savepoint-create.1, …) into
+        /// this existing directory instead.
+        #[arg(long, value_name = "DIR", conflicts_with = "command")]
+        dir: Option<std::path::PathBuf>,
+    },
 }
 
 /// `blobsnap --version`: the version, the bundled RocksDB (a database it writes is that
@@ -165,6 +173,96 @@ pub(crate) struct Cli {
     pub(crate) json: bool,
     #[command(subcommand)]
     pub(crate) command: Command,
+}
+
+/// Parse the command line. `-h` is the short help: the options every command takes (the
+/// blob store, the process's limits, `--json`) are left out, named in one line at its end;
+/// `--help` shows them all.
+pub(crate) fn parse() -> Cli {
+    use clap::{CommandFactory as _, FromArgMatches as _};
+    let mut cmd = Cli::command();
+    if std::env::args_os().skip(1).any(|a| a == "-h") {
+        let globals: Vec<clap::Id> = cmd
+            .get_arguments()
+            .filter(|a| a.is_global_set())
+            .map(|a| a.get_id().clone())
+            .collect();
+        for id in globals {
+            cmd = cmd.mut_arg(id, |a| a.hide(true));
+        }
+        cmd = name_the_hidden(cmd);
+    }
+    let matches = cmd.get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
+/// `blobsnap man [COMMAND…] [--dir DIR]`: one page on stdout, or every page into `dir`.
+fn man(command: &[String], dir: Option<&std::path::Path>) -> blobsnap::Result<()> {
+    let mut cmd = <Cli as clap::CommandFactory>::command().disable_help_subcommand(true);
+    cmd.build();
+    if let Some(dir) = dir {
+        let pages = count_pages(&cmd);
+        clap_mangen::generate_to(cmd, dir).map_err(|e| {
+            blobsnap::Error::new(
+                ErrorKind::Io,
+                format!("write the man pages into {}: {e}", dir.display()),
+            )
+        })?;
+        println!(
+            "{pages} man pages written to {} (blobsnap.1, blobsnap-gc.1, …): `man blobsnap-gc` once it is on MANPATH",
+            dir.display()
+        );
+        return Ok(());
+    }
+    let mut page = cmd;
+    for name in command {
+        let Some(sub) = page.find_subcommand(name).cloned() else {
+            let known: Vec<&str> = page.get_subcommands().map(|s| s.get_name()).collect();
+            return Err(blobsnap::Error::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "no command {name:?} under `{}`: {}",
+                    page.get_display_name().unwrap_or(page.get_name()),
+                    if known.is_empty() {
+                        "it has no subcommands".to_string()
+                    } else {
+                        format!("its commands are {}", known.join(", "))
+                    }
+                ),
+            ));
+        };
+        page = sub;
+    }
+    let mut out = Vec::new();
+    clap_mangen::Man::new(page)
+        .render(&mut out)
+        .map_err(|e| blobsnap::Error::new(ErrorKind::Io, format!("render the man page: {e}")))?;
+    print_bytes(&out, "the man page")
+}
+
+/// The pages `clap_mangen::generate_to` writes for `cmd`: its own and its visible
+/// subcommands', recursively.
+fn count_pages(cmd: &clap::Command) -> usize {
+    1 + cmd
+        .get_subcommands()
+        .filter(|s| !s.is_hide_set())
+        .map(count_pages)
+        .sum::<usize>()
+}
+
+/// `cmd` and its subcommands, each with a line naming the options a short help leaves out.
+fn name_the_hidden(cmd: clap::Command) -> clap::Command {
+    let names: Vec<String> = cmd
+        .get_subcommands()
+        .map(|s| s.get_name().to_string())
+        .collect();
+    let mut cmd = cmd.after_help(
+        "Options of every command (the blob store: --local, --bucket, --s3-*, --config; the process's limits: --max-*; --json): see --help",
+    );
+    for name in names {
+        cmd = cmd.mut_subcommand(name, name_the_hidden);
+    }
+    cmd
 }
 
 /// Write `bytes` to stdout; a closed pipe ends the process quietly (as `println!` does, see
@@ -215,13 +313,6 @@ pub(crate) async fn run(cli: Cli) -> blobsnap::Result<()> {
             clap_complete::generate(shell, &mut cmd, "blobsnap", &mut out);
             print_bytes(&out, "the completion script")
         }
-        Command::Man => {
-            let cmd = <Cli as clap::CommandFactory>::command();
-            let mut out = Vec::new();
-            clap_mangen::Man::new(cmd).render(&mut out).map_err(|e| {
-                blobsnap::Error::new(ErrorKind::Io, format!("render the man page: {e}"))
-            })?;
-            print_bytes(&out, "the man page")
-        }
+        Command::Man { command, dir } => man(&command, dir.as_deref()),
     }
 }

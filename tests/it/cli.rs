@@ -2358,8 +2358,9 @@ async fn output_to_a_closed_pipe_ends_quietly() {
 
 /// `blobsnap completions SHELL` prints a script the shell accepts, generated from the
 /// command's own definitions (every subcommand is offered), and `blobsnap man` a man page
-/// naming every subcommand; both end quietly on a closed pipe; an unknown shell is a usage
-/// error (exit 2); help is wrapped to the terminal's width.
+/// naming every subcommand, a page per command (`man gc`, `man --dir DIR`); both end quietly on
+/// a closed pipe; an unknown shell is a usage error (exit 2); help is wrapped to the
+/// terminal's width, and `-h` leaves out the options every command takes (issue 51, item 12).
 #[test]
 fn completions_and_the_man_page_are_generated_from_the_commands() {
     let blobsnap = |args: &[&str]| {
@@ -2420,6 +2421,52 @@ fn completions_and_the_man_page_are_generated_from_the_commands() {
     for sub in subcommands {
         assert!(page.contains(sub), "the man page names {sub}");
     }
+    // Each command has its own page, printed or written with the others.
+    let gc_page = blobsnap(&["man", "gc"]);
+    let gc_page = String::from_utf8(gc_page.stdout).unwrap();
+    assert!(gc_page.contains(".TH blobsnap-gc 1"), "{gc_page}");
+    assert!(gc_page.contains("grace"), "{gc_page}");
+    let nested = String::from_utf8(blobsnap(&["man", "savepoint", "create"]).stdout).unwrap();
+    assert!(
+        nested.contains(".TH blobsnap-savepoint-create 1"),
+        "{nested}"
+    );
+    let typo = blobsnap(&["man", "savepoint", "crate"]);
+    assert_eq!(typo.status.code(), Some(5), "{typo:?}");
+    assert!(
+        String::from_utf8_lossy(&typo.stderr).contains("create, ls"),
+        "{typo:?}"
+    );
+    let pages = tempfile::tempdir().unwrap();
+    let wrote = blobsnap(&["man", "--dir", pages.path().to_str().unwrap()]);
+    assert!(wrote.status.success(), "{wrote:?}");
+    let written: Vec<String> = std::fs::read_dir(pages.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    for page in [
+        "blobsnap.1",
+        "blobsnap-gc.1",
+        "blobsnap-forget.1",
+        "blobsnap-savepoint-rm.1",
+    ] {
+        assert!(written.iter().any(|w| w == page), "{page} in {written:?}");
+    }
+    // `-h` is short: the options every command takes are named in one line, `--help` has them.
+    let short = String::from_utf8(blobsnap(&["gc", "-h"]).stdout).unwrap();
+    let long = String::from_utf8(blobsnap(&["gc", "--help"]).stdout).unwrap();
+    assert!(
+        !short.contains("--s3-endpoint <") && short.contains("Options of every command"),
+        "{short}"
+    );
+    assert!(
+        long.contains("--s3-endpoint <") && long.contains("--grace-secs"),
+        "{long}"
+    );
+    assert!(
+        short.contains("--grace-secs") && short.lines().count() < 30,
+        "{short}"
+    );
     // Help text is wrapped to the terminal's width (COLUMNS where it is not a terminal).
     for columns in ["60", "100"] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
@@ -2765,7 +2812,7 @@ async fn manual_backups_are_forgotten_by_policy_and_typos_fail_loudly() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|k| k[0].as_u64().unwrap())
+        .map(|k| k["seq"].as_u64().unwrap())
         .collect();
     assert_eq!(kept, [4, 3], "the newest two: {v}");
     let (_, v, _) = run(&t, &["checkpoints", "--name", "nb"]).await;
