@@ -324,7 +324,7 @@ pub(crate) async fn run(
         );
         return partial();
     }
-    println!("job {job_name}/{job_id}: retained checkpoints, newest first");
+    println!("job {job_name}/{job_id}: retained checkpoints, newest first (a store's files and size: the snapshot as a restore writes it; new: what that checkpoint uploaded)");
     for (task, lines) in &out {
         println!("task {task}: {} retained", lines.len());
         for l in lines {

@@ -58,6 +58,7 @@ pub(crate) async fn run(
     if json {
         let mut doc = serde_json::to_value(&report)
             .map_err(|e| blobsnap::Error::new(blobsnap::ErrorKind::Io, format!("json: {e}")))?;
+        round_floats(&mut doc, None);
         if let Some(o) = doc.as_object_mut() {
             o.insert("schema".into(), 1.into());
         }
@@ -67,6 +68,35 @@ pub(crate) async fn run(
     print_report(&report);
     super::usage::print_unreadable(&report.unreadable_roots);
     partial
+}
+
+/// An estimate's numbers as a reader wants them: dollars (`*-usd`) to the micro-dollar, other
+/// fractions (requests per commit, a month's requests, an interval in seconds) to four decimals
+/// — not a float's 17 digits.
+fn round_floats(v: &mut serde_json::Value, key: Option<&str>) {
+    match v {
+        serde_json::Value::Object(o) => {
+            for (k, x) in o.iter_mut() {
+                round_floats(x, Some(k));
+            }
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(|x| round_floats(x, key)),
+        serde_json::Value::Number(n) if n.is_f64() => {
+            let places = if key.is_some_and(|k| k.ends_with("-usd") || k.ends_with("-per-1000")) {
+                1e6
+            } else {
+                1e4
+            };
+            if let Some(r) = n
+                .as_f64()
+                .map(|f| (f * places).round() / places)
+                .and_then(serde_json::Number::from_f64)
+            {
+                *n = r;
+            }
+        }
+        _ => {}
+    }
 }
 
 fn print_report(r: &CostReport) {

@@ -106,14 +106,17 @@ pub(crate) async fn ls_command(args: &StoreArgs, json: bool) -> blobsnap::Result
             );
             for (store, s) in &t.stores {
                 println!(
-                    "    store {store}: {} snapshots, {} blobs, {} bytes; newest {}",
+                    "    store {store}: {} snapshots, {} blobs, {}; newest {}",
                     s.snapshots,
                     s.blobs,
-                    s.bytes,
+                    bytesize::ByteSize(s.bytes),
                     s.newest.as_ref().map_or("-".to_string(), |m| m.to_string())
                 );
             }
         }
+    }
+    if !jobs.is_empty() {
+        println!("(a store's size: its blobs as stored, each once — every snapshot's files, deduplicated; not its indexes; `usage` counts every object)");
     }
     Ok(())
 }

@@ -63,6 +63,7 @@ pub(crate) async fn run(
             bytesize::ByteSize(c.bytes).to_string()
         );
     }
+    println!("(sizes: every object under the job's scope, as the store bills it, each once; live = named by a retained checkpoint; each class is described in docs/state-through-time.md)");
     print_unreadable(&report.unreadable_roots);
     partial
 }
