@@ -195,8 +195,24 @@ pub(crate) async fn run(
             ),
         ));
     }
+    let fresh = blobsnap::job::wordcount::input_params(&settings.input_dir).is_none();
     refuse_a_shorter_input(&settings, &blob_store, lines).await?;
     wordcount::generate_input(&settings.input_dir, partitions, lines, 42)?;
+    if fresh {
+        // A new host for a job with history (a failover): the input this run generated must
+        // hold what the job committed, or the run would commit and then fail its check as if
+        // the state were corrupt. Refused before anything runs; the input it wrote goes.
+        if let Some(past) = offset_past(&settings, &blob_store, partitions, lines).await? {
+            let _ = std::fs::remove_dir_all(&settings.input_dir);
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "task {:?} of job {}/{} committed offset {}, past the {lines} lines per partition this run generates ({} bytes): give the demo the --lines (and --partitions) of the job's earlier runs",
+                    past.task, settings.job_name, settings.job_id, past.committed, past.within
+                ),
+            ));
+        }
+    }
     eprintln!(
         "demo: {partitions} partitions x {lines} lines in {}, blob store {blob_store}",
         settings.input_dir.display()
@@ -268,7 +284,6 @@ async fn refuse_a_shorter_input(
     blob_store: &Arc<dyn blobsnap::blobstore::BlobStore>,
     lines: u64,
 ) -> blobsnap::Result<()> {
-    use blobsnap::checkpoint::CheckpointStore as _;
     let Some((old_partitions, old_lines, _)) =
         blobsnap::job::wordcount::input_params(&settings.input_dir)
     else {
@@ -277,11 +292,46 @@ async fn refuse_a_shorter_input(
     if lines >= old_lines {
         return Ok(());
     }
+    if let Some(past) = offset_past(settings, blob_store, old_partitions, lines).await? {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "the demo's input changed: this run asks for {lines} lines per partition, but task {:?} of job {}/{} committed offset {}, past the first {lines} lines of {} ({} bytes; it holds {old_lines}); its check would fail as if the state were corrupt. Run with --lines {old_lines}, or use a new --dir",
+                past.task,
+                settings.job_name,
+                settings.job_id,
+                past.committed,
+                past.file.display(),
+                past.within
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A task whose committed offset lies past the first `lines` lines of its input file.
+struct PastTheInput {
+    task: String,
+    committed: u64,
+    within: u64,
+    file: std::path::PathBuf,
+}
+
+/// The first task among the first `partitions` (and the run's) whose offset — where it will
+/// read on from: its latest checkpoint, or the point of a start-from it has yet to apply —
+/// lies past the first `lines` lines of its input file in `settings.input_dir`.
+async fn offset_past(
+    settings: &blobsnap::job::JobSettings,
+    blob_store: &Arc<dyn blobsnap::blobstore::BlobStore>,
+    partitions: u32,
+    lines: u64,
+) -> blobsnap::Result<Option<PastTheInput>> {
+    use blobsnap::blob::history::CheckpointRef;
+    use blobsnap::checkpoint::CheckpointStore as _;
     let job = blobsnap::layout::JobScope::new(&settings.job_name, &settings.job_id)?;
     let checkpoints =
         blobsnap::checkpoint::BlobCheckpointStore::new(Arc::clone(blob_store), job.clone());
-    use blobsnap::blob::history::CheckpointRef;
-    for p in 0..old_partitions.min(settings.partitions) {
+    for p in 0..partitions.min(settings.partitions) {
         let task = blobsnap::job::task_name(p);
         // Where the task reads on from: the chosen point for a task that has yet to start
         // from it (a rollback or roll-forward: checked to exist before this), else its latest.
@@ -314,18 +364,15 @@ async fn refuse_a_shorter_input(
         let file = settings.input_dir.join(format!("{p}.txt"));
         let within = prefix_bytes(&file, lines)?;
         if committed > within {
-            return Err(Error::new(
-                ErrorKind::InvalidInput,
-                format!(
-                    "the demo's input changed: this run asks for {lines} lines per partition, but task {task:?} of job {}/{} committed offset {committed}, past the first {lines} lines of {} ({within} bytes; it holds {old_lines}); its check would fail as if the state were corrupt. Run with --lines {old_lines}, or use a new --dir",
-                    settings.job_name,
-                    settings.job_id,
-                    file.display()
-                ),
-            ));
+            return Ok(Some(PastTheInput {
+                task,
+                committed,
+                within,
+                file,
+            }));
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 /// The length in bytes of the first `lines` lines of `file`.

@@ -22,6 +22,42 @@ pub struct StoreDirLock {
     _file: std::fs::File,
 }
 
+/// What a holder writes in its lock file: its pid and command line (at most a few hundred
+/// bytes of it).
+fn identity() -> String {
+    let args: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let command: String = args.join(" ").chars().take(200).collect();
+    format!("pid {} ({command})\n", std::process::id())
+}
+
+/// The holder a lock file names, as its holder wrote it (at most 512 bytes, one line), or
+/// "another task or process" when it says nothing readable (a holder of an older version, or
+/// another task of this very process still writing it).
+fn holder(path: &Path) -> String {
+    let mut buf = [0u8; 512];
+    let n = std::fs::File::open(path)
+        .and_then(|mut f| std::io::Read::read(&mut f, &mut buf))
+        .unwrap_or(0);
+    let text = String::from_utf8_lossy(&buf[..n]);
+    let line = text.lines().next().unwrap_or("").trim();
+    let printable = !line.is_empty() && !line.chars().any(char::is_control);
+    if printable && line.starts_with("pid ") {
+        let same = line
+            .strip_prefix("pid ")
+            .and_then(|r| r.split_whitespace().next())
+            .is_some_and(|p| p == std::process::id().to_string());
+        if same {
+            format!("another task of this process, {line}")
+        } else {
+            line.to_string()
+        }
+    } else {
+        "another task or process".into()
+    }
+}
+
 /// `<store dir>.blobsnap.lock`
 pub fn lock_path(store_dir: &Path) -> Result<PathBuf> {
     let name = store_dir
@@ -61,8 +97,9 @@ impl StoreDirLock {
                         Error::new(
                             ErrorKind::Conflict,
                             format!(
-                                "store dir {} is in use by another task or process (it holds {})",
+                                "store dir {} is in use by {} (it holds the lock file {}; stop it, or use another dir)",
                                 store_dir.display(),
+                                holder(&path),
                                 path.display()
                             ),
                         )
@@ -100,6 +137,12 @@ impl StoreDirLock {
                 }
             })?);
         }
+        // Who holds it, for the message of the next one who asks (best effort: the lock is
+        // the flock, not these bytes).
+        let _ = file.set_len(0).and_then(|()| {
+            use std::io::Write as _;
+            (&file).write_all(identity().as_bytes())
+        });
         Ok(StoreDirLock { path, _file: file })
     }
 

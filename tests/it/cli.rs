@@ -2508,7 +2508,8 @@ fn completions_and_the_man_page_are_generated_from_the_commands() {
 /// checkpoint record (what `checkpoints/<task>/<seq>.json` holds: number, writer and the
 /// checkpoint) as well as a bare CheckpointV2, and names what is wrong with a damaged one;
 /// the demo rerun over a shorter input than the job committed says its input changed (exit 5,
-/// nothing run) instead of reporting corrupt state, while a longer one (the same lines and
+/// nothing run) instead of reporting corrupt state — on a new host's fresh dir too (a
+/// failover without the job's --lines) — while a longer one (the same lines and
 /// more) resumes; a refused start-from leaves the input as it was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkpoint_show_reads_stored_records_and_a_changed_demo_input_is_named() {
@@ -2581,6 +2582,33 @@ async fn checkpoint_show_reads_stored_records_and_a_changed_demo_input_is_named(
         err.contains("input changed") && err.contains("400") && err.contains("200"),
         "{err}"
     );
+    let after = blobsnap::checkpoint::CheckpointStore::latest(&cps, "Partition 0")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(after.seq, latest.seq, "nothing was committed");
+    // A new host (a fresh --dir, a failover) with fewer lines than the job committed: refused
+    // the same way before anything runs, and the input it generated to check is gone.
+    let fresh = tmp.path().join("failover");
+    let (code, _, err) = run(
+        &t,
+        &[
+            "demo",
+            "--dir",
+            fresh.to_str().unwrap(),
+            "--partitions",
+            "1",
+            "--lines",
+            "200",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(5), "{err}");
+    assert!(
+        err.contains("past the 200 lines") && err.contains("--lines"),
+        "{err}"
+    );
+    assert!(!fresh.join("input").exists(), "the checked input is gone");
     let after = blobsnap::checkpoint::CheckpointStore::latest(&cps, "Partition 0")
         .await
         .unwrap()

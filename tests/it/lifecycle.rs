@@ -1727,7 +1727,12 @@ async fn two_processes_on_one_dir_the_second_is_refused() {
     );
     let err = String::from_utf8_lossy(&second.stderr);
     assert_eq!(second.status.code(), Some(6), "{err}");
-    assert!(err.contains("in use by another task or process"), "{err}");
+    // The message names the holder: its pid and command.
+    let pid = first.id().unwrap();
+    assert!(
+        err.contains(&format!("in use by pid {pid} (")) && err.contains(" demo "),
+        "{err}"
+    );
     std::fs::write(&go, b"").unwrap();
     let mut a = first.wait_with_output().await.unwrap();
     a.stderr = first_err.await.unwrap().into_bytes();
