@@ -767,7 +767,9 @@ fn blob_files(dir: &Path) -> Vec<std::path::PathBuf> {
 /// `check --read-data` against a corrupt blob (issue 46, item 13): a blob with one byte
 /// flipped (its size unchanged) passes the HEAD-only check and fails `--read-data` and
 /// `--read-data-subset 100%` with exit 4 naming the blob and its hashes; a blob cut short
-/// fails even the HEAD-only check (sizes); once both are mended, every mode is clean.
+/// fails even the HEAD-only check (sizes); once both are mended, every mode is clean. A
+/// missing blob is not found (exit 3), its key named once, gc's part told as it is for a
+/// missing blob (issue 51's runbook walk).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_read_data_finds_a_flipped_byte_and_a_short_blob() {
     let t = Target::local();
@@ -847,6 +849,30 @@ async fn check_read_data_finds_a_flipped_byte_and_a_short_blob() {
     std::fs::write(short, &original).unwrap();
     let (code, _, err, _) = check(&["--read-data"]).await;
     assert_eq!(code, Some(0), "mended: {err}");
+
+    // A missing blob: not found, its key named once, and gc's part told as it is for a
+    // missing blob (nothing brings it back), not as for a corrupt one.
+    let gone = &blobs[0];
+    let original = std::fs::read(gone).unwrap();
+    std::fs::remove_file(gone).unwrap();
+    let name = gone.file_name().unwrap().to_string_lossy().into_owned();
+    let (code, v, err, _) = check(&[]).await;
+    assert_eq!(code, Some(3), "{err}");
+    let problems = v["report"]["problems"].as_array().unwrap();
+    let p = problems
+        .iter()
+        .find(|p| p["message"].as_str().unwrap().contains(&name))
+        .unwrap_or_else(|| panic!("names the missing blob: {v}"));
+    let message = p["message"].as_str().unwrap();
+    assert_eq!(p["kind"], "not-found", "{v}");
+    assert_eq!(message.matches(name.as_str()).count(), 1, "{message}");
+    assert!(message.ends_with("is missing"), "{message}");
+    let gc = p["gc"].as_str().unwrap();
+    assert!(
+        gc.contains("nothing can bring it back") && !gc.contains("corrupt"),
+        "{gc}"
+    );
+    std::fs::write(gone, &original).unwrap();
 }
 
 /// `check --read-data` against a corrupt blob that several checkpoints share (issue 51, item

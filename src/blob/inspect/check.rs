@@ -111,6 +111,8 @@ const GC_INDEX: &str = "gc fails closed (deletes nothing) while a retained check
 const GC_INLINE: &str = "gc is not stopped by it: it keeps the index while any checkpoint or savepoint names it, and deletes it after the grace once none does";
 /// What `gc` does about a blob that is missing or corrupt.
 const GC_BLOB: &str = "gc is not stopped by it (it never reads blob contents): a corrupt blob is kept while any checkpoint or savepoint names it, and deleted after the grace once none does";
+/// What gc does about a blob that is missing.
+const GC_MISSING_BLOB: &str = "gc is not stopped by it (it never reads blob contents): nothing can bring it back; each checkpoint or savepoint that names it fails to restore until retention or `forget --checkpoint` / `savepoint rm` lets it go";
 
 /// A root that names a store snapshot: a retained checkpoint of a task, or a savepoint.
 #[derive(Clone, Debug)]
@@ -457,6 +459,11 @@ pub async fn check_job(
                         Err(e) => Some((e.kind(), format!("{what}: blob {key}: {e}"))),
                     },
                     Ok(_) => None,
+                    // The key once: the store's "no object KEY" would name it again.
+                    Err(e) if e.kind() == ErrorKind::NotFound => Some((
+                        ErrorKind::NotFound,
+                        format!("{what}: blob {key} is missing"),
+                    )),
                     Err(e) => Some((e.kind(), format!("{what}: blob {key}: {e}"))),
                 };
                 (size, read, outcome, snapshots)
@@ -475,7 +482,12 @@ pub async fn check_job(
                 .filter_map(|s| by_snapshot.get(s))
                 .flatten()
                 .collect();
-            report.add(kind, message, describe(&roots, Root::for_blob), GC_BLOB);
+            let gc = if kind == ErrorKind::NotFound {
+                GC_MISSING_BLOB
+            } else {
+                GC_BLOB
+            };
+            report.add(kind, message, describe(&roots, Root::for_blob), gc);
         }
     }
     let rank = |k: &str| match k {
