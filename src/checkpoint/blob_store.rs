@@ -101,6 +101,8 @@ pub struct RemovedReport {
     pub reason: String,
     /// False: it had been removed before (nothing written).
     pub changed: bool,
+    /// It could be read (an operator removed a checkpoint a newer one supersedes).
+    pub readable: bool,
 }
 
 /// Committed checkpoints of one job deployment, in a blob store.
@@ -226,6 +228,7 @@ impl BlobCheckpointStore {
         dry_run: bool,
     ) -> Result<RemovedReport> {
         let key = self.job.checkpoint_key(task, seq)?;
+        let mut readable = false;
         let reason = match self.read_record(task, seq, &key).await {
             Ok(Record::Checkpoint(_)) => {
                 let newer = self.newest_readable_after(task, seq).await?;
@@ -234,8 +237,9 @@ impl BlobCheckpointStore {
                         "checkpoint #{seq} of task {task:?} ({key}) is the newest the task can restore: it stays (a start-from — `[job] start-from`, `demo --start-from` — moves a task back; `blobsnap forget --job J --job-id ID --all` removes a whole deployment)"
                     )));
                 };
+                readable = true;
                 format!(
-                    "removed by an operator (`blobsnap forget --checkpoint`); #{newer} is newer"
+                    "an operator removes it (`blobsnap forget --checkpoint`); #{newer} is newer"
                 )
             }
             Ok(Record::Removed { removal, .. }) => {
@@ -245,6 +249,7 @@ impl BlobCheckpointStore {
                     seq,
                     reason: removal.reason,
                     changed: false,
+                    readable: false,
                 })
             }
             Err(e) if e.kind() == ErrorKind::NotFound => {
@@ -270,6 +275,7 @@ impl BlobCheckpointStore {
             seq,
             reason: reason.clone(),
             changed: !dry_run,
+            readable,
         };
         if dry_run {
             return Ok(report);

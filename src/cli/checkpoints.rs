@@ -209,7 +209,7 @@ pub(crate) async fn run(
                                 bytes: 0,
                                 new_bytes: 0,
                                 borrows_from: Vec::new(),
-                                unreadable: Some(format!("{} ({})", e, e.kind().as_str())),
+                                unreadable: Some(e.to_string()),
                             },
                         );
                         continue;

@@ -114,6 +114,12 @@ fn print_report(r: &CostReport) {
             r.job, r.job_id, r.tasks, r.sampled_task_commits, r.changed_store_commits, r.unchanged_store_commits
         );
     }
+    if r.sampled_task_commits == 0 && !r.unreadable_roots.is_empty() {
+        println!(
+            "per {what}: no {what} could be sampled (a pair of consecutive readable checkpoints is needed; {} root(s) cannot be read, below): the figures below count only the fixed requests, not what a {what} uploads",
+            r.unreadable_roots.len()
+        );
+    }
     println!(
         "per {what}{}: {:.1} PUT, {:.2} LIST, {:.2} GET, {:.1} DeleteObjects, {} uploaded",
         if r.manual { "" } else { " (all tasks)" },
@@ -124,7 +130,7 @@ fn print_report(r: &CostReport) {
         human_bytes(c.upload_bytes)
     );
     println!(
-        "stored: {} in {} objects, for {} retained points: {} live (the latest snapshots) + {} of distinct files born in the retention window + {} of indexes and checkpoint documents (what the number of points adds)",
+        "stored: {} in {} objects, for {} retained points: {} in the latest snapshots + {} of distinct files born in the retention window + {} of indexes and checkpoint documents (what the number of points adds)",
         human_bytes(r.stored_bytes as f64),
         r.stored_objects,
         r.retained_points,

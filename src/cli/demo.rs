@@ -128,6 +128,12 @@ pub(crate) async fn run(
         &dir.join("state"),
         &super::args::protected_store(store_args, Some(&dir)),
     )?;
+    // One demo per --dir: its tasks lock their store dirs one by one, so two demos started
+    // together could each take one partition and both fail; this takes the whole dir first.
+    let dir_lock = blobsnap::local::lock::StoreDirLock::at(
+        &dir.join(".blobsnap-demo.lock"),
+        &format!("demo dir {}", dir.display()),
+    )?;
     let blob_store = open_demo_store(store_args, &dir).await?;
     let settings = JobSettings {
         job_name: job_name.unwrap_or(job.name.clone()),
@@ -204,10 +210,15 @@ pub(crate) async fn run(
         // the state were corrupt. Refused before anything runs; the input it wrote goes.
         if let Some(past) = offset_past(&settings, &blob_store, partitions, lines).await? {
             let _ = std::fs::remove_dir_all(&settings.input_dir);
+            // What this run made and nothing else uses (empty): gone with it.
+            drop(dir_lock);
+            for d in [&settings.state_dir, &dir] {
+                let _ = std::fs::remove_dir(d);
+            }
             return Err(Error::new(
                 ErrorKind::InvalidInput,
                 format!(
-                    "task {:?} of job {}/{} committed offset {}, past the {lines} lines per partition this run generates ({} bytes): give the demo the --lines (and --partitions) of the job's earlier runs",
+                    "the demo's input would not hold what the job committed: task {:?} of job {}/{} committed offset {}, past the {lines} lines per partition this run generates ({} bytes); its check would fail as if the state were corrupt. Give the demo the --lines (and --partitions) of the job's earlier runs",
                     past.task, settings.job_name, settings.job_id, past.committed, past.within
                 ),
             ));

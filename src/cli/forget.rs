@@ -219,8 +219,13 @@ async fn forget_checkpoint(
         (false, true) => "removed",
         (false, false) => "already removed",
     };
+    let why = if report.readable {
+        "why"
+    } else {
+        "why it could not be read"
+    };
     println!(
-        "checkpoint #{seq} of task {task} of {job_name}/{job_id}: {what} (its number stays taken; `blobsnap checkpoints` lists it as removed)\n  key: {}\n  why it could not be read: {}",
+        "checkpoint #{seq} of task {task} of {job_name}/{job_id}: {what} (its number stays taken; `blobsnap checkpoints` lists it as removed; the next `gc` frees what only it needed)\n  key: {}\n  {why}: {}",
         report.key, report.reason
     );
     Ok(())

@@ -61,9 +61,11 @@ pub(crate) async fn run(store_args: &StoreArgs, json: bool, args: GcArgs) -> blo
         &blobsnap::layout::JobScope::new(&job, &job_id)?,
     )
     .await?;
+    let mut refused = None;
     {
         // A grace under the job's is refused unless forced, and while a task of the
-        // job runs even then (a dry run deletes nothing: it only warns).
+        // job runs even then (a dry run deletes nothing: it prints its plan and exits with
+        // the refusal's code).
         let scope = blobsnap::layout::JobScope::new(&job, &job_id)?;
         let record = admin::read_scope_record(blob_store.as_ref(), &scope).await?;
         // Lease ages on the server's clock (their last-modified times are the server's): a
@@ -81,7 +83,9 @@ pub(crate) async fn run(store_args: &StoreArgs, json: bool, args: GcArgs) -> blo
             &active,
             force,
         ) {
-            Err(e) if dry_run => eprintln!("gc: a real run would be refused: {e}"),
+            // The plan is printed all the same; the exit says the refusal (a script that
+            // checks with a dry run sees it).
+            Err(e) if dry_run => refused = Some(e),
             r => r?,
         }
     }
@@ -109,7 +113,7 @@ pub(crate) async fn run(store_args: &StoreArgs, json: bool, args: GcArgs) -> blo
         plan.delete = doomed;
         println!(
             "{}",
-            serde_json::json!({"schema": 1, "dry-run": dry_run, "plan": plan, "deleted": report.deleted})
+            serde_json::json!({"schema": 1, "dry-run": dry_run, "plan": plan, "deleted": report.deleted, "refused": refused.as_ref().map(ToString::to_string)})
         );
     } else {
         for u in &plan.unknown {
@@ -130,6 +134,9 @@ pub(crate) async fn run(store_args: &StoreArgs, json: bool, args: GcArgs) -> blo
         );
         if dry_run {
             println!("dry run: nothing deleted");
+            if let Some(e) = &refused {
+                println!("a real run would be refused: {e}");
+            }
         } else {
             println!(
                 "deleted {} objects, freed {} bytes",
@@ -137,5 +144,8 @@ pub(crate) async fn run(store_args: &StoreArgs, json: bool, args: GcArgs) -> blo
             );
         }
     }
-    Ok(())
+    match refused {
+        Some(e) => Err(e.context("gc --dry-run: the plan above is what a run would delete, but a real run would be refused")),
+        None => Ok(()),
+    }
 }

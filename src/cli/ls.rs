@@ -101,7 +101,7 @@ pub(crate) async fn ls_command(args: &StoreArgs, json: bool) -> blobsnap::Result
                 .map(|a| format!(", {}h{:02}m{:02}s ago", a / 3600, a / 60 % 60, a % 60))
                 .unwrap_or_default();
             println!(
-                "  task {task}: {} checkpoints, latest #{}{age}",
+                "  task {task}: {} checkpoint documents, latest #{}{age}",
                 t.checkpoints, t.latest_seq
             );
             for (store, s) in &t.stores {

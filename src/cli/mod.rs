@@ -65,9 +65,10 @@ pub(crate) enum Command {
     /// backup is pinned by a checkpoint record, so `gc --job manual --job-id NAME` keeps it.
     /// A database locked by a running job is refused (exit 6).
     Backup(backup::BackupArgs),
-    /// Prune a manual backup's history by a retention policy (`--keep "last 3, every 1d for
-    /// 30d"`): the pins of the backups it does not keep are deleted (the newest always
-    /// stays); `gc --name NAME` then frees what only they held.
+    /// Remove what is no longer wanted: a manual backup's history pruned by a policy (`--name
+    /// N --keep "last 3, every 1d for 30d"`; `gc --name N` then frees what only the others
+    /// held), one checkpoint of a task (`--checkpoint KEY`), or a whole deployment — a retired
+    /// job id or a fork (`--all --job J --job-id ID`). Dry run first with `--dry-run`.
     Forget(forget::ForgetArgs),
     /// List what the store holds: jobs, tasks with their latest checkpoints, stores with their
     /// snapshots and sizes.
@@ -142,7 +143,7 @@ pub(crate) enum Command {
         /// The command whose page to print (none: the main page).
         command: Vec<String>,
         /// Write every page (blobsnap.1, blobsnap-gc.1, blobsnap-savepoint-create.1, …) into
-        /// this existing directory instead.
+        /// this directory instead (made if missing).
         #[arg(long, value_name = "DIR", conflicts_with = "command")]
         dir: Option<std::path::PathBuf>,
     },
@@ -198,9 +199,14 @@ pub(crate) fn parse() -> Cli {
 
 /// `blobsnap man [COMMAND…] [--dir DIR]`: one page on stdout, or every page into `dir`.
 fn man(command: &[String], dir: Option<&std::path::Path>) -> blobsnap::Result<()> {
-    let mut cmd = <Cli as clap::CommandFactory>::command().disable_help_subcommand(true);
+    let mut cmd = <Cli as clap::CommandFactory>::command()
+        .disable_help_subcommand(true)
+        .propagate_version(true);
     cmd.build();
     if let Some(dir) = dir {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            blobsnap::Error::new(ErrorKind::Io, format!("create {}: {e}", dir.display()))
+        })?;
         let pages = count_pages(&cmd);
         clap_mangen::generate_to(cmd, dir).map_err(|e| {
             blobsnap::Error::new(

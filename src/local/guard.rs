@@ -285,9 +285,10 @@ fn refuse_held(flag: &str, target: &Path) -> Result<()> {
                 return Err(Error::new(
                     ErrorKind::Conflict,
                     format!(
-                        "{flag} {} {r} the store dir {} that another task or process holds ({}): nothing changed",
+                        "{flag} {} {r} the store dir {} that {} holds ({}): nothing changed",
                         target.display(),
                         p.display(),
+                        super::lock::holder(&lock),
                         lock.display()
                     ),
                 ));
@@ -321,8 +322,9 @@ fn refuse_held(flag: &str, target: &Path) -> Result<()> {
                     return Err(Error::new(
                         ErrorKind::Conflict,
                         format!(
-                            "{flag} {} contains a store dir that another task or process holds ({}): nothing changed",
+                            "{flag} {} contains a store dir that {} holds ({}): nothing changed",
                             target.display(),
+                            super::lock::holder(&lock),
                             lock.display()
                         ),
                     ));

@@ -35,11 +35,23 @@ fn identity() -> String {
 /// The holder a lock file names, as its holder wrote it (at most 512 bytes, one line), or
 /// "another task or process" when it says nothing readable (a holder of an older version, or
 /// another task of this very process still writing it).
-fn holder(path: &Path) -> String {
+pub fn holder(path: &Path) -> String {
     let mut buf = [0u8; 512];
-    let n = std::fs::File::open(path)
-        .and_then(|mut f| std::io::Read::read(&mut f, &mut buf))
-        .unwrap_or(0);
+    let read = |buf: &mut [u8]| {
+        std::fs::File::open(path)
+            .and_then(|mut f| std::io::Read::read(&mut f, buf))
+            .unwrap_or(0)
+    };
+    // A holder writes who it is right after it takes the lock: an empty file is one caught
+    // in between (two processes started together), so look again a few times (≤ 100 ms).
+    let mut n = read(&mut buf);
+    for _ in 0..20 {
+        if n > 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        n = read(&mut buf);
+    }
     let text = String::from_utf8_lossy(&buf[..n]);
     let line = text.lines().next().unwrap_or("").trim();
     let printable = !line.is_empty() && !line.chars().any(char::is_control);
@@ -74,53 +86,7 @@ impl StoreDirLock {
     /// `Conflict`, nothing touched.
     pub fn acquire(store_dir: &Path) -> Result<StoreDirLock> {
         let path = lock_path(store_dir)?;
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)
-                .map_err(|e| Error::io(format!("create {}", parent.display()), e))?;
-        }
-        // A holder deletes the lock file when it lets go (nothing is left beside the dir):
-        // the file locked here must still be the one at `path`, else a holder unlinked it
-        // between this open and this lock — open the new one and lock again.
-        let mut attempts = 0;
-        let file = loop {
-            attempts += 1;
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&path)
-                .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
-            rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
-                .map_err(|e| {
-                    if e == rustix::io::Errno::WOULDBLOCK {
-                        Error::new(
-                            ErrorKind::Conflict,
-                            format!(
-                                "store dir {} is in use by {} (it holds the lock file {}; stop it, or use another dir)",
-                                store_dir.display(),
-                                holder(&path),
-                                path.display()
-                            ),
-                        )
-                    } else {
-                        Error::io(format!("lock {}", path.display()), e.into())
-                    }
-                })?;
-            if same_file(&file, &path) {
-                break file;
-            }
-            if attempts >= 16 {
-                return Err(Error::new(
-                    ErrorKind::Conflict,
-                    format!(
-                        "store dir {}: its lock file {} keeps being replaced (another process takes and lets go of it again and again)",
-                        store_dir.display(),
-                        path.display()
-                    ),
-                ));
-            }
-        };
+        let lock = StoreDirLock::at(&path, &format!("store dir {}", store_dir.display()))?;
         if store_dir.join("LOCK").exists() {
             // Locked by a RocksDB of another process → Conflict; we drop it at once.
             drop(super::rocks::ClosedDb::lock(store_dir).map_err(|e| {
@@ -137,13 +103,68 @@ impl StoreDirLock {
                 }
             })?);
         }
+        Ok(lock)
+    }
+
+    /// Take the lock file `path` itself (creating it and its parent), for `what` (a store dir,
+    /// a demo's working dir): held by another task or process → `Conflict` naming the holder
+    /// as it wrote itself into the file. The holder deletes the file when it lets go.
+    pub fn at(path: &Path, what: &str) -> Result<StoreDirLock> {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| Error::io(format!("create {}", parent.display()), e))?;
+        }
+        // A holder deletes the lock file when it lets go (nothing is left beside the dir):
+        // the file locked here must still be the one at `path`, else a holder unlinked it
+        // between this open and this lock — open the new one and lock again.
+        let mut attempts = 0;
+        let file = loop {
+            attempts += 1;
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(path)
+                .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+            rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+                .map_err(|e| {
+                    if e == rustix::io::Errno::WOULDBLOCK {
+                        Error::new(
+                            ErrorKind::Conflict,
+                            format!(
+                                "{what} is in use by {} (it holds the lock file {}; stop it, or use another dir)",
+                                holder(path),
+                                path.display()
+                            ),
+                        )
+                    } else {
+                        Error::io(format!("lock {}", path.display()), e.into())
+                    }
+                })?;
+            if same_file(&file, path) {
+                break file;
+            }
+            if attempts >= 16 {
+                return Err(Error::new(
+                    ErrorKind::Conflict,
+                    format!(
+                        "{what}: its lock file {} keeps being replaced (another process takes and lets go of it again and again)",
+                        path.display()
+                    ),
+                ));
+            }
+        };
         // Who holds it, for the message of the next one who asks (best effort: the lock is
         // the flock, not these bytes).
         let _ = file.set_len(0).and_then(|()| {
             use std::io::Write as _;
             (&file).write_all(identity().as_bytes())
         });
-        Ok(StoreDirLock { path, _file: file })
+        Ok(StoreDirLock {
+            path: path.to_path_buf(),
+            _file: file,
+        })
     }
 
     /// The lock file.

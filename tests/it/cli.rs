@@ -553,6 +553,7 @@ async fn backup_a_closed_db_dedup_restore_ls_and_a_locked_db_is_refused(t: &Targ
             "nightly 1",
             "--grace-secs",
             "0",
+            "--force",
             "--dry-run",
         ],
     )
@@ -901,6 +902,18 @@ async fn the_scope_is_guarded_by_admin_validation_and_writer_leases() {
     let (code, _, err) = gc_run("0", false).await;
     assert_eq!(code, Some(5), "a grace under the job's: {err}");
     assert!(err.contains("3600 s") && err.contains("--force"), "{err}");
+    // A dry run prints its plan, and exits as the real run would: refused.
+    let (code, v, err) = run(
+        &t,
+        &["gc", "--job", "wordcount", "--grace-secs", "0", "--dry-run"],
+    )
+    .await;
+    assert_eq!(code, Some(5), "{err}");
+    assert!(
+        v["refused"].as_str().is_some_and(|r| r.contains("--force")),
+        "{v}"
+    );
+    assert!(err.contains("a real run would be refused"), "{err}");
     let (code, _, err) = gc_run("3600", false).await;
     assert_eq!(code, Some(0), "{err}");
     let (code, _, err) = gc_run("0", true).await;
@@ -2605,10 +2618,15 @@ async fn checkpoint_show_reads_stored_records_and_a_changed_demo_input_is_named(
     .await;
     assert_eq!(code, Some(5), "{err}");
     assert!(
-        err.contains("past the 200 lines") && err.contains("--lines"),
+        err.contains("past the 200 lines")
+            && err.contains("input would not hold")
+            && err.contains("--lines"),
         "{err}"
     );
-    assert!(!fresh.join("input").exists(), "the checked input is gone");
+    assert!(
+        !fresh.exists(),
+        "the dir it made (the checked input) is gone"
+    );
     let after = blobsnap::checkpoint::CheckpointStore::latest(&cps, "Partition 0")
         .await
         .unwrap()
@@ -4221,7 +4239,7 @@ async fn forget_removes_a_fork_a_deployment_and_one_checkpoint() {
     let (code, _, err) = run(&t, &all("1")).await;
     assert_eq!(code, Some(6), "{err}");
     assert!(
-        err.contains("wordcount/2") && err.contains("forget them first"),
+        err.contains("wordcount/2") && err.contains("forget --all --job wordcount --job-id 2"),
         "{err}"
     );
 

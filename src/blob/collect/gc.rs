@@ -457,7 +457,7 @@ impl UnreadableRoot {
         let mut out = Vec::new();
         if roots.iter().any(|r| r.what == "index") {
             out.push(format!(
-                "`blobsnap check {job_flags}` names every checkpoint and savepoint that needs an unreadable index (an older retained checkpoint leaves the history as the job commits on; restore a missing index from a copy)"
+                "`blobsnap check {job_flags}` names every checkpoint and savepoint that needs an unreadable index; `blobsnap forget --checkpoint KEY` removes an older checkpoint that names one (its key from `blobsnap checkpoints --json`), `blobsnap savepoint rm` a savepoint; the newest checkpoint of a task goes once the job commits past it (`restore-fallback`), or restore the index from a copy"
             ));
         }
         if roots.iter().any(|r| r.what == "checkpoint") {
@@ -586,9 +586,9 @@ async fn read_roots_with(
                             "it is the task's latest checkpoint: restore the index from a copy, or run the job with restore-fallback so that it commits past it".to_string()
                         } else {
                             format!(
-                                "it is an older retained checkpoint (the latest is #{}): the job's next commits trim it from the history once it leaves retention, or delete that checkpoint's document under {} if no rollback to it is needed",
+                                "it is an older retained checkpoint (the latest is #{}): the job's next commits trim it from the history once it leaves retention, or `blobsnap forget --checkpoint {}` removes it now if no rollback to it is needed",
                                 newest.unwrap_or(c.seq),
-                                job.scope().as_str()
+                                job.checkpoint_key(task, c.seq).map(|k| k.to_string()).unwrap_or_default()
                             )
                         };
                         return Err(e.context(format!(

@@ -121,13 +121,16 @@ pub async fn remove_deployment(
     for (fork_job, fork_id) in borrowers {
         let fork = JobScope::new(&fork_job, &fork_id)?;
         if store.list(fork.scope()).try_next().await?.is_some() {
-            live_forks.push(format!("{fork_job}/{fork_id}"));
+            live_forks.push((fork_job, fork_id));
         }
     }
     if !live_forks.is_empty() {
+        let first = &live_forks[0];
         return Err(Error::conflict(format!(
-            "fork(s) {} borrow blobs of {job_name}/{job_id} through its savepoints: forget them first (`blobsnap forget --job FORK --job-id ID --all`), or release their pins (`blobsnap savepoint unpin`)",
-            live_forks.join(", ")
+            "fork(s) {} borrow blobs of {job_name}/{job_id} through its savepoints: forget them first (`blobsnap forget --all --job {} --job-id {}`); a fork that no longer borrows releases its pins with `blobsnap savepoint unpin`",
+            live_forks.iter().map(|(j, i)| format!("{j}/{i}")).collect::<Vec<_>>().join(", "),
+            first.0,
+            first.1
         )));
     }
     // The pins this scope (a fork) holds in its sources, from its start-from records.

@@ -145,7 +145,7 @@ impl Root {
                 "task {task:?} checkpoint #{seq} ({id}; the task's latest checkpoint: a restore needs it) store {store}"
             ),
             RootKind::Checkpoint { seq, id, latest: false } => format!(
-                "task {task:?} checkpoint #{seq} ({id}; an older retained checkpoint: gc fails closed on it until it leaves retention, or its document is deleted) store {store}"
+                "task {task:?} checkpoint #{seq} ({id}; an older retained checkpoint: gc fails closed on it until it leaves retention or `blobsnap forget --checkpoint` removes it) store {store}"
             ),
             RootKind::Savepoint(name) => format!(
                 "savepoint {name} task {task:?} store {store} (gc fails closed on it until it is removed: blobsnap savepoint rm)"

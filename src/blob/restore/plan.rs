@@ -263,6 +263,14 @@ impl Inventory {
                 }
             }
         }
+        // Samza's RocksJava stores keep their checkpoints beside the store dir, as
+        // `<store dir>-<checkpoint id>` (route 1 uploads them as they are): their files are
+        // candidates too, proved like every other.
+        for dir in samza_checkpoint_dirs(&spec.dir) {
+            for (path, size) in list_files(&dir)?.into_values() {
+                by_size.entry(size).or_default().push(path);
+            }
+        }
         Ok(Inventory {
             live,
             staged,
@@ -286,6 +294,36 @@ impl Inventory {
             })
             .collect()
     }
+}
+
+/// The checkpoint dirs Samza keeps for store dir `dir`: its siblings named
+/// `<name>-<checkpoint id>` (Samza's `StorageManagerUtil.getCheckpointDirPath`), by name.
+pub fn samza_checkpoint_dirs(dir: &Path) -> Vec<PathBuf> {
+    let (Some(name), Some(parent)) = (dir.file_name().and_then(|n| n.to_str()), dir.parent())
+    else {
+        return Vec::new();
+    };
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    let prefix = format!("{name}-");
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return Vec::new();
+    };
+    let mut out: Vec<PathBuf> = entries
+        .flatten()
+        .filter(|e| {
+            e.file_name().to_str().is_some_and(|n| {
+                n.strip_prefix(&prefix)
+                    .is_some_and(|id| id.parse::<crate::id::CheckpointId>().is_ok())
+            }) && e.file_type().is_ok_and(|t| t.is_dir())
+        })
+        .map(|e| e.path())
+        .collect();
+    out.sort();
+    out
 }
 
 /// The SHA-256 the hash cache proves for the local file `path`: only an immutable file
@@ -634,6 +672,28 @@ mod tests {
         );
         assert_eq!(t.bytes_to_download, (b"new manifest".len() + 2) as u64);
         assert_eq!(t.bytes, t.bytes_reused + t.bytes_to_download);
+    }
+
+    /// Samza's `<store dir>-<checkpoint id>` dirs beside the store dir are listed as reuse
+    /// candidates (route 1: a restart whose store dir is gone but whose checkpoint dir is not
+    /// downloads nothing it holds); a sibling whose suffix is not a checkpoint id is not.
+    #[test]
+    fn samza_checkpoint_dirs_beside_the_store_dir_are_candidates() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = tmp.path().join("counts");
+        let samza = tmp.path().join("counts-1796515000338-5000000");
+        let other = tmp.path().join("counts-backup");
+        for d in [&samza, &other] {
+            std::fs::create_dir_all(d).unwrap();
+            std::fs::write(d.join("000007.sst"), b"seven").unwrap();
+        }
+        assert_eq!(samza_checkpoint_dirs(&store), vec![samza.clone()]);
+        let spec = StoreSpec {
+            name: "counts".into(),
+            dir: store,
+        };
+        let inv = Inventory::of(&spec, false).unwrap();
+        assert_eq!(inv.by_size[&5], vec![samza.join("000007.sst")]);
     }
 
     #[test]

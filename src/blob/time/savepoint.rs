@@ -401,8 +401,14 @@ pub async fn remove(store: &dyn BlobStore, job: &JobScope, name: &str) -> Result
     let sp = read(store, job, name).await?;
     let key = job.savepoint_key(name)?;
     let in_use = |forks: Vec<ForkPin>| {
+        let remove = forks.first().map_or(String::new(), |f| {
+            format!(
+                ": `blobsnap forget --all --job {} --job-id {}`",
+                f.fork_job, f.fork_id
+            )
+        });
         Error::conflict(format!(
-            "savepoint {name:?} is in use by {} fork task(s): {}; it can be removed once they no longer borrow from it (their snapshots were rewritten, or the forks deleted)",
+            "savepoint {name:?} is in use by {} fork task(s): {}; it can be removed once they no longer borrow from it (their snapshots were rewritten, or the forks deleted{remove})",
             forks.len(),
             fork_tasks(&forks)
         ))
