@@ -31,6 +31,9 @@ mkdir -p "$res"
 strip --strip-unneeded -o "$res/libblobsnap_samza_jni.so" "$lib"
 # The loader names it when the library does not load (an older glibc).
 echo "${floor/GLIBC_/glibc }" > "$res/glibc-floor.txt"
+# samza/'s tests use route 2's module and its test jar: installed first so that the build
+# resolves on a fresh machine.
+(cd samza-s3 && mvn -B -ntp -Dstyle.color=never "${offline[@]}" -DskipTests install)
 (cd samza && mvn -B -ntp -Dstyle.color=never "${offline[@]}" -DskipTests package)
 jar=$(ls samza/target/blobsnap-samza-*.jar)
 jar tf "$jar" | grep -q '^blobsnap/native/linux-x86_64/libblobsnap_samza_jni.so$' || {

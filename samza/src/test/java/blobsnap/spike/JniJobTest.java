@@ -1,5 +1,8 @@
 package blobsnap.spike;
 
+import blobsnap.samza.job.FileCheckpointManagerFactory;
+import blobsnap.samza.job.WordCountTask;
+
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertTrue;
@@ -107,7 +110,7 @@ class JniJobTest {
         "stores.counts.backup.factories=" + FACTORY,
         "stores.counts.restore.factories=" + FACTORY,
         "task.checkpoint.factory=" + LoggingBlobsnapCheckpoints.class.getName(),
-        "spike.checkpoint.dir=",
+        FileCheckpointManagerFactory.DIR + "=",
         "blobsnap.store.kind=s3",
         "blobsnap.s3.bucket=" + bucket,
         "blobsnap.s3.endpoint=" + endpoint(),
@@ -178,7 +181,7 @@ class JniJobTest {
     assertEquals(savepointOffset, resumed4, "run 4 starts from the savepoint's checkpoint (a rollback): " + ev4);
     assertTrue(savepointOffset < lastOffset, "the savepoint is older than the last checkpoint");
     assertTrue(ev4.contains("task.endOfStream lines-in-store=" + LINES), ev4.toString());
-    Map<String, Integer> got = SamzaJobTest.readCounts(work.resolve("counts.txt"));
+    Map<String, Integer> got = SamzaJobTest.readCounts(work.resolve(WordCountTask.COUNTS_FILE));
     assertEquals(expected, got, "the final word counts equal an independent count of the input");
 
     for (int run = 1; run <= 4; run++) {

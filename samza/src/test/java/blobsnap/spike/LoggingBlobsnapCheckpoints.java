@@ -1,5 +1,7 @@
 package blobsnap.spike;
 
+import blobsnap.samza.job.Events;
+
 import blobsnap.BlobsnapCheckpointManagerFactory;
 import org.apache.samza.checkpoint.Checkpoint;
 import org.apache.samza.checkpoint.CheckpointManager;

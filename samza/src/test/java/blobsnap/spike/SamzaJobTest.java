@@ -1,5 +1,9 @@
 package blobsnap.spike;
 
+import blobsnap.samza.job.Events;
+
+import blobsnap.samza.job.WordCountTask;
+
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertTrue;
@@ -100,7 +104,7 @@ class SamzaJobTest {
 
     // At least once: a word is never undercounted. (Exact counts need the real restore: the
     // stub leaves Samza's local store as the kill left it; docs/samza.md.)
-    Map<String, Integer> counted = readCounts(work.resolve("counts.txt"));
+    Map<String, Integer> counted = readCounts(work.resolve(WordCountTask.COUNTS_FILE));
     for (Map.Entry<String, Integer> e : expected.entrySet()) {
       int got = counted.getOrDefault(e.getKey(), 0);
       assertTrue(got >= e.getValue(), e.getKey() + ": counted " + got + " < " + e.getValue());
@@ -184,11 +188,11 @@ class SamzaJobTest {
   }
 
   static List<String> events(Path work) throws IOException {
-    Path f = work.resolve("events.txt");
+    Path f = work.resolve(Events.FILE);
     return Files.exists(f) ? Files.readAllLines(f, StandardCharsets.UTF_8) : Collections.<String>emptyList();
   }
 
-  private static final Pattern OFFSETS = Pattern.compile("^checkpoint\\.write \\S+ offsets=\\[(\\d+)\\]$");
+  private static final Pattern OFFSETS = Pattern.compile("^checkpoint\\.write \\S+ offsets=\\[(\\d+)\\]( markers=.*)?$");
 
   /** The offset of the last checkpoint written, by the job's own event log; -1 if none. */
   static long lastCheckpointOffset(Path work) throws IOException {

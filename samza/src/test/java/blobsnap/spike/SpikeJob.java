@@ -1,5 +1,10 @@
 package blobsnap.spike;
 
+import blobsnap.samza.job.Events;
+import blobsnap.samza.job.LineFileSystemFactory;
+import blobsnap.samza.job.FileCheckpointManagerFactory;
+import blobsnap.samza.job.WordCountTask;
+
 import java.io.File;
 import java.time.Duration;
 import java.util.HashMap;

@@ -1,5 +1,7 @@
 package blobsnap.spike;
 
+import blobsnap.samza.job.Events;
+
 import java.io.File;
 import java.util.Arrays;
 import java.util.Collections;

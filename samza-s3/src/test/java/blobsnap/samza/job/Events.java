@@ -9,7 +9,7 @@ import org.apache.samza.config.Config;
 
 /**
  * What the word-count job did, one line per event, appended to {@code <wordcount.work.dir>/events.txt}
- * (as the spike's {@code Events}, samza/). Each line is one write(2): it survives a SIGKILL of
+ * (route 1's tests in samza/ run this job too). Each line is one write(2): it survives a SIGKILL of
  * the job's JVM, and the test waits on it.
  */
 public final class Events {

@@ -16,7 +16,7 @@ import org.apache.samza.metrics.MetricsRegistry;
 import org.apache.samza.serializers.CheckpointV2Serde;
 
 /**
- * A copy of the spike's checkpoint manager (samza/src/test/java/blobsnap/spike): it keeps the
+ * A checkpoint manager for the tests of both routes (samza/ uses it too): it keeps the
  * last CheckpointV2 of each task in {@code <wordcount.checkpoint.dir>/<task>.json}, written to a
  * temp file, fsynced and renamed. Samza 1.8.0's own FileSystemCheckpointManager takes V1 only,
  * and Samza's blob-store restore reads its markers from a CheckpointV2 only. Each write is

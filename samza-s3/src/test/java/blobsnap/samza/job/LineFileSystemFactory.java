@@ -26,7 +26,7 @@ import org.apache.samza.system.SystemStreamPartition;
 import org.apache.samza.util.BlockingEnvelopeMap;
 
 /**
- * A durable input (a copy of the spike's, samza/): every stream of the system is the file
+ * A durable input (route 1's tests in samza/ use it too): every stream of the system is the file
  * {@code systems.<system>.path}, one partition, one message per line, the offset of a line its
  * number (from 0). A restarted job re-reads the file from the offset after its checkpoint.
  *

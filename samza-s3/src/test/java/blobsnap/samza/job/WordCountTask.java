@@ -20,10 +20,10 @@ import org.apache.samza.task.StreamTask;
 import org.apache.samza.task.TaskCoordinator;
 
 /**
- * The spike's word count (samza/): words, and lines under {@link #LINES}, counted in the
- * RocksDB store {@code counts}. At init it logs how many lines the (restored) store holds; at
- * end of stream it asks for a commit and writes the whole store to
- * {@code <wordcount.work.dir>/counts.txt}.
+ * The tests' word count (both routes: samza/ runs it too): words, and lines under
+ * {@link #LINES}, counted in the RocksDB store {@code counts}. At init it logs how many lines
+ * the (restored) store holds; at end of stream it asks for a commit and writes the whole store
+ * to {@code <wordcount.work.dir>/counts.txt}.
  */
 public class WordCountTask implements StreamTask, InitableTask, EndOfStreamListenerTask {
   public static final String LINES = "__lines__";
