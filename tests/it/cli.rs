@@ -4285,7 +4285,45 @@ async fn forget_removes_a_fork_a_deployment_and_one_checkpoint() {
         "a dry run deletes nothing"
     );
 
-    // Killed after its checkpoint documents went, the removal leaves nothing that restores
+    // A task of the fork started while the removal runs (here: its lease announced while the
+    // removal is held after its first kind of object) stops the removal before the next.
+    {
+        use tokio::io::AsyncBufReadExt as _;
+        let go = tmp.path().join("go-forget");
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+            .args(&t.args)
+            .args(all("2"))
+            .env("XDG_CACHE_HOME", cache_dir())
+            .env("BLOBSNAP_HOLD_AT", "forget.mid-deployment")
+            .env("BLOBSNAP_HOLD_UNTIL", &go)
+            .kill_on_drop(true)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        let mut seen = String::new();
+        assert!(
+            read_until(
+                &mut lines,
+                "hold point forget.mid-deployment reached",
+                &mut seen
+            )
+            .await,
+            "{seen}"
+        );
+        lease.announce(t.store.as_ref(), &fork).await.unwrap();
+        std::fs::write(&go, b"").unwrap();
+        let status = drain_and_wait(&mut child, &mut lines, &mut seen).await;
+        assert_eq!(status.code(), Some(6), "{seen}");
+        assert!(
+            seen.contains("started while its deployment was being removed"),
+            "{seen}"
+        );
+        lease.retire(t.store.as_ref(), &fork).await.unwrap();
+    }
+    let before = count(fork.clone()).await;
+    // Killed after its next kind of object went, the removal leaves nothing that restores
     // (no readable checkpoint names a deleted blob) and runs again to the end.
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
         .args(&t.args)

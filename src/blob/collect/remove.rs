@@ -3,7 +3,9 @@
 //! the sweep has and the ones a whole scope needs:
 //!
 //! - a running job is refused (a writer lease younger than its grace whose process is not known
-//!   gone: `blobsnap unlock` releases the leases of a job known to be stopped);
+//!   gone: `blobsnap unlock` releases the leases of a job known to be stopped), and the leases
+//!   are read again before each kind of object goes: a task started meanwhile stops the
+//!   removal there (a task announces its lease before it writes anything);
 //! - a scope another job borrows from is refused while that fork exists (a fork's pin on one of
 //!   its savepoints): forget the fork first, or release its pins (`savepoint unpin`);
 //! - a fork releases the pins it holds on its sources, named by its tasks' start-from records
@@ -93,6 +95,7 @@ pub async fn remove_deployment(
     now: SystemTime,
     dry_run: bool,
 ) -> Result<DeploymentRemoval> {
+    let started = std::time::Instant::now();
     crate::blob::time::history::require_job(store.as_ref(), job).await?;
     let (job_name, job_id) = job.names();
     let active = super::admin::active_writers(store.as_ref(), job, now).await?;
@@ -174,6 +177,18 @@ pub async fn remove_deployment(
     let pin_keys: Vec<BlobKey> = pins.iter().map(ForkPin::key).collect::<Result<_>>()?;
     let mut pins_left = !pin_keys.is_empty();
     for (p, keys) in phases {
+        // A task of the job started meanwhile (its lease comes before any write): stop, and
+        // say so, rather than delete what it is writing.
+        let elapsed = now + started.elapsed();
+        if let Some((lease, _)) = super::admin::active_writers(store.as_ref(), job, elapsed)
+            .await?
+            .first()
+        {
+            return Err(Error::conflict(format!(
+                "a task of {job_name}/{job_id} started while its deployment was being removed (task {:?} on {} pid {}): the removal stopped before its next kind of object; stop the job, then run it again",
+                lease.task, lease.host, lease.pid
+            )));
+        }
         if p > PINS_PHASE && pins_left {
             delete_all(store.as_ref(), &pin_keys, "release the pin").await?;
             pins_left = false;
