@@ -362,15 +362,24 @@ pub async fn run(
     // blocked another host's `gc` for the whole grace).
     let mut out = Vec::new();
     let mut first_err = None;
+    // A graceful stop ends every task with `Cancelled`, each naming the offset it committed:
+    // the job's error names them all, not only the first.
+    let mut stopped = Vec::new();
     for h in handles {
         match h.await.map_err(|e| Error::task("job", e)).and_then(|r| r) {
             Ok(summary) => out.push(summary),
             Err(e) => {
+                if e.kind() == crate::error::ErrorKind::Cancelled {
+                    stopped.push(e.message().to_string());
+                }
                 first_err.get_or_insert(e);
             }
         }
     }
     match first_err {
+        Some(e) if e.kind() == crate::error::ErrorKind::Cancelled && stopped.len() > 1 => Err(
+            Error::new(crate::error::ErrorKind::Cancelled, stopped.join("; ")),
+        ),
         Some(e) => Err(e),
         None => Ok(out),
     }

@@ -3271,8 +3271,8 @@ async fn a_task_stopping_on_an_error_waits_for_its_commit_in_flight() {
 /// committing and closing, and their lease deletes were cancelled with the runtime ("blocking
 /// task was cancelled"); from another host those leases then refused `gc` for the whole
 /// grace. Here one task's first commit is held after its checkpoint write when SIGINT comes,
-/// so the other task stops first, every time; once the held one is let go, the process
-/// exits 10 and no lease is left.
+/// so the other task (60,000 lines: far from its end) stops first, every time; once the held
+/// one is let go, the process exits 10 naming what each task committed, and no lease is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_graceful_stop_of_several_tasks_leaves_no_writer_lease() {
     use futures::TryStreamExt as _;
@@ -3292,7 +3292,7 @@ async fn a_graceful_stop_of_several_tasks_leaves_no_writer_lease() {
             "--partitions",
             "2",
             "--lines",
-            "6000",
+            "60000",
             "--commit-every",
             "300",
         ])
@@ -3318,6 +3318,15 @@ async fn a_graceful_stop_of_several_tasks_leaves_no_writer_lease() {
     std::fs::write(&go, b"").unwrap();
     let status = drain_and_wait(&mut child, &mut lines, &mut seen).await;
     assert_eq!(status.code(), Some(10), "exit 10 (stopped): {seen}");
+    // The exit names what every task committed, not only the first's.
+    for task in ["Partition 0", "Partition 1"] {
+        assert!(
+            seen.contains(&format!(
+                "task {task:?} stopped on request after committing offset"
+            )),
+            "{seen}"
+        );
+    }
     let writers = JobScope::new("wordcount", "1")
         .unwrap()
         .all_writers()
