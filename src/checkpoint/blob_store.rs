@@ -174,13 +174,17 @@ impl BlobCheckpointStore {
     }
 
     /// The number of the newest checkpoint of `task` after `seq` that can be read.
-    async fn newest_readable_after(&self, task: &str, seq: u64) -> Result<Option<u64>> {
+    async fn newest_readable_after(
+        &self,
+        task: &str,
+        seq: u64,
+    ) -> Result<Option<CommittedCheckpoint>> {
         for (newer, key) in self.seqs(task).await?.into_iter().rev() {
             if newer <= seq {
                 break;
             }
             match self.read_record(task, newer, &key).await {
-                Ok(Record::Checkpoint(_)) => return Ok(Some(newer)),
+                Ok(Record::Checkpoint(c)) => return Ok(Some(c)),
                 Ok(Record::Removed { .. }) => {}
                 Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::Corrupt) => {}
                 Err(e) => return Err(e),
@@ -218,15 +222,22 @@ impl BlobCheckpointStore {
     /// over it (`checkpoints` lists it as removed; the sweep and the restore do not see it, so
     /// the next sweep frees what only it needed). A document that cannot be read goes with
     /// why; a readable checkpoint goes only while a newer readable one stands in its task's
-    /// history (the newest is what the task restores: a start-from moves a task back), and a
-    /// document a newer blobsnap wrote is refused. `dry_run`: nothing written.
-    pub async fn remove(
+    /// history and `restores` accepts it (the caller checks that its snapshots can be read: the
+    /// newest is what the task restores, and a restore falls back from a newer one that does
+    /// not restore; a start-from moves a task back), and a document a newer blobsnap wrote is
+    /// refused. `dry_run`: nothing written.
+    pub async fn remove<F, Fut>(
         &self,
         task: &str,
         seq: u64,
         now_millis: u64,
         dry_run: bool,
-    ) -> Result<RemovedReport> {
+        restores: F,
+    ) -> Result<RemovedReport>
+    where
+        F: FnOnce(CommittedCheckpoint) -> Fut,
+        Fut: std::future::Future<Output = Result<()>>,
+    {
         let key = self.job.checkpoint_key(task, seq)?;
         let mut readable = false;
         let reason = match self.read_record(task, seq, &key).await {
@@ -237,9 +248,17 @@ impl BlobCheckpointStore {
                         "checkpoint #{seq} of task {task:?} ({key}) is the newest the task can restore: it stays (a start-from — `[job] start-from`, `demo --start-from` — moves a task back; `blobsnap forget --job J --job-id ID --all` removes a whole deployment)"
                     )));
                 };
+                // The newer one must restore (its snapshots readable), else a restore-fallback
+                // would come back to this one.
+                let newer_seq = newer.seq;
+                if let Err(e) = restores(newer).await {
+                    return Err(Error::invalid(format!(
+                        "checkpoint #{seq} of task {task:?} ({key}) stays: the newest one, #{newer_seq}, would not restore ({e}), so #{seq} may be what a restore falls back to"
+                    )));
+                }
                 readable = true;
                 format!(
-                    "an operator removes it (`blobsnap forget --checkpoint`); #{newer} is newer"
+                    "an operator removes it (`blobsnap forget --checkpoint`); #{newer_seq} is newer"
                 )
             }
             Ok(Record::Removed { removal, .. }) => {

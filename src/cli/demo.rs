@@ -130,6 +130,8 @@ pub(crate) async fn run(
     )?;
     // One demo per --dir: its tasks lock their store dirs one by one, so two demos started
     // together could each take one partition and both fail; this takes the whole dir first.
+    // What this run makes (and may take back on a refusal below): never what was there.
+    let made = [dir.join("input"), dir.join("state"), dir.clone()].map(|d| !d.exists());
     let dir_lock = blobsnap::local::lock::StoreDirLock::at(
         &dir.join(".blobsnap-demo.lock"),
         &format!("demo dir {}", dir.display()),
@@ -209,11 +211,16 @@ pub(crate) async fn run(
         // hold what the job committed, or the run would commit and then fail its check as if
         // the state were corrupt. Refused before anything runs; the input it wrote goes.
         if let Some(past) = offset_past(&settings, &blob_store, partitions, lines).await? {
-            let _ = std::fs::remove_dir_all(&settings.input_dir);
-            // What this run made and nothing else uses (empty): gone with it.
+            // What this run made, and nothing else: the input it generated (only when its
+            // dir is this run's own), then the dirs it made, if they are empty.
+            if made[0] {
+                let _ = std::fs::remove_dir_all(&settings.input_dir);
+            }
             drop(dir_lock);
-            for d in [&settings.state_dir, &dir] {
-                let _ = std::fs::remove_dir(d);
+            for (d, made) in [(&settings.state_dir, made[1]), (&dir, made[2])] {
+                if made {
+                    let _ = std::fs::remove_dir(d);
+                }
             }
             return Err(Error::new(
                 ErrorKind::InvalidInput,

@@ -4,6 +4,8 @@
 //! sweep frees what only it needed), or remove a whole deployment — a retired job id or a
 //! fork — at once ([`blobsnap::blob::remove::remove_deployment`]).
 
+use std::sync::Arc;
+
 use super::args::{open_existing_store, StoreArgs};
 use super::checkpoints::local_millis;
 use blobsnap::backend::Clock as _;
@@ -132,13 +134,15 @@ async fn forget_deployment(
 ) -> blobsnap::Result<()> {
     let scope = blobsnap::layout::JobScope::new(job, job_id)?;
     let store = open_existing_store(store_args).await?;
-    let report = blobsnap::blob::remove::remove_deployment(
-        store,
-        &scope,
-        blobsnap::backend::SystemClock.now(),
-        dry_run,
-    )
-    .await?;
+    // Lease ages on the server's clock (as the sweep judges them: a clock here running ahead
+    // cannot make a live writer look stopped); a dry run writes nothing, not even the probe.
+    let now = if dry_run {
+        blobsnap::backend::SystemClock.now()
+    } else {
+        blobsnap::blob::history::require_job(store.as_ref(), &scope).await?;
+        blobsnap::blob::gc::server_now(store.as_ref(), &scope).await?
+    };
+    let report = blobsnap::blob::remove::remove_deployment(store, &scope, now, dry_run).await?;
     if json {
         println!(
             "{}",
@@ -204,9 +208,39 @@ async fn forget_checkpoint(
         blobsnap::layout::JobScope::new(&job_name, &job_id)?
     };
     let store = open_existing_store(store_args).await?;
-    let cps = blobsnap::checkpoint::BlobCheckpointStore::new(store, job);
+    let cps = blobsnap::checkpoint::BlobCheckpointStore::new(Arc::clone(&store), job);
     let now = blobsnap::backend::SystemClock.now_millis();
-    let report = cps.remove(&task, seq, now, dry_run).await?;
+    // A readable checkpoint goes only while the newest one restores: every snapshot it names
+    // is read (its index, hash-checked against its marker).
+    let restores = |newer: blobsnap::checkpoint::CommittedCheckpoint| {
+        let (store, job_name, job_id, task) = (
+            Arc::clone(&store),
+            job_name.clone(),
+            job_id.clone(),
+            task.clone(),
+        );
+        async move {
+            let markers = newer
+                .checkpoint
+                .as_v2()
+                .and_then(|v| v.state_checkpoint_markers.get(blobsnap::blob::FACTORY_NAME))
+                .cloned()
+                .unwrap_or_default();
+            for (store_name, marker) in &markers {
+                let who = blobsnap::blob::Expected {
+                    job_name: &job_name,
+                    job_id: &job_id,
+                    task_name: &task,
+                    store_name,
+                };
+                blobsnap::blob::load_snapshot(store.as_ref(), &who, marker)
+                    .await
+                    .map_err(|e| e.context(format!("store {store_name}")))?;
+            }
+            Ok(())
+        }
+    };
+    let report = cps.remove(&task, seq, now, dry_run, restores).await?;
     if json {
         println!(
             "{}",

@@ -361,26 +361,33 @@ pub async fn run(
     // and delete their writer leases (issue 51, item 7: leases a graceful stop left behind
     // blocked another host's `gc` for the whole grace).
     let mut out = Vec::new();
-    let mut first_err = None;
+    let mut failed = None;
     // A graceful stop ends every task with `Cancelled`, each naming the offset it committed:
-    // the job's error names them all, not only the first.
-    let mut stopped = Vec::new();
+    // the job's error names them all, not only the first. Any other failure wins over a stop
+    // (it is what the exit must say).
+    let mut stopped: Vec<Error> = Vec::new();
     for h in handles {
         match h.await.map_err(|e| Error::task("job", e)).and_then(|r| r) {
             Ok(summary) => out.push(summary),
+            Err(e) if e.kind() == crate::error::ErrorKind::Cancelled => stopped.push(e),
             Err(e) => {
-                if e.kind() == crate::error::ErrorKind::Cancelled {
-                    stopped.push(e.message().to_string());
-                }
-                first_err.get_or_insert(e);
+                failed.get_or_insert(e);
             }
         }
     }
-    match first_err {
-        Some(e) if e.kind() == crate::error::ErrorKind::Cancelled && stopped.len() > 1 => Err(
-            Error::new(crate::error::ErrorKind::Cancelled, stopped.join("; ")),
-        ),
-        Some(e) => Err(e),
-        None => Ok(out),
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    match stopped.len() {
+        0 => Ok(out),
+        1 => Err(stopped.remove(0)),
+        _ => Err(Error::new(
+            crate::error::ErrorKind::Cancelled,
+            stopped
+                .iter()
+                .map(|e| e.message().to_string())
+                .collect::<Vec<_>>()
+                .join("; "),
+        )),
     }
 }

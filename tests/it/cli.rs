@@ -2627,6 +2627,28 @@ async fn checkpoint_show_reads_stored_records_and_a_changed_demo_input_is_named(
         !fresh.exists(),
         "the dir it made (the checked input) is gone"
     );
+    // A dir that was there keeps what it held: only what the run made goes.
+    let mine = tmp.path().join("mine");
+    std::fs::create_dir_all(mine.join("input")).unwrap();
+    std::fs::write(mine.join("input/notes.txt"), b"mine").unwrap();
+    let (code, _, err) = run(
+        &t,
+        &[
+            "demo",
+            "--dir",
+            mine.to_str().unwrap(),
+            "--partitions",
+            "1",
+            "--lines",
+            "200",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(5), "{err}");
+    assert_eq!(
+        std::fs::read(mine.join("input/notes.txt")).unwrap(),
+        b"mine"
+    );
     let after = blobsnap::checkpoint::CheckpointStore::latest(&cps, "Partition 0")
         .await
         .unwrap()
@@ -4294,11 +4316,18 @@ async fn forget_removes_a_fork_a_deployment_and_one_checkpoint() {
         "a dry run deletes nothing"
     );
 
-    // A task of the fork started while the removal runs (here: its lease announced while the
-    // removal is held after its first kind of object) stops the removal before the next.
-    {
+    // What starts writing to the fork while the removal runs stops it before its next kind of
+    // object (the removal held after one kind each time): a task's lease, then a claim — a
+    // checkpoint document — written once the documents are gone.
+    for (what, needle) in [
+        ("lease", "started while its deployment was being removed"),
+        (
+            "claim",
+            "appeared in wordcount/2 while its deployment was being removed",
+        ),
+    ] {
         use tokio::io::AsyncBufReadExt as _;
-        let go = tmp.path().join("go-forget");
+        let go = tmp.path().join(format!("go-forget-{what}"));
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
             .args(&t.args)
             .args(all("2"))
@@ -4321,15 +4350,26 @@ async fn forget_removes_a_fork_a_deployment_and_one_checkpoint() {
             .await,
             "{seen}"
         );
-        lease.announce(t.store.as_ref(), &fork).await.unwrap();
+        let claim = fork.checkpoint_key("Partition 0", 99).unwrap();
+        if what == "lease" {
+            lease.announce(t.store.as_ref(), &fork).await.unwrap();
+        } else {
+            t.store
+                .put(
+                    &claim,
+                    blobsnap::blobstore::PutBody::Bytes(b"{}".to_vec().into()),
+                    blobsnap::blobstore::PutOptions::default(),
+                )
+                .await
+                .unwrap();
+        }
         std::fs::write(&go, b"").unwrap();
         let status = drain_and_wait(&mut child, &mut lines, &mut seen).await;
-        assert_eq!(status.code(), Some(6), "{seen}");
-        assert!(
-            seen.contains("started while its deployment was being removed"),
-            "{seen}"
-        );
-        lease.retire(t.store.as_ref(), &fork).await.unwrap();
+        assert_eq!(status.code(), Some(6), "{what}: {seen}");
+        assert!(seen.contains(needle), "{what}: {seen}");
+        if what == "lease" {
+            lease.retire(t.store.as_ref(), &fork).await.unwrap();
+        }
     }
     let before = count(fork.clone()).await;
     // Killed after its next kind of object went, the removal leaves nothing that restores
@@ -4431,6 +4471,12 @@ async fn forget_removes_a_fork_a_deployment_and_one_checkpoint() {
         listed[1]["stores"]["counts"]["files"].as_u64().unwrap_or(0) > 0,
         "{v}"
     );
+    // With the newest's snapshot lost, the one before it is what a restore falls back to: it
+    // stays.
+    let older = listed[1]["key"].as_str().unwrap_or_default().to_string();
+    let (code, _, err) = run(&t, &["forget", "--checkpoint", &older]).await;
+    assert_eq!(code, Some(5), "{err}");
+    assert!(err.contains("would not restore"), "{err}");
 
     // The retired deployment goes whole; asked again, it is not found.
     let (code, v, err) = run(&t, &all("1")).await;

@@ -3,9 +3,13 @@
 //! the sweep has and the ones a whole scope needs:
 //!
 //! - a running job is refused (a writer lease younger than its grace whose process is not known
-//!   gone: `blobsnap unlock` releases the leases of a job known to be stopped), and the leases
-//!   are read again before each kind of object goes: a task started meanwhile stops the
-//!   removal there (a task announces its lease before it writes anything);
+//!   gone: `blobsnap unlock` releases the leases of a job known to be stopped; lease ages on
+//!   the server's clock, as the sweep judges them), and the leases are read again before each
+//!   kind of object goes: a task started meanwhile stops the removal there;
+//! - once the checkpoint documents and savepoints are gone, none may appear again before the
+//!   indexes and blobs go: a task that claimed (its claim, a checkpoint document, comes before
+//!   its lease) or a fork that pinned a savepoint meanwhile stops the removal there, before
+//!   anything a new document could name is deleted;
 //! - a scope another job borrows from is refused while that fork exists (a fork's pin on one of
 //!   its savepoints): forget the fork first, or release its pins (`savepoint unpin`);
 //! - a fork releases the pins it holds on its sources, named by its tasks' start-from records
@@ -61,6 +65,9 @@ pub struct DeploymentRemoval {
 
 /// The pins in the sources go after the blobs and leases, before the start-from records.
 const PINS_PHASE: u8 = 5;
+
+/// Savepoint records and the pins on them: the last kind of document a reader starts from.
+const SAVEPOINTS_PHASE: u8 = 1;
 
 /// Whether `key` is a start-from record of `job` (`start-from/<task>.json`).
 fn is_start_from(job: &JobScope, key: &BlobKey) -> bool {
@@ -144,7 +151,13 @@ pub async fn remove_deployment(
             let record = parse_start_from(&bytes, &m.key).map_err(|e| {
                 e.context("the pins this fork holds on its sources cannot be known, so nothing was deleted; repair or delete the record, then `blobsnap savepoint unpin` releases what it named")
             })?;
-            pins.extend(record.pins);
+            // Only this fork's own (a record copied from another scope names another's).
+            pins.extend(
+                record
+                    .pins
+                    .into_iter()
+                    .filter(|p| p.fork_job == job_name && p.fork_id == job_id),
+            );
         }
     }
     let mut report = DeploymentRemoval {
@@ -153,6 +166,18 @@ pub async fn remove_deployment(
         dry_run,
         ..DeploymentRemoval::default()
     };
+    // Uploads cut short under the scope (a job killed mid-upload): none is in flight (no live
+    // writer), so every one goes — first, while the owner record still names the scope for a
+    // rerun.
+    let multipart = store.capabilities(Probe::Never).await?.multipart_listing;
+    if multipart {
+        let after_any = (!dry_run).then(|| now + std::time::Duration::from_secs(365 * 86_400));
+        report.uploads_aborted = store
+            .incomplete_uploads(job.scope(), after_any)
+            .await
+            .map_err(|e| e.context("abort the scope's incomplete uploads"))?
+            .len() as u64;
+    }
     let mut phases: BTreeMap<u8, Vec<BlobKey>> = BTreeMap::new();
     for m in &objects {
         let kind = parse(&m.key).map(|p| p.kind);
@@ -177,8 +202,8 @@ pub async fn remove_deployment(
     let pin_keys: Vec<BlobKey> = pins.iter().map(ForkPin::key).collect::<Result<_>>()?;
     let mut pins_left = !pin_keys.is_empty();
     for (p, keys) in phases {
-        // A task of the job started meanwhile (its lease comes before any write): stop, and
-        // say so, rather than delete what it is writing.
+        // A task of the job started meanwhile: stop, and say so, rather than delete what it
+        // is writing.
         let elapsed = now + started.elapsed();
         if let Some((lease, _)) = super::admin::active_writers(store.as_ref(), job, elapsed)
             .await?
@@ -189,6 +214,23 @@ pub async fn remove_deployment(
                 lease.task, lease.host, lease.pid
             )));
         }
+        // Past the documents: a claim or a fork's pin written since would name what goes next.
+        if p > SAVEPOINTS_PHASE {
+            for (area, what) in [
+                (
+                    job.scope().child("checkpoints")?,
+                    "a checkpoint document (a task claimed)",
+                ),
+                (job.savepoints()?, "a savepoint or a fork's pin on one"),
+            ] {
+                if let Some(m) = store.list(&area).try_next().await? {
+                    return Err(Error::conflict(format!(
+                        "{what} appeared in {job_name}/{job_id} while its deployment was being removed ({}): the removal stopped before its indexes and blobs; stop what writes to it, then run it again",
+                        m.key
+                    )));
+                }
+            }
+        }
         if p > PINS_PHASE && pins_left {
             delete_all(store.as_ref(), &pin_keys, "release the pin").await?;
             pins_left = false;
@@ -198,16 +240,6 @@ pub async fn remove_deployment(
     }
     if pins_left {
         delete_all(store.as_ref(), &pin_keys, "release the pin").await?;
-    }
-    // Uploads cut short under the scope (a job killed mid-upload): none is in flight (no
-    // live writer), so every one goes.
-    if store.capabilities(Probe::Never).await?.multipart_listing {
-        let after_any = now + std::time::Duration::from_secs(365 * 86_400);
-        report.uploads_aborted = store
-            .incomplete_uploads(job.scope(), Some(after_any))
-            .await
-            .map_err(|e| e.context("abort the scope's incomplete uploads"))?
-            .len() as u64;
     }
     Ok(report)
 }
