@@ -129,6 +129,35 @@ async fn run(t: &Target, args: &[&str]) -> (Option<i32>, serde_json::Value, Stri
     )
 }
 
+/// The demo with one task in `dir` under job id `id`, `lines` lines and a commit every 300,
+/// plus `extra` arguments: it must exit 0 with its counts checked; its JSON summary.
+async fn demo_one_task(
+    t: &Target,
+    dir: &str,
+    id: &str,
+    lines: &str,
+    extra: &[&str],
+) -> serde_json::Value {
+    let mut a = vec![
+        "demo",
+        "--dir",
+        dir,
+        "--partitions",
+        "1",
+        "--lines",
+        lines,
+        "--commit-every",
+        "300",
+        "--job-id",
+        id,
+    ];
+    a.extend_from_slice(extra);
+    let (code, v, err) = run(t, &a).await;
+    assert_eq!(code, Some(0), "{a:?}: {err}");
+    assert_eq!(v["check"], "ok", "{v}");
+    v
+}
+
 const SNAP: [&str; 8] = [
     "--job",
     "j",
@@ -3741,29 +3770,7 @@ async fn a_start_from_shows_in_the_summary_and_says_when_it_is_not_applied_again
     let dir = |d: &str| tmp.path().join(d).display().to_string();
     let demo = |d: String, id: &'static str, lines: &'static str, extra: Vec<&'static str>| {
         let t = &t;
-        async move {
-            let mut a: Vec<String> = [
-                "demo",
-                "--dir",
-                &d,
-                "--partitions",
-                "1",
-                "--lines",
-                lines,
-                "--commit-every",
-                "300",
-                "--job-id",
-                id,
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-            a.extend(extra.iter().map(|s| s.to_string()));
-            let a: Vec<&str> = a.iter().map(String::as_str).collect();
-            let (code, v, err) = run(t, &a).await;
-            assert_eq!(code, Some(0), "{a:?}: {err}");
-            v["tasks"][0]["started-from"].clone()
-        }
+        async move { demo_one_task(t, &d, id, lines, &extra).await["tasks"][0]["started-from"].clone() }
     };
     assert_eq!(
         demo(dir("a"), "1", "900", vec![]).await,
@@ -4207,27 +4214,7 @@ async fn forget_removes_a_fork_a_deployment_and_one_checkpoint() {
     let demo = |d: String, id: &'static str, lines: &'static str, extra: Vec<&'static str>| {
         let t = &t;
         async move {
-            let mut a: Vec<String> = [
-                "demo",
-                "--dir",
-                &d,
-                "--partitions",
-                "1",
-                "--lines",
-                lines,
-                "--commit-every",
-                "300",
-                "--job-id",
-                id,
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-            a.extend(extra.iter().map(|s| s.to_string()));
-            let a: Vec<&str> = a.iter().map(String::as_str).collect();
-            let (code, v, err) = run(t, &a).await;
-            assert_eq!(code, Some(0), "{a:?}: {err}");
-            assert_eq!(v["check"], "ok", "{v}");
+            demo_one_task(t, &d, id, lines, &extra).await;
         }
     };
     let count = |job: JobScope| {
