@@ -217,6 +217,11 @@ pub enum KeyKind {
         /// The fork's task.
         task: String,
     },
+    /// `start-from/<task>.json`: the start-from point a task applied (and a fork's pins).
+    StartFrom {
+        /// The task.
+        task: String,
+    },
     /// `writers/<task>/<writer>.json`.
     Writer {
         /// The task.
@@ -259,6 +264,7 @@ impl KeyKind {
         match self {
             KeyKind::OwnerRecord | KeyKind::Savepoint { .. } | KeyKind::ForkPin { .. } => None,
             KeyKind::Checkpoint { task, .. }
+            | KeyKind::StartFrom { task }
             | KeyKind::Writer { task }
             | KeyKind::Index { task, .. }
             | KeyKind::Blob { task, .. } => Some(task),
@@ -311,6 +317,10 @@ pub fn parse(key: &BlobKey) -> Option<ParsedKey> {
                 task: name(t)?,
             })
         }),
+        ["start-from", file] => file
+            .strip_suffix(".json")
+            .and_then(name)
+            .map(|task| KeyKind::StartFrom { task }),
         ["writers", t, file] if file.ends_with(".json") => {
             name(t).map(|task| KeyKind::Writer { task })
         }
@@ -425,6 +435,10 @@ mod tests {
         assert_eq!(
             kind(&job.writers("Partition 0").unwrap().key("w-1.json").unwrap()),
             KeyKind::Writer { task: task() }
+        );
+        assert_eq!(
+            kind(&job.start_from_key("Partition 0").unwrap()),
+            KeyKind::StartFrom { task: task() }
         );
         assert_eq!(
             kind(&store.index_key(&marker).unwrap()),

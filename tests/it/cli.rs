@@ -129,6 +129,30 @@ async fn run(t: &Target, args: &[&str]) -> (Option<i32>, serde_json::Value, Stri
     )
 }
 
+/// `demo --dir DIR --partitions P --lines L` and `extra`: it must exit 0 (its counts checked
+/// against the input, which a run exits 4 on); its JSON summary.
+async fn demo_ok(
+    t: &Target,
+    dir: &str,
+    partitions: &str,
+    lines: &str,
+    extra: &[&str],
+) -> serde_json::Value {
+    let mut a = vec![
+        "demo",
+        "--dir",
+        dir,
+        "--partitions",
+        partitions,
+        "--lines",
+        lines,
+    ];
+    a.extend_from_slice(extra);
+    let (code, v, err) = run(t, &a).await;
+    assert_eq!(code, Some(0), "{a:?}: {err}");
+    v
+}
+
 /// The demo with one task in `dir` under job id `id`, `lines` lines and a commit every 300,
 /// plus `extra` arguments: it must exit 0 with its counts checked; its JSON summary.
 async fn demo_one_task(
@@ -138,22 +162,8 @@ async fn demo_one_task(
     lines: &str,
     extra: &[&str],
 ) -> serde_json::Value {
-    let mut a = vec![
-        "demo",
-        "--dir",
-        dir,
-        "--partitions",
-        "1",
-        "--lines",
-        lines,
-        "--commit-every",
-        "300",
-        "--job-id",
-        id,
-    ];
-    a.extend_from_slice(extra);
-    let (code, v, err) = run(t, &a).await;
-    assert_eq!(code, Some(0), "{a:?}: {err}");
+    let a = [&["--commit-every", "300", "--job-id", id][..], extra].concat();
+    let v = demo_ok(t, dir, "1", lines, &a).await;
     assert_eq!(v["check"], "ok", "{v}");
     v
 }
@@ -1084,24 +1094,14 @@ async fn latest_by_default_index_show_sample_and_scoped_gc() {
     let tmp = tempfile::tempdir().unwrap();
     let t = local_target(tmp.path());
     let dir = tmp.path().join("demo");
-    let (code, _, err) = run(
+    demo_ok(
         &t,
-        &[
-            "demo",
-            "--dir",
-            dir.to_str().unwrap(),
-            "--partitions",
-            "2",
-            "--lines",
-            "3000",
-            "--commit-every",
-            "500",
-            "--stores",
-            "counts,lengths",
-        ],
+        dir.to_str().unwrap(),
+        "2",
+        "3000",
+        &["--commit-every", "500", "--stores", "counts,lengths"],
     )
     .await;
-    assert_eq!(code, Some(0), "{err}");
     let cps = BlobCheckpointStore::new(
         Arc::clone(&t.store),
         JobScope::new("wordcount", "1").unwrap(),
@@ -1731,24 +1731,14 @@ async fn gc_fails_closed_on_an_unreadable_root_and_names_the_repair() {
     let tmp = tempfile::tempdir().unwrap();
     let t = local_target(tmp.path());
     let demo = tmp.path().join("demo").display().to_string();
-    let (code, _, err) = run(
+    demo_ok(
         &t,
-        &[
-            "demo",
-            "--dir",
-            &demo,
-            "--partitions",
-            "1",
-            "--lines",
-            "3000",
-            "--commit-every",
-            "500",
-            "--retention",
-            "3",
-        ],
+        &demo,
+        "1",
+        "3000",
+        &["--commit-every", "500", "--retention", "3"],
     )
     .await;
-    assert_eq!(code, Some(0), "{err}");
     let job = JobScope::new("wordcount", "1").unwrap();
     let task = "Partition 0";
     let cps = BlobCheckpointStore::new(Arc::clone(&t.store), job.clone());
@@ -1870,24 +1860,14 @@ async fn usage_and_cost_report_what_they_read_when_an_older_index_is_gone() {
     let tmp = tempfile::tempdir().unwrap();
     let t = local_target(tmp.path());
     let demo = tmp.path().join("demo").display().to_string();
-    let (code, _, err) = run(
+    demo_ok(
         &t,
-        &[
-            "demo",
-            "--dir",
-            &demo,
-            "--partitions",
-            "2",
-            "--lines",
-            "3000",
-            "--commit-every",
-            "500",
-            "--retention",
-            "3",
-        ],
+        &demo,
+        "2",
+        "3000",
+        &["--commit-every", "500", "--retention", "3"],
     )
     .await;
-    assert_eq!(code, Some(0), "{err}");
     // What the demo itself left to sweep (a pre-uploaded file a compaction deleted first, the
     // snapshots its last commit let go) goes first: the orphans below are the only ones.
     let (code, _, err) = run(
@@ -3508,24 +3488,14 @@ async fn a_time_copied_from_checkpoints_names_that_checkpoint() {
     let tmp = tempfile::tempdir().unwrap();
     let t = local_target(tmp.path());
     let dir = tmp.path().join("demo").display().to_string();
-    let (code, _, err) = run(
+    demo_ok(
         &t,
-        &[
-            "demo",
-            "--dir",
-            &dir,
-            "--partitions",
-            "1",
-            "--lines",
-            "3000",
-            "--commit-every",
-            "300",
-            "--retention",
-            "6",
-        ],
+        &dir,
+        "1",
+        "3000",
+        &["--commit-every", "300", "--retention", "6"],
     )
     .await;
-    assert_eq!(code, Some(0), "{err}");
     let (code, list, err) = run(&t, &["checkpoints", "--job", "wordcount"]).await;
     assert_eq!(code, Some(0), "{err}");
     let rows: Vec<serde_json::Value> = list["tasks"]["Partition 0"]
@@ -3993,20 +3963,7 @@ async fn typos_in_a_job_or_a_store_dir_fail_named() {
     let tmp = tempfile::tempdir().unwrap();
     let t = local_target(tmp.path());
     let dir = tmp.path().join("demo");
-    let (code, _, err) = run(
-        &t,
-        &[
-            "demo",
-            "--dir",
-            dir.to_str().unwrap(),
-            "--partitions",
-            "1",
-            "--lines",
-            "200",
-        ],
-    )
-    .await;
-    assert_eq!(code, Some(0), "{err}");
+    demo_ok(&t, dir.to_str().unwrap(), "1", "200", &[]).await;
     let (code, _, err) = run(&t, &["savepoint", "ls", "--job", "wordcnt"]).await;
     assert_eq!(code, Some(3), "{err}");
     assert!(
@@ -4050,20 +4007,7 @@ async fn a_restore_leaves_no_lock_file_beside_its_target() {
     let tmp = tempfile::tempdir().unwrap();
     let t = local_target(tmp.path());
     let dir = tmp.path().join("demo");
-    let (code, _, err) = run(
-        &t,
-        &[
-            "demo",
-            "--dir",
-            dir.to_str().unwrap(),
-            "--partitions",
-            "1",
-            "--lines",
-            "400",
-        ],
-    )
-    .await;
-    assert_eq!(code, Some(0), "{err}");
+    demo_ok(&t, dir.to_str().unwrap(), "1", "400", &[]).await;
     let restore = |to: &Path| {
         let to = to.display().to_string();
         let t = &t;
@@ -4127,20 +4071,7 @@ async fn restoring_over_another_task_s_restored_store_needs_force() {
     let tmp = tempfile::tempdir().unwrap();
     let t = local_target(tmp.path());
     let dir = tmp.path().join("demo");
-    let (code, _, err) = run(
-        &t,
-        &[
-            "demo",
-            "--dir",
-            dir.to_str().unwrap(),
-            "--partitions",
-            "2",
-            "--lines",
-            "300",
-        ],
-    )
-    .await;
-    assert_eq!(code, Some(0), "{err}");
+    demo_ok(&t, dir.to_str().unwrap(), "2", "300", &[]).await;
     let to = tmp.path().join("r").display().to_string();
     let restore = |task: &'static str, extra: &'static [&'static str]| {
         let (t, to) = (&t, to.clone());

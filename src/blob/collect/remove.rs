@@ -69,24 +69,15 @@ const PINS_PHASE: u8 = 5;
 /// Savepoint records and the pins on them: the last kind of document a reader starts from.
 const SAVEPOINTS_PHASE: u8 = 1;
 
-/// Whether `key` is a start-from record of `job` (`start-from/<task>.json`).
-fn is_start_from(job: &JobScope, key: &BlobKey) -> bool {
-    key.as_str()
-        .strip_prefix(job.scope().as_str())
-        .is_some_and(|rest| rest.starts_with("start-from/"))
-}
-
 /// The order of deletion (see the module's doc): lower first.
-fn phase(job: &JobScope, kind: Option<&KeyKind>, key: &BlobKey) -> u8 {
-    if is_start_from(job, key) {
-        return 6;
-    }
+fn phase(kind: Option<&KeyKind>) -> u8 {
     match kind {
         Some(KeyKind::Checkpoint { .. }) => 0,
         Some(KeyKind::Savepoint { .. } | KeyKind::ForkPin { .. }) => 1,
         Some(KeyKind::Index { .. }) => 2,
         Some(KeyKind::Blob { .. }) => 3,
         Some(KeyKind::Writer { .. } | KeyKind::Unknown { .. }) => 4,
+        Some(KeyKind::StartFrom { .. }) => 6,
         Some(KeyKind::OwnerRecord) => 7,
         None => 4,
     }
@@ -146,7 +137,10 @@ pub async fn remove_deployment(
     // The pins this scope (a fork) holds in its sources, from its start-from records.
     let mut pins = BTreeSet::new();
     for m in &objects {
-        if is_start_from(job, &m.key) {
+        if matches!(
+            parse(&m.key).map(|p| p.kind),
+            Some(KeyKind::StartFrom { .. })
+        ) {
             let bytes = get_bytes(store.as_ref(), &m.key, MAX_START_FROM_BYTES).await?;
             let record = parse_start_from(&bytes, &m.key).map_err(|e| {
                 e.context("the pins this fork holds on its sources cannot be known, so nothing was deleted; repair or delete the record, then `blobsnap savepoint unpin` releases what it named")
@@ -191,7 +185,7 @@ pub async fn remove_deployment(
         report.objects += 1;
         report.bytes += m.size;
         phases
-            .entry(phase(job, kind.as_ref(), &m.key))
+            .entry(phase(kind.as_ref()))
             .or_default()
             .push(m.key.clone());
     }
@@ -244,14 +238,13 @@ pub async fn remove_deployment(
     Ok(report)
 }
 
-/// Delete `keys` in pages of 1,000; the first failure stops it, naming the key.
+/// Delete `keys` (the store pages the request: S3's DeleteObjects takes 1,000); a key not
+/// deleted stops the removal, named.
 async fn delete_all(store: &dyn BlobStore, keys: &[BlobKey], what: &str) -> Result<()> {
-    for chunk in keys.chunks(1000) {
-        if let Some((k, e)) = store.delete_many(chunk).await?.into_iter().next() {
-            return Err(e.context(format!(
-                "{what} {k} (the removal stopped there; run it again to finish)"
-            )));
-        }
+    match store.delete_many(keys).await?.into_iter().next() {
+        Some((k, e)) => Err(e.context(format!(
+            "{what} {k} (the removal stopped there; run it again to finish)"
+        ))),
+        None => Ok(()),
     }
-    Ok(())
 }

@@ -205,16 +205,9 @@ pub async fn usage(
                 | KeyKind::Writer { .. }
                 | KeyKind::OwnerRecord
                 | KeyKind::Savepoint { .. }
-                | KeyKind::ForkPin { .. },
+                | KeyKind::ForkPin { .. }
+                | KeyKind::StartFrom { .. },
             ) => "metadata",
-            Some(KeyKind::Unknown { swept: false, .. })
-                if m.key
-                    .as_str()
-                    .strip_prefix(job.scope().as_str())
-                    .is_some_and(|r| r.starts_with("start-from/")) =>
-            {
-                "metadata"
-            }
             _ => "unknown",
         };
         report.total_objects += 1;
