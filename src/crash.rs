@@ -16,7 +16,9 @@
 //! checkpoint documents — is deleted);
 //! `lazy.after-fetch` (a lazy restore's first remote file fetched and in place, the others
 //! still remote); `preupload.after-put` (a pre-upload's PUT landed, no commit names its blob
-//! yet), `preupload.after-named` (a commit named pre-uploaded blobs, before its index PUT).
+//! yet), `preupload.after-named` (a commit named pre-uploaded blobs, before its index PUT);
+//! `samza.before-cleanup` (the Samza plug-in: Samza wrote its checkpoint and called
+//! `cleanUp`, before the backup's cleanup).
 //!
 //! `point@N` dies the N-th time the point is reached (default 1), so a seeded crash matrix can
 //! hit a point in its 1st, 2nd, … commit. An unknown name is refused ([`check_env`]): the
@@ -54,6 +56,7 @@ pub const POINTS: &[&str] = &[
     "lazy.after-fetch",
     "preupload.after-put",
     "preupload.after-named",
+    "samza.before-cleanup",
 ];
 
 /// Check `BLOBSNAP_CRASH_AT` and `BLOBSNAP_HOLD_AT`: a name that is not a crash point (a

@@ -80,6 +80,22 @@ impl JobScope {
         self.checkpoints(task)?.key(&format!("{seq:020}.json"))
     }
 
+    /// The prepared history records of `task`: `prepared/<task>/` (DESIGN §7: a snapshot
+    /// uploaded under another engine's checkpoint manager, a root until its commit is known).
+    pub fn prepared(&self, task: &str) -> Result<Scope> {
+        self.all_prepared()?.escaped(task)
+    }
+
+    /// Every task's prepared history records: `prepared/`.
+    pub fn all_prepared(&self) -> Result<Scope> {
+        self.0.child("prepared")
+    }
+
+    /// The prepared history record of checkpoint `id` of `task`: `prepared/<task>/<id>.json`.
+    pub fn prepared_key(&self, task: &str, id: &CheckpointId) -> Result<BlobKey> {
+        self.prepared(task)?.key(&format!("{id}.json"))
+    }
+
     /// The job's savepoints: `savepoints/`.
     pub fn savepoints(&self) -> Result<Scope> {
         self.0.child("savepoints")
@@ -222,6 +238,13 @@ pub enum KeyKind {
         /// The task.
         task: String,
     },
+    /// `prepared/<task>/<checkpoint-id>.json`: a prepared history record.
+    Prepared {
+        /// The task.
+        task: String,
+        /// The checkpoint it prepares.
+        checkpoint_id: CheckpointId,
+    },
     /// `writers/<task>/<writer>.json`.
     Writer {
         /// The task.
@@ -265,6 +288,7 @@ impl KeyKind {
             KeyKind::OwnerRecord | KeyKind::Savepoint { .. } | KeyKind::ForkPin { .. } => None,
             KeyKind::Checkpoint { task, .. }
             | KeyKind::StartFrom { task }
+            | KeyKind::Prepared { task, .. }
             | KeyKind::Writer { task }
             | KeyKind::Index { task, .. }
             | KeyKind::Blob { task, .. } => Some(task),
@@ -296,7 +320,7 @@ pub fn parse(key: &BlobKey) -> Option<ParsedKey> {
     let (job_name, job_id) = (unescape_segment(job).ok()?, unescape_segment(id).ok()?);
     let name = |s: &str| unescape_segment(s).ok();
     let area = match rest {
-        ["checkpoints" | "writers", t, ..] => Some((name(t), false)),
+        ["checkpoints" | "writers" | "prepared", t, ..] => Some((name(t), false)),
         ["tasks", t, ..] => Some((name(t), true)),
         _ => None,
     };
@@ -321,6 +345,14 @@ pub fn parse(key: &BlobKey) -> Option<ParsedKey> {
             .strip_suffix(".json")
             .and_then(name)
             .map(|task| KeyKind::StartFrom { task }),
+        ["prepared", t, file] => file
+            .strip_suffix(".json")
+            .and_then(|id| id.parse::<CheckpointId>().ok())
+            .zip(name(t))
+            .map(|(checkpoint_id, task)| KeyKind::Prepared {
+                task,
+                checkpoint_id,
+            }),
         ["writers", t, file] if file.ends_with(".json") => {
             name(t).map(|task| KeyKind::Writer { task })
         }
@@ -439,6 +471,20 @@ mod tests {
         assert_eq!(
             kind(&job.start_from_key("Partition 0").unwrap()),
             KeyKind::StartFrom { task: task() }
+        );
+        assert_eq!(
+            kind(&job.prepared_key("Partition 0", &id).unwrap()),
+            KeyKind::Prepared {
+                task: task(),
+                checkpoint_id: id
+            }
+        );
+        assert_eq!(
+            kind(&job.prepared("Partition 0").unwrap().key("x.json").unwrap()),
+            KeyKind::Unknown {
+                task: Some(task()),
+                swept: false
+            }
         );
         assert_eq!(
             kind(&store.index_key(&marker).unwrap()),

@@ -32,4 +32,4 @@ pub use collect::{admin, gc, remove};
 pub use commit::{backup, diff, preupload};
 pub use inspect::{check, cost, usage, verify};
 pub use snapshot::*;
-pub use time::{fork, history, manual, record, savepoint};
+pub use time::{fork, history, manual, prepared, record, savepoint};

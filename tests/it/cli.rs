@@ -4408,3 +4408,123 @@ async fn forget_removes_a_fork_a_deployment_and_one_checkpoint() {
     assert_eq!(code, Some(3), "{err}");
     assert!(err.contains("no job stored under"), "{err}");
 }
+
+/// A prepared history record (route 1 of the Samza plug-in under Kafka's checkpoint manager,
+/// docs/samza.md) is a root: the snapshot it names survives a sweep past the grace while no
+/// checkpoint document names it, and restores verified; dropped, the next sweep takes it; an
+/// unreadable record stops the sweep before it deletes anything, naming the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepared_history_record_is_a_root_until_it_is_dropped() {
+    use blobsnap::blob::prepared;
+    use blobsnap::checkpoint::{BlobCheckpointStore, CheckpointStore as _};
+    let tmp = tempfile::tempdir().unwrap();
+    let t = local_target(tmp.path());
+    let dir = tmp.path().join("a").display().to_string();
+    demo_one_task(&t, &dir, "1", "900", &[]).await;
+    let job = JobScope::new("wordcount", "1").unwrap();
+    let task = "Partition 0";
+    let cps = BlobCheckpointStore::new(Arc::clone(&t.store), job.clone());
+    let history = cps.history(task, usize::MAX).await.unwrap();
+    let head = history[0].checkpoint.as_v2().unwrap().clone();
+    let (store_name, marker) = head.state_checkpoint_markers[blobsnap::blob::FACTORY_NAME]
+        .iter()
+        .next()
+        .map(|(s, m)| (s.clone(), m.clone()))
+        .unwrap();
+    let index = job
+        .store(task, &store_name)
+        .unwrap()
+        .index_key(&marker.parse().unwrap())
+        .unwrap();
+    // The snapshot is named by a prepared record only: Samza's checkpoint (in Kafka) is the
+    // commit point, blobsnap's history does not have it yet.
+    prepared::write(t.store.as_ref(), &job, task, &head)
+        .await
+        .unwrap();
+    let docs: Vec<BlobKey> = history
+        .iter()
+        .map(|c| job.checkpoint_key(task, c.seq).unwrap())
+        .collect();
+    t.store.delete_many(&docs).await.unwrap();
+    let gc = ["gc", "--job", "wordcount", "--grace-secs", "0", "--force"];
+    let (code, v, err) = run(&t, &gc).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        v["deleted"].as_u64().unwrap_or(0) > 0,
+        "the other snapshots are orphans now: {v}"
+    );
+    let restore = |to: String| {
+        let t = &t;
+        let (marker, store_name) = (marker.clone(), store_name.clone());
+        async move {
+            run(
+                t,
+                &[
+                    "restore",
+                    &marker,
+                    "--job",
+                    "wordcount",
+                    "--task",
+                    task,
+                    "--store",
+                    &store_name,
+                    "--to",
+                    &to,
+                ],
+            )
+            .await
+        }
+    };
+    let (code, _, err) = restore(tmp.path().join("r1").display().to_string()).await;
+    assert_eq!(
+        code,
+        Some(0),
+        "the prepared snapshot restores after the sweep: {err}"
+    );
+
+    // Unreadable: the sweep deletes nothing and names the record.
+    let key = job.prepared_key(task, &head.id).unwrap();
+    let good = blobsnap::blobstore::get_bytes(t.store.as_ref(), &key, 1 << 20)
+        .await
+        .unwrap();
+    t.store
+        .put(
+            &key,
+            PutBody::Bytes(bytes::Bytes::from_static(b"{not json")),
+            PutOptions::default(),
+        )
+        .await
+        .unwrap();
+    let (code, _, err) = run(&t, &gc).await;
+    assert_ne!(
+        code,
+        Some(0),
+        "an unreadable prepared record must stop the sweep"
+    );
+    assert!(
+        err.contains("prepared history record") && err.contains(key.as_str()),
+        "{err}"
+    );
+    t.store
+        .put(&key, PutBody::Bytes(good), PutOptions::default())
+        .await
+        .unwrap();
+    let listed = prepared::list(t.store.as_ref(), &job, None).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        prepared::read(t.store.as_ref(), &listed[0]).await.unwrap(),
+        head
+    );
+
+    // Dropped (what the task's next start does with a record Samza never committed): swept.
+    prepared::remove(t.store.as_ref(), &[key]).await.unwrap();
+    let (code, v, err) = run(&t, &gc).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(v["deleted"].as_u64().unwrap_or(0) > 0, "{v}");
+    assert!(
+        matches!(t.store.head(&index).await, Err(e) if e.kind() == blobsnap::ErrorKind::NotFound),
+        "the dropped record's index is swept"
+    );
+    let (code, _, _) = restore(tmp.path().join("r2").display().to_string()).await;
+    assert_ne!(code, Some(0), "nothing left to restore");
+}

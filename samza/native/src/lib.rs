@@ -35,7 +35,9 @@ use blobsnap::backend::{
 };
 use blobsnap::blob::backup::BackupSettings;
 use blobsnap::blob::factory::BlobStateBackendFactory;
+use blobsnap::blob::prepared;
 use blobsnap::blob::restore::RestoreSettings;
+use blobsnap::blob::snapshot::FACTORY_NAME;
 use blobsnap::checkpoint::{BlobCheckpointStore, Checkpoint, CheckpointId, CheckpointStore};
 use blobsnap::commit::TaskCommitManager;
 use blobsnap::config::Settings;
@@ -43,7 +45,7 @@ use blobsnap::job::{start_task_from, StartFrom};
 use blobsnap::layout::JobScope;
 use blobsnap::{Error, ErrorKind};
 use jni::objects::{GlobalRef, JByteArray, JClass, JObject, JObjectArray, JString, JValue};
-use jni::sys::{jbyteArray, jlong, jobjectArray};
+use jni::sys::{jboolean, jbyteArray, jlong, jobjectArray};
 use jni::{JNIEnv, JavaVM};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -323,8 +325,114 @@ impl<M: ?Sized> Managed<M> {
     }
 }
 
-type Backup = Managed<dyn TaskBackupManager>;
 type Restore = Managed<dyn TaskRestoreManager>;
+
+/// A backup manager behind a handle, with its work in flight, and its prepared history when
+/// the job's checkpoints are not blobsnap's.
+struct Backup {
+    manager: Arc<dyn TaskBackupManager>,
+    ops: Ops,
+    history: Option<History>,
+}
+
+/// Under another checkpoint manager (Kafka's), blobsnap's bucket holds no commit point: each
+/// upload leaves a *prepared* history record (a root for the sweep) and Samza's checkpoint,
+/// once written, is committed into blobsnap's own history — at `cleanUp`, or by the next
+/// start's `init`, which gets it back from Samza (Samza 1.8.0 never calls `cleanUp` for the
+/// checkpoint it restarts from) — so that the sweep, `checkpoints`, savepoints and restores
+/// see it. The start also drops the records of commits Samza never wrote (docs/samza.md).
+struct History {
+    store: Arc<dyn blobsnap::blobstore::BlobStore>,
+    job: JobScope,
+    ctx: TaskContext,
+    settings: blobsnap::config::JobConfig,
+    /// The task's history, claimed at `init`.
+    commits: OnceLock<TaskCommitManager>,
+}
+
+impl History {
+    fn commits(&self) -> R<&TaskCommitManager> {
+        self.commits.get().ok_or_else(|| {
+            fail(
+                ErrorKind::InvalidInput,
+                "the backup manager was not initialised (Samza calls init before any commit)",
+            )
+        })
+    }
+
+    /// `init`: claim the task's history, commit Samza's last checkpoint into it (unless it is
+    /// already there), and drop every prepared record of the task: the one of that checkpoint
+    /// is committed now, the others' commits never happened.
+    async fn start(&self, last: Option<&Checkpoint>) -> R<()> {
+        let checkpoints: Arc<dyn CheckpointStore> = Arc::new(BlobCheckpointStore::new(
+            Arc::clone(&self.store),
+            self.job.clone(),
+        ));
+        let (commits, _claim) = TaskCommitManager::start(
+            self.ctx.clone(),
+            checkpoints,
+            Arc::new(SystemClock),
+            self.settings.retention.last.max(1),
+            self.settings.unsafe_no_fencing,
+        )
+        .await?;
+        let commits = commits.with_retention_tiers(self.settings.retention.tiers.clone());
+        if let Some(cp) = last.and_then(Checkpoint::as_v2) {
+            if cp.state_checkpoint_markers.contains_key(FACTORY_NAME) {
+                promote_into(&commits, cp.clone()).await?;
+            }
+        }
+        let stale =
+            prepared::list(self.store.as_ref(), &self.job, Some(&self.ctx.task_name)).await?;
+        if !stale.is_empty() {
+            tracing::info!(task = %self.ctx.task_name, records = stale.len(), "dropping the prepared history records of commits Samza did not write (or wrote and this start committed)");
+        }
+        let keys: Vec<_> = stale.into_iter().map(|p| p.key).collect();
+        prepared::remove(self.store.as_ref(), &keys).await?;
+        self.commits.set(commits).map_err(|_| {
+            fail(
+                ErrorKind::InvalidInput,
+                "the backup manager's init was called twice",
+            )
+        })
+    }
+
+    /// The end of `upload`: the prepared record of the checkpoint Samza is about to write.
+    async fn prepare(&self, id: CheckpointId, markers: &StoreMarkers) -> R<()> {
+        self.commits()?;
+        let cp = blobsnap::checkpoint::CheckpointV2 {
+            id,
+            input_offsets: BTreeMap::new(),
+            state_checkpoint_markers: BTreeMap::from([(FACTORY_NAME.to_string(), markers.clone())]),
+        };
+        Ok(prepared::write(self.store.as_ref(), &self.job, &self.ctx.task_name, &cp).await?)
+    }
+
+    /// `cleanUp`: Samza wrote checkpoint `id`: commit it into blobsnap's history (its offsets
+    /// are Samza's, not handed to `cleanUp`), then drop its prepared record.
+    async fn promote(&self, id: CheckpointId, markers: &StoreMarkers) -> R<()> {
+        let cp = blobsnap::checkpoint::CheckpointV2 {
+            id,
+            input_offsets: BTreeMap::new(),
+            state_checkpoint_markers: BTreeMap::from([(FACTORY_NAME.to_string(), markers.clone())]),
+        };
+        promote_into(self.commits()?, cp).await?;
+        let key = self.job.prepared_key(&self.ctx.task_name, &id)?;
+        Ok(prepared::remove(self.store.as_ref(), &[key]).await?)
+    }
+}
+
+/// Commit `cp` into the history unless it is its head already.
+async fn promote_into(
+    commits: &TaskCommitManager,
+    cp: blobsnap::checkpoint::CheckpointV2,
+) -> R<()> {
+    let head = commits.last().await;
+    if head.as_ref().and_then(Checkpoint::as_v2).map(|c| c.id) != Some(cp.id) {
+        commits.commit_made(cp).await?;
+    }
+    Ok(())
+}
 
 struct TaskCheckpoints {
     commits: TaskCommitManager,
@@ -791,7 +899,8 @@ pub extern "system" fn Java_blobsnap_Native_adminResources<'l>(
 }
 
 /// `static native long backupNew(long engine, String job, String jobId, String task,
-/// String[] stores)`: `stores` is `[name, dir, …]`, each dir Samza's store dir of the task.
+/// String[] stores, boolean prepared)`: `stores` is `[name, dir, …]`, each dir Samza's store
+/// dir of the task; `prepared`: the job's checkpoints are not blobsnap's ([`History`]).
 #[no_mangle]
 pub extern "system" fn Java_blobsnap_Native_backupNew<'l>(
     mut env: JNIEnv<'l>,
@@ -801,13 +910,28 @@ pub extern "system" fn Java_blobsnap_Native_backupNew<'l>(
     job_id: JString<'l>,
     task_name: JString<'l>,
     stores: JObjectArray<'l>,
+    prepared: jboolean,
 ) -> jlong {
     entry(&mut env, 0, |env| {
         let (e, ctx, specs) = task_args(env, h, (&job, &job_id, &task_name), &stores)?;
         let manager = e
             .factory
             .backup_manager(&ctx, &specs, Arc::new(SystemClock))?;
-        insert(Entry::Backup(Managed::new(manager)))
+        let history = match prepared {
+            0 => None,
+            _ => Some(History {
+                store: Arc::clone(&e.store),
+                job: JobScope::new(&ctx.job_name, &ctx.job_id)?,
+                ctx,
+                settings: e.settings.job.clone(),
+                commits: OnceLock::new(),
+            }),
+        };
+        insert(Entry::Backup(Arc::new(Backup {
+            manager,
+            ops: Ops::new(),
+            history,
+        })))
     })
 }
 
@@ -843,7 +967,13 @@ pub extern "system" fn Java_blobsnap_Native_backupInit<'l>(
     entry(&mut env, (), |env| {
         let b = backup(h)?;
         let cp = checkpoint_arg(env, &json)?;
-        block_on(async { Ok(b.manager.init(cp.as_ref()).await?) })
+        block_on(async {
+            b.manager.init(cp.as_ref()).await?;
+            if let Some(history) = &b.history {
+                history.start(cp.as_ref()).await?;
+            }
+            Ok(())
+        })
     })
 }
 
@@ -886,11 +1016,14 @@ pub extern "system" fn Java_blobsnap_Native_backupUpload<'l>(
             .map(|(k, v)| (k, PathBuf::from(v)))
             .collect();
         let future = future_ref(env, &future)?;
-        let m = Arc::clone(&b.manager);
+        let b2 = Arc::clone(&b);
         spawn_op(&b.ops, future, async move {
-            let out = m.upload(id, &markers, &dirs).await?;
+            let out = b2.manager.upload(id, &markers, &dirs).await?;
             // The commit point is Samza's: the last check this side can make is here.
-            m.before_commit(id)?;
+            b2.manager.before_commit(id)?;
+            if let Some(history) = &b2.history {
+                history.prepare(id, &out).await?;
+            }
             Ok(Value::Strings(flatten(&out)))
         })
     })
@@ -912,9 +1045,13 @@ pub extern "system" fn Java_blobsnap_Native_backupCleanup<'l>(
         let id = checkpoint_id(&string(env, &id, "checkpoint id")?)?;
         let markers = pairs(env, &markers, "markers")?;
         let future = future_ref(env, &future)?;
-        let m = Arc::clone(&b.manager);
+        let b2 = Arc::clone(&b);
         spawn_op(&b.ops, future, async move {
-            m.cleanup(id, &markers).await?;
+            blobsnap::crash::point("samza.before-cleanup");
+            if let Some(history) = &b2.history {
+                history.promote(id, &markers).await?;
+            }
+            b2.manager.cleanup(id, &markers).await?;
             Ok(Value::Void)
         })
     })

@@ -683,7 +683,90 @@ async fn read_roots_with(
             }
         }
     }
+    prepared_roots(store, job, (job_name, job_id), &mut out, partial).await?;
     Ok(out)
+}
+
+/// Prepared history records are roots (route 1 under Kafka's checkpoint manager, docs/samza.md):
+/// the commit point of their snapshots is Samza's, outside the bucket, until a promotion
+/// commits them into the history or the task's next start drops them. Fails closed as the
+/// history does.
+async fn prepared_roots(
+    store: &dyn BlobStore,
+    job: &JobScope,
+    (job_name, job_id): (&str, &str),
+    out: &mut Roots,
+    mut partial: Option<&mut Vec<UnreadableRoot>>,
+) -> Result<()> {
+    use crate::blob::time::prepared;
+    const FIX: &str = "the task's next start promotes or drops its prepared records; `blobsnap forget --all` removes a retired deployment whole";
+    for p in prepared::list(store, job, None).await? {
+        let unreadable = |e: &Error, what: &str, key: String, may_name: crate::blobstore::Scope| {
+            UnreadableRoot {
+                what: what.into(),
+                key,
+                root: format!("task {:?} prepared checkpoint {}", p.task, p.id),
+                kind: e.kind().as_str().into(),
+                reason: e.to_string(),
+                may_name,
+            }
+        };
+        let cp = match prepared::read(store, &p).await {
+            Ok(cp) => cp,
+            Err(e) if is_unreadable(&e) && partial.is_some() => {
+                if let Some(bad) = partial.as_deref_mut() {
+                    bad.push(unreadable(&e, "prepared", p.key.to_string(), job.tasks()?.escaped(&p.task)?));
+                }
+                continue;
+            }
+            Err(e) => {
+                return Err(e.context(format!(
+                    "sweep: the prepared history record {} of task {:?} cannot be read, so the sweep cannot know what it keeps alive and deletes nothing; {FIX}",
+                    p.key, p.task
+                )))
+            }
+        };
+        out.roots += 1;
+        let Some(markers) = cp.state_checkpoint_markers.get(FACTORY_NAME) else {
+            continue;
+        };
+        for (store_name, marker) in markers {
+            let who = Expected {
+                job_name,
+                job_id,
+                task_name: &p.task,
+                store_name,
+            };
+            let snap = match load_snapshot(store, &who, marker).await {
+                Ok(snap) => snap,
+                Err(e) if is_unreadable(&e) && partial.is_some() => {
+                    let scope = job.store(&p.task, store_name)?;
+                    let key = index_key_of(&scope, marker);
+                    if let Some(k) = &key {
+                        out.history.insert(k.clone());
+                    }
+                    if let Some(bad) = partial.as_deref_mut() {
+                        let key = key.map_or_else(|| marker.clone(), |k| k.to_string());
+                        bad.push(unreadable(&e, "index", key, scope.scope().clone()));
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    return Err(e.context(format!(
+                        "sweep: the prepared history record {} names the snapshot {marker} of store {store_name:?}, which cannot be read, so the sweep deletes nothing; {FIX}",
+                        p.key
+                    )))
+                }
+            };
+            out.history.insert(snap.scope.index_key(&snap.marker)?);
+            for (_, f) in snap.index.present_files() {
+                for b in &f.blobs {
+                    out.history.insert(snap.blobs.key(&b.blob_id)?);
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The key of the index `marker` names in `scope`, when the marker parses.

@@ -72,7 +72,8 @@ const SAVEPOINTS_PHASE: u8 = 1;
 /// The order of deletion (see the module's doc): lower first.
 fn phase(kind: Option<&KeyKind>) -> u8 {
     match kind {
-        Some(KeyKind::Checkpoint { .. }) => 0,
+        // A prepared record is a root like a checkpoint document (docs/samza.md).
+        Some(KeyKind::Checkpoint { .. } | KeyKind::Prepared { .. }) => 0,
         Some(KeyKind::Savepoint { .. } | KeyKind::ForkPin { .. }) => 1,
         Some(KeyKind::Index { .. }) => 2,
         Some(KeyKind::Blob { .. }) => 3,

@@ -3,5 +3,6 @@
 pub mod fork;
 pub mod history;
 pub mod manual;
+pub mod prepared;
 pub mod record;
 pub mod savepoint;

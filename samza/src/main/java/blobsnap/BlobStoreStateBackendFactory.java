@@ -40,9 +40,11 @@ import org.apache.samza.util.Clock;
  * blobsnap.s3.bucket=state-backups
  * </pre>
  *
- * The checkpoints must be blobsnap's ({@link BlobsnapCheckpointManagerFactory}): they are the
- * roots of blobsnap's garbage collection, so a backup manager under another checkpoint manager
- * is refused at start (its snapshots would be orphans to blobsnap's sweep).
+ * With blobsnap's checkpoints ({@link BlobsnapCheckpointManagerFactory}) the CheckpointV2s are
+ * blobsnap's commit points and the roots of its garbage collection. Under another checkpoint
+ * manager (Kafka's), each upload leaves a <em>prepared</em> history record, a root for the sweep,
+ * and Samza's checkpoint is committed into blobsnap's history at {@code cleanUp} or at the next
+ * start (docs/samza.md); a start-from ({@code blobsnap.job.start-from}) needs blobsnap's.
  */
 public class BlobStoreStateBackendFactory implements StateBackendFactory {
   static final String CHECKPOINT_FACTORY_KEY = "task.checkpoint.factory";
@@ -51,11 +53,11 @@ public class BlobStoreStateBackendFactory implements StateBackendFactory {
   public TaskBackupManager getBackupManager(JobContext jobContext, ContainerModel containerModel, TaskModel taskModel,
       Map<String, SystemAdmin> systemAdmins, ExecutorService backupExecutor, MetricsRegistry metrics, Config config,
       Clock clock, File loggedStoreBaseDir, File nonLoggedStoreBaseDir) {
-    requireBlobsnapCheckpoints(config);
+    boolean prepared = requireCheckpointConfig(config);
     List<String> stores = new StorageConfig(config).getStoresWithBackupFactory(getClass().getName());
     Map<String, File> dirs = storeDirs(stores, taskModel, loggedStoreBaseDir);
     Engine engine = Engine.open(config);
-    return new BlobsnapBackupManager(engine, taskModel.getTaskName().getTaskName(), dirs, backupExecutor);
+    return new BlobsnapBackupManager(engine, taskModel.getTaskName().getTaskName(), dirs, backupExecutor, prepared);
   }
 
   @Override
@@ -63,7 +65,7 @@ public class BlobStoreStateBackendFactory implements StateBackendFactory {
       TaskModel taskModel, ExecutorService restoreExecutor, MetricsRegistry metrics, Set<String> storesToRestore,
       Config config, Clock clock, File loggedStoreBaseDir, File nonLoggedStoreBaseDir,
       KafkaChangelogRestoreParams kafkaChangelogRestoreParams) {
-    requireBlobsnapCheckpoints(config);
+    requireCheckpointConfig(config);
     Map<String, File> dirs = storeDirs(new ArrayList<>(storesToRestore), taskModel, loggedStoreBaseDir);
     Engine engine = Engine.open(config);
     return new BlobsnapRestoreManager(engine, taskModel.getTaskName().getTaskName(), dirs, restoreExecutor);
@@ -95,19 +97,33 @@ public class BlobStoreStateBackendFactory implements StateBackendFactory {
     return out;
   }
 
-  static void requireBlobsnapCheckpoints(Config config) {
-    String f = config.get(CHECKPOINT_FACTORY_KEY);
-    if (!isBlobsnapCheckpoints(f)) {
-      throw new BlobsnapException("invalid-input", CHECKPOINT_FACTORY_KEY + " is " + (f == null ? "not set" : f)
-          + ": blobsnap's state backend needs blobsnap's checkpoints (" + CHECKPOINT_FACTORY_KEY + "="
-          + BlobsnapCheckpointManagerFactory.class.getName() + "), which are the roots of its garbage collection"
-          + " and carry the input offsets with the markers; under another checkpoint manager its snapshots would be"
-          + " orphans to blobsnap's sweep (docs/samza.md)");
-    }
+  /**
+   * CheckpointV2 writes, and a start-from only under blobsnap's checkpoints (it is applied where
+   * the checkpoint manager claims the task). Returns whether the checkpoints are another manager's
+   * (then the backup keeps prepared history records).
+   */
+  static boolean requireCheckpointConfig(Config config) {
     if (!"2".equals(new TaskConfig(config).get("task.checkpoint.write.versions", "").trim())) {
       throw new BlobsnapException("invalid-input", "task.checkpoint.write.versions must be 2 for blobsnap (CheckpointV2"
           + " carries the markers; set task.checkpoint.read.versions=2,1 too)");
     }
+    String f = config.get(CHECKPOINT_FACTORY_KEY);
+    if (isBlobsnapCheckpoints(f)) {
+      return false;
+    }
+    if (f == null || f.trim().isEmpty()) {
+      throw new BlobsnapException("invalid-input", CHECKPOINT_FACTORY_KEY + " is not set: Samza would keep no"
+          + " checkpoint, so no restart could find its state; set it to " + BlobsnapCheckpointManagerFactory.class.getName()
+          + " (blobsnap keeps the checkpoints) or to Kafka's checkpoint manager (docs/samza.md)");
+    }
+    String startFrom = config.get("blobsnap.job.start-from");
+    if (startFrom != null && !startFrom.trim().isEmpty()) {
+      throw new BlobsnapException("invalid-input", "blobsnap.job.start-from is set, but " + CHECKPOINT_FACTORY_KEY
+          + " is " + f.trim() + ": a start-from is applied where blobsnap's checkpoint manager claims the task; set "
+          + CHECKPOINT_FACTORY_KEY + "=" + BlobsnapCheckpointManagerFactory.class.getName() + " to roll back or fork,"
+          + " or remove blobsnap.job.start-from");
+    }
+    return true;
   }
 
   /** Whether {@code name} is blobsnap's checkpoint manager factory (or a subclass of it). */

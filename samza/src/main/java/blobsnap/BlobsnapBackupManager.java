@@ -26,11 +26,12 @@ final class BlobsnapBackupManager implements TaskBackupManager {
   private final Executor executor;
   private final StorageManagerUtil util = new StorageManagerUtil();
 
-  BlobsnapBackupManager(Engine engine, String task, Map<String, File> storeDirs, Executor executor) {
+  /** {@code prepared}: the job's checkpoints are another manager's (prepared history records). */
+  BlobsnapBackupManager(Engine engine, String task, Map<String, File> storeDirs, Executor executor, boolean prepared) {
     this.storeDirs = storeDirs;
     this.executor = executor;
     this.handle = Native.backupNew(engine.handle, engine.job, engine.jobId, task,
-        BlobStoreStateBackendFactory.flatDirs(storeDirs));
+        BlobStoreStateBackendFactory.flatDirs(storeDirs), prepared);
   }
 
   static byte[] json(Checkpoint checkpoint) {

@@ -163,7 +163,8 @@ final class Native {
   static native void adminResources(long engine, String job, String jobId, boolean create);
 
   /** {@code stores}: {@code [name, dir, ...]}. */
-  static native long backupNew(long engine, String job, String jobId, String task, String[] stores);
+  static native long backupNew(long engine, String job, String jobId, String task, String[] stores,
+      boolean prepared);
 
   static native void backupInit(long handle, byte[] checkpointJson);
 

@@ -16,7 +16,7 @@ public final class BenchAccess {
     Engine engine = Engine.open(config);
     Native.adminResources(engine.handle, engine.job, engine.jobId, true);
     return new BlobsnapBackupManager(engine, task.getTaskName().getTaskName(),
-        BlobStoreStateBackendFactory.storeDirs(Collections.singletonList("counts"), task, base), pool);
+        BlobStoreStateBackendFactory.storeDirs(Collections.singletonList("counts"), task, base), pool, false);
   }
 
   public static TaskRestoreManager restore(Config config, TaskModel task, File base, ExecutorService pool) {

@@ -113,7 +113,7 @@ class NativeTest {
     Engine engine = Engine.open(config);
     File storeDir = root.resolve("host1/counts/Partition_0").toFile();
     Map<String, File> dirs = Collections.singletonMap("counts", storeDir);
-    BlobsnapBackupManager backup = new BlobsnapBackupManager(engine, TASK, dirs, executor);
+    BlobsnapBackupManager backup = new BlobsnapBackupManager(engine, TASK, dirs, executor, false);
     CheckpointId id = CheckpointId.create();
     Map<String, byte[]> files = checkpointDir(storeDir, id);
     backup.init(null);
@@ -181,7 +181,7 @@ class NativeTest {
     Engine engine = Engine.open(config(store));
     File storeDir = root.resolve("hostile/counts/Partition_0").toFile();
     BlobsnapBackupManager backup =
-        new BlobsnapBackupManager(engine, TASK, Collections.singletonMap("counts", storeDir), executor);
+        new BlobsnapBackupManager(engine, TASK, Collections.singletonMap("counts", storeDir), executor, false);
     backup.init(null);
     // Samza's checkpoint dir is missing: the upload fails naming it.
     CheckpointId id = CheckpointId.create();
@@ -190,7 +190,7 @@ class NativeTest {
     assertTrue(missing.getMessage().contains(cpDir), missing.getMessage());
     // A relative store dir: refused.
     BlobsnapException relative = assertThrows(BlobsnapException.class, () -> new BlobsnapBackupManager(engine, TASK,
-        Collections.singletonMap("counts", new File("relative/dir")), executor));
+        Collections.singletonMap("counts", new File("relative/dir")), executor, false));
     assertEquals("invalid-input", relative.kind());
 
     // A bad marker: a key outside the layout, and garbage.
@@ -229,7 +229,7 @@ class NativeTest {
     Engine engine = Engine.open(config(store));
     File storeDir = root.resolve("race/counts/Partition_0").toFile();
     BlobsnapBackupManager backup =
-        new BlobsnapBackupManager(engine, TASK, Collections.singletonMap("counts", storeDir), executor);
+        new BlobsnapBackupManager(engine, TASK, Collections.singletonMap("counts", storeDir), executor, false);
     backup.init(null);
     List<CompletableFuture<Map<String, String>>> inFlight = new ArrayList<>();
     for (int i = 0; i < 16; i++) {

@@ -117,7 +117,7 @@ class SamzaRestoresJniTest {
       Engine engine = Engine.open(config);
       Native.adminResources(engine.handle, engine.job, engine.jobId, true);
       BlobsnapBackupManager backup =
-          new BlobsnapBackupManager(engine, TASK, Collections.singletonMap(STORE, storeDir), pool);
+          new BlobsnapBackupManager(engine, TASK, Collections.singletonMap(STORE, storeDir), pool, false);
       backup.init(null);
       Map<String, String> markers = backup.upload(cid, backup.snapshot(cid)).get(120, TimeUnit.SECONDS);
       backup.close();
