@@ -6,7 +6,10 @@
 #   times), need the suite's S3 server (BLOBSNAP_TEST_S3_*; without them it fails) and
 #   blobsnap's binary;
 # - samza-s3/ (route 2): Samza's own blob-store engine on blobsnap's layout through
-#   S3BlobStoreManager, against the same server, and blobsnap's binary reading what it wrote.
+#   S3BlobStoreManager, against the same server, and blobsnap's binary reading what it wrote;
+# - samza/'s KafkaCheckpointSmokeTest: Samza's own Kafka checkpoint manager (samza-kafka 1.8.0,
+#   kafka-clients 2.4.1) writes and reads a CheckpointV2 on a Kafka broker, BLOBSNAP_TEST_KAFKA
+#   (minio/kafka.sh start and env; without it the test fails).
 # BLOBSNAP_BIN (default $CARGO_TARGET_DIR/debug/blobsnap) is built by the suite's cargo test.
 #
 #   scripts/samza.sh            # online, before any server and any Rust build (scripts/test.sh's

@@ -9,7 +9,8 @@
 #    python3, ...), LocalStack (once, into ~/.cache/blobsnap, a venv), Garage (once: cargo
 #    install, ~12.5 min, cached in ~/.cache/blobsnap/garage), the crates (cargo fetch), Java 17,
 #    Maven and Samza 1.8.0's jars (one online Maven run of each Java module's tests that need
-#    no server and no Rust build: scripts/samza.sh);
+#    no server and no Rust build: scripts/samza.sh), and a Kafka broker's jars (minio/kafka.sh
+#    install: Kafka 3.9 from Maven Central, its classpath cached in ~/.cache/blobsnap/kafka);
 # 2. runs everything else in a network namespace whose only interface is loopback
 #    (scripts/netns.sh, offline cargo): no test, server or library can reach an address off
 #    this machine. Inside it:
@@ -20,13 +21,15 @@
 #    against the local store and an in-process s3s-fs server, plus the `secrets` binary — and
 #    the library example (examples/embed.rs, three runs checked by their output), and the
 #    Java tests with Maven offline (scripts/samza.sh --offline: route 1 through the JNI
-#    library samza/native, and samza-s3, on LocalStack);
+#    library samza/native, and samza-s3, on LocalStack; Samza's own Kafka checkpoint manager
+#    writes and reads a CheckpointV2 on a Kafka broker, KRaft on loopback, started for that
+#    stage: minio/kafka.sh);
 # 5. runs every `external::` case of the test binaries (conformance, backup, restore,
 #    lifecycle, admin, faults, ...) against LocalStack;
 # 6. the same external suites against a single Garage node, then the node-loss test on a
 #    3-node Garage cluster (tests/garage_cluster.rs);
 # 7. the interoperability test with RocksDB 7.8 (ldb), the bounded-resources test, rustdoc;
-# 8. stops LocalStack and Garage (by their PIDs) and exits non-zero if anything failed.
+# 8. stops LocalStack, Kafka and Garage (by their PIDs) and exits non-zero if anything failed.
 #
 # The servers of one run are its own: state dirs named after this run's PID under
 # ~/.cache/blobsnap/instances, free ports, stopped on every exit (a signal included); a run
@@ -63,6 +66,9 @@ if [ "${1:-}" != --suites ]; then
   bash scripts/prereqs.sh --tools java javac mvn
   bash scripts/samza.sh
 
+  stage "Kafka broker: install (Kafka 3.9's jars from Maven Central; cached after the first run)"
+  bash minio/kafka.sh install
+
   # No run of the suites without the guard, in CI or not (issue 46 item 14).
   export BLOBSNAP_REQUIRE_NETNS=1
   export CARGO_NET_OFFLINE=true
@@ -79,11 +85,13 @@ TOOLS=${BLOBSNAP_TOOLS:-$HOME/.cache/blobsnap}
 export BLOBSNAP_OWNER_PID=$$
 export LOCALSTACK_STATE=$TOOLS/instances/localstack-run-$$
 export GARAGE_STATE=$TOOLS/instances/garage-run-$$
-unset LOCALSTACK_PORT GARAGE_BASE_PORT
+export KAFKA_STATE=$TOOLS/instances/kafka-run-$$
+unset LOCALSTACK_PORT GARAGE_BASE_PORT KAFKA_PORT
 cleanup() {
   bash minio/localstack.sh stop || true
+  bash minio/kafka.sh stop || true
   bash minio/garage.sh stop || true
-  rm -rf "$LOCALSTACK_STATE" "$GARAGE_STATE"
+  rm -rf "$LOCALSTACK_STATE" "$GARAGE_STATE" "$KAFKA_STATE"
 }
 trap cleanup EXIT
 trap 'exit 130' INT
@@ -107,9 +115,16 @@ bounded 900 cargo clippy --locked -p blobsnap-samza-jni --all-targets -- -D warn
 stage "cargo test (unit, formats, conformance on local + in-process s3s-fs)"
 bounded 2400 cargo test --locked
 
-stage "Java: route 1 (blobsnap's engine through JNI: a real Samza job killed three times, hostile input) and samza-s3 (Samza's engine on blobsnap's layout), on LocalStack; blobsnap reads both; Maven offline"
+stage "Java: route 1 (blobsnap's engine through JNI: a real Samza job killed three times, hostile input) and samza-s3 (Samza's engine on blobsnap's layout), on LocalStack; blobsnap reads both; Samza's Kafka checkpoint manager on a Kafka broker; Maven offline"
 bounded 300 cargo test --locked -p blobsnap-samza-jni --lib
-bounded 900 bash scripts/samza.sh --offline
+# A Kafka broker for KafkaCheckpointSmokeTest (BLOBSNAP_TEST_KAFKA), up for this stage only: a
+# KRaft node on loopback, a JVM of its own (~330 MB), idle through the Rust stages otherwise.
+bash minio/kafka.sh start
+(
+  eval "export $(bash minio/kafka.sh env | tr '\n' ' ')"
+  bounded 900 bash scripts/samza.sh --offline
+)
+bash minio/kafka.sh stop
 
 stage "the library example (examples/embed.rs): commits, resumes, restores a lost state dir"
 embed=$(mktemp -d)

@@ -57,6 +57,11 @@ public class BlobStoreStateBackendFactory implements StateBackendFactory {
     List<String> stores = new StorageConfig(config).getStoresWithBackupFactory(getClass().getName());
     Map<String, File> dirs = storeDirs(stores, taskModel, loggedStoreBaseDir);
     Engine engine = Engine.open(config);
+    if (prepared) {
+      // What blobsnap's checkpoint manager does at its start: the bucket, its rules and the
+      // job's owner record (or, with blobsnap.job.create-resources=false, their validation).
+      Native.adminResources(engine.handle, engine.job, engine.jobId, true);
+    }
     return new BlobsnapBackupManager(engine, taskModel.getTaskName().getTaskName(), dirs, backupExecutor, prepared);
   }
 

@@ -263,6 +263,12 @@ class JniJobTest {
   /** The job in a JVM of its own, the S3 server's credentials in the AWS variables, nothing of the machine's. */
   Process start(Path work, Path input, long delayMs, boolean endOfStream, String run, List<String> overrides)
       throws IOException {
+    return start(work, input, delayMs, endOfStream, run, overrides, Collections.<String, String>emptyMap());
+  }
+
+  /** As above, with {@code extraEnv} set in the job's environment (e.g. a crash point). */
+  Process start(Path work, Path input, long delayMs, boolean endOfStream, String run, List<String> overrides,
+      Map<String, String> extraEnv) throws IOException {
     String cp = property("blobsnap.spike.classpath") + File.pathSeparator
         + new String(Files.readAllBytes(Paths.get(property("blobsnap.spike.classpath.file"))),
             StandardCharsets.UTF_8).trim();
@@ -279,6 +285,7 @@ class JniJobTest {
         .redirectOutput(work.resolve(run + ".log").toFile())
         .redirectInput(ProcessBuilder.Redirect.from(new File("/dev/null")));
     awsEnv(pb.environment(), work);
+    pb.environment().putAll(extraEnv);
     Process p = pb.start();
     children.add(p);
     return p;

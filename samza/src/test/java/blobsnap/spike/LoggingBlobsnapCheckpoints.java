@@ -17,7 +17,11 @@ import org.apache.samza.metrics.MetricsRegistry;
 public class LoggingBlobsnapCheckpoints extends BlobsnapCheckpointManagerFactory {
   @Override
   public CheckpointManager getCheckpointManager(Config config, MetricsRegistry registry) {
-    CheckpointManager inner = super.getCheckpointManager(config, registry);
+    return wrap(super.getCheckpointManager(config, registry), config);
+  }
+
+  /** {@code inner}, with each checkpoint it wrote and read logged to the job's event file. */
+  static CheckpointManager wrap(CheckpointManager inner, Config config) {
     return new CheckpointManager() {
       @Override
       public void start() {
@@ -27,6 +31,11 @@ public class LoggingBlobsnapCheckpoints extends BlobsnapCheckpointManagerFactory
       @Override
       public void register(TaskName taskName) {
         inner.register(taskName);
+      }
+
+      @Override
+      public void createResources() {
+        inner.createResources();
       }
 
       @Override
@@ -47,6 +56,11 @@ public class LoggingBlobsnapCheckpoints extends BlobsnapCheckpointManagerFactory
       @Override
       public void stop() {
         inner.stop();
+      }
+
+      @Override
+      public void clearCheckpoints() {
+        inner.clearCheckpoints();
       }
     };
   }
