@@ -9,8 +9,11 @@
 //! small scopes and tests: the plan can be inspected before anything is deleted).
 //!
 //! - Roots: every checkpoint in the history of every task of the job (the history is trimmed
-//!   to the retention), and every savepoint of the job ([`crate::blob::time::savepoint`]). The sweep **fails closed**: if any task's checkpoints or any root index
-//!   cannot be read, it plans nothing.
+//!   to the retention), every savepoint of the job ([`crate::blob::time::savepoint`]), and
+//!   every prepared history record ([`crate::blob::time::prepared`]: a snapshot whose commit
+//!   point is another checkpoint manager's, Samza's Kafka one). The sweep **fails closed**: if
+//!   any task's checkpoints, any prepared record or any root index cannot be read, it plans
+//!   nothing.
 //! - Live: every index named by a root, and every blob those indexes list.
 //! - Candidates: objects under `tasks/` whose key has a known shape (`…/blobs/<id>/<sha256>`,
 //!   `…/index/<id>.<sha256>.json`), that are not live and were last modified before
