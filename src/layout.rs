@@ -96,6 +96,20 @@ impl JobScope {
         self.prepared(task)?.key(&format!("{id}.json"))
     }
 
+    /// The prepared history record of one store at checkpoint `id` of `task` (Samza's own
+    /// engine writes one per store): `prepared/<task>/<id>.<store>.json`.
+    pub fn prepared_store_key(
+        &self,
+        task: &str,
+        id: &CheckpointId,
+        store: &str,
+    ) -> Result<BlobKey> {
+        self.prepared(task)?.key(&format!(
+            "{id}.{}.json",
+            crate::blobstore::escape_segment(store)
+        ))
+    }
+
     /// The job's savepoints: `savepoints/`.
     pub fn savepoints(&self) -> Result<Scope> {
         self.0.child("savepoints")
@@ -238,12 +252,16 @@ pub enum KeyKind {
         /// The task.
         task: String,
     },
-    /// `prepared/<task>/<checkpoint-id>.json`: a prepared history record.
+    /// `prepared/<task>/<checkpoint-id>.json` (every store of the task: route 1) or
+    /// `prepared/<task>/<checkpoint-id>.<store>.json` (one store: Samza's own engine, route 2):
+    /// a prepared history record.
     Prepared {
         /// The task.
         task: String,
         /// The checkpoint it prepares.
         checkpoint_id: CheckpointId,
+        /// The one store it holds, in a per-store record.
+        store: Option<String>,
     },
     /// `writers/<task>/<writer>.json`.
     Writer {
@@ -345,14 +363,19 @@ pub fn parse(key: &BlobKey) -> Option<ParsedKey> {
             .strip_suffix(".json")
             .and_then(name)
             .map(|task| KeyKind::StartFrom { task }),
-        ["prepared", t, file] => file
-            .strip_suffix(".json")
-            .and_then(|id| id.parse::<CheckpointId>().ok())
-            .zip(name(t))
-            .map(|(checkpoint_id, task)| KeyKind::Prepared {
-                task,
-                checkpoint_id,
-            }),
+        ["prepared", t, file] => file.strip_suffix(".json").and_then(|stem| {
+            // `<id>.json` (every store of a task) or `<id>.<store>.json` (one store: a name
+            // segment escapes its dots, so the first dot ends the id).
+            let (id, store) = match stem.split_once('.') {
+                Some((id, st)) => (id, Some(name(st)?)),
+                None => (stem, None),
+            };
+            Some(KeyKind::Prepared {
+                task: name(t)?,
+                checkpoint_id: id.parse().ok()?,
+                store,
+            })
+        }),
         ["writers", t, file] if file.ends_with(".json") => {
             name(t).map(|task| KeyKind::Writer { task })
         }
@@ -476,7 +499,19 @@ mod tests {
             kind(&job.prepared_key("Partition 0", &id).unwrap()),
             KeyKind::Prepared {
                 task: task(),
-                checkpoint_id: id
+                checkpoint_id: id,
+                store: None
+            }
+        );
+        assert_eq!(
+            kind(
+                &job.prepared_store_key("Partition 0", &id, "my.counts")
+                    .unwrap()
+            ),
+            KeyKind::Prepared {
+                task: task(),
+                checkpoint_id: id,
+                store: Some("my.counts".into())
             }
         );
         assert_eq!(

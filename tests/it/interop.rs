@@ -265,4 +265,38 @@ fn an_index_of_samzas_shape_with_content_addressed_keys_restores_verified() {
     assert_eq!(out.status.code(), Some(6), "{err}");
     assert!(err.contains("samza-blob-store"), "{err}");
     assert_eq!(files_under(&scope), before, "nothing deleted");
+
+    // A scope whose samza-s3 keeps a history in blobsnap's layout (`"history": "prepared"`):
+    // swept as blobsnap's own. A per-store prepared record (samza-s3 writes one at each index's
+    // PUT) names the good snapshot: it stays, whole; the tampered one, named by nothing, goes.
+    std::fs::write(
+        store.join("samzajob/1/scope.json"),
+        r#"{"deployment-id":"samza-blob-store","job-name":"samzajob","job-id":"1","engine":"samza-blob-store","history":"prepared"}"#,
+    )
+    .unwrap();
+    let prepared = store.join("samzajob/1/prepared/Partition%200/1764480000000-0.counts.json");
+    std::fs::create_dir_all(prepared.parent().unwrap()).unwrap();
+    std::fs::write(
+        &prepared,
+        format!(
+            r#"{{"checkpoint-id":"1764480000000-0","input-offsets":{{}},"state-checkpoint-markers":{{"blobsnap.BlobStoreStateBackendFactory":{{"counts":"{good}"}}}},"version":2}}"#
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+        .arg("--local")
+        .arg(&store)
+        .args(["gc", "--job", "samzajob", "--grace-secs", "0", "--force"])
+        .env("XDG_CACHE_HOME", tmp.path().join("cache"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let left = files_under(&scope);
+    assert!(left.contains(&scope.join(&good)), "{left:?}");
+    assert!(!left.contains(&scope.join(&bad)), "{left:?}");
+    assert_eq!(left.len(), 3, "the good index and its two blobs: {left:?}");
+    let mut args = vec!["verify", good.as_str()];
+    args.extend(who);
+    blobsnap(&store, &args);
 }

@@ -42,7 +42,16 @@ pub struct ScopeRecord {
     /// [`SAMZA_ENGINE`] so far. Absent in every scope blobsnap writes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine: Option<String>,
+    /// How that engine records its commits in blobsnap's layout: [`PREPARED_HISTORY`] (prepared
+    /// records, promoted into `checkpoints/`), which makes its scope sweepable. Absent: it keeps
+    /// no history the sweep can read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history: Option<String>,
 }
+
+/// The `history` of a scope whose engine writes prepared history records and checkpoint
+/// documents (samza-s3 from this version on): the sweep reads its roots as blobsnap's own.
+pub const PREPARED_HISTORY: &str = "prepared";
 
 /// The `engine` of a scope Samza's own blob-store engine writes through samza-s3's
 /// `S3BlobStoreManager` (issue 50, route 2). Its commits live in Samza's checkpoints (Kafka),
@@ -53,10 +62,12 @@ pub const SAMZA_ENGINE: &str = "samza-blob-store";
 /// Refuse to sweep a scope whose owner record names an engine that records its commits where
 /// the sweep does not read them (`Conflict`, naming the scope and the engine).
 pub fn refuse_foreign_engine(job: &JobScope, record: Option<&ScopeRecord>) -> Result<()> {
+    let history = record.and_then(|r| r.history.as_deref());
     match record.and_then(|r| r.engine.as_deref()) {
         None => Ok(()),
+        Some(_) if history == Some(PREPARED_HISTORY) => Ok(()),
         Some(engine) => Err(Error::conflict(format!(
-            "scope {} is written by {engine:?} (Samza's own blob-store engine, through samza-s3's S3BlobStoreManager): its commits are Samza's checkpoints, not under checkpoints/, so a sweep would find no root and delete live snapshots; nothing is deleted (docs/samza.md)",
+            "scope {} is written by {engine:?} (Samza's own blob-store engine, through samza-s3's S3BlobStoreManager) without a history in blobsnap's layout (its owner record has no \"history\": made by a samza-s3 before prepared history records): its commits are Samza's checkpoints, not under checkpoints/, so a sweep would find no root and delete live snapshots; nothing is deleted (docs/samza.md)",
             job.scope().as_str()
         ))),
     }
@@ -101,6 +112,7 @@ impl BlobStoreAdmin {
                 job_id: job_id.to_string(),
                 gc_grace_secs: None,
                 engine: None,
+                history: None,
             },
         })
     }
@@ -703,6 +715,7 @@ mod guard_tests {
             job_id: "1".into(),
             gc_grace_secs: Some(3600),
             engine: None,
+            history: None,
         };
         let s = Duration::from_secs;
         // At or over the recorded grace: fine, running writers or not.

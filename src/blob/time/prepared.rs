@@ -1,6 +1,8 @@
-//! Prepared history records (docs/samza.md, route 1 under another checkpoint manager): when a
-//! Samza job keeps its CheckpointV2s in Kafka, blobsnap's bucket holds no commit point, so the
-//! snapshots a commit uploads would be orphans to the sweep. At the end of each upload the
+//! Prepared history records (docs/samza.md): when a Samza job keeps its CheckpointV2s in Kafka
+//! (route 1 under Kafka's checkpoint manager, or Samza's own engine through samza-s3, route 2),
+//! blobsnap's bucket holds no commit point, so the snapshots a commit uploads would be orphans
+//! to the sweep. Route 2 writes one record per store (`<id>.<store>.json`, at the index's PUT)
+//! and promotes at the index's `removeTTL`; what follows is route 1's. At the end of each upload the
 //! backup writes a *prepared* record, `prepared/<task>/<checkpoint-id>.json` (the CheckpointV2
 //! it hands Samza: its markers, no offsets), which the sweep reads as a root. When Samza has
 //! written its checkpoint (`cleanUp`, or the next start's `init`, which gets it back) the record
@@ -27,6 +29,8 @@ pub struct Prepared {
     pub task: String,
     /// The checkpoint it prepares.
     pub id: CheckpointId,
+    /// The one store a per-store record holds (Samza's own engine writes one per store).
+    pub store: Option<String>,
 }
 
 /// Write the prepared record of `checkpoint` for `task` (before the upload's future completes:
@@ -66,12 +70,14 @@ pub async fn list(
         if let Some(KeyKind::Prepared {
             task,
             checkpoint_id,
+            store,
         }) = parse(&m.key).map(|p| p.kind)
         {
             out.push(Prepared {
                 key: m.key,
                 task,
                 id: checkpoint_id,
+                store,
             });
         }
     }
@@ -83,8 +89,19 @@ pub async fn list(
 pub async fn read(store: &dyn BlobStore, p: &Prepared) -> Result<CheckpointV2> {
     let bytes = get_bytes(store, &p.key, MAX_CHECKPOINT_BYTES as u64).await?;
     let bad = |why: String| Error::corrupt(format!("prepared history record {}: {why}", p.key));
+    let one_store = |c: &CheckpointV2| match &p.store {
+        None => true,
+        Some(s) => c
+            .state_checkpoint_markers
+            .values()
+            .all(|m| m.keys().all(|k| k == s)),
+    };
     match Checkpoint::from_json(&bytes).map_err(|e| bad(e.to_string()))? {
-        Checkpoint::V2(c) if c.id == p.id => Ok(c),
+        Checkpoint::V2(c) if c.id == p.id && one_store(&c) => Ok(c),
+        Checkpoint::V2(c) if c.id == p.id => Err(bad(format!(
+            "the record of store {:?} names other stores",
+            p.store.as_deref().unwrap_or_default()
+        ))),
         Checkpoint::V2(c) => Err(bad(format!("it holds checkpoint {}", c.id))),
         Checkpoint::V1(_) => Err(bad("it is a CheckpointV1".into())),
     }
