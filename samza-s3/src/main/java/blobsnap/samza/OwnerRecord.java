@@ -19,7 +19,8 @@ import software.amazon.awssdk.services.s3.model.HeadObjectResponse;
 /**
  * The owner record of every job scope {@link S3BlobStoreManager} writes,
  * {@code <prefix><job>/<job-id>/scope.json}, naming {@code "engine": "samza-blob-store"}
- * ({@link S3BlobStoreManager#ENGINE}) so that {@code blobsnap gc} refuses to sweep the scope.
+ * ({@link S3BlobStoreManager#ENGINE}) and {@code "history": "prepared"} ({@link History}: blobsnap's
+ * sweep reads the scope's roots as its own; a record without it makes the sweep refuse the scope).
  * Before the first put into a job scope (once per process and bucket: the scopes found or made
  * Samza's are remembered in {@link S3Transport#ownedScopes}) it is written create-only; a record
  * already there must name that engine, and anything else (a blobsnap deployment's record, which
@@ -32,6 +33,12 @@ import software.amazon.awssdk.services.s3.model.HeadObjectResponse;
 final class OwnerRecord {
   private static final Logger LOG = LoggerFactory.getLogger(S3BlobStoreManager.class);
   private static final ObjectMapper JSON = new ObjectMapper();
+
+  /**
+   * The owner record's {@code history}: this manager keeps Samza's commits in blobsnap's layout
+   * ({@link History}), so blobsnap's sweep reads its roots (the Rust {@code PREPARED_HISTORY}).
+   */
+  static final String HISTORY = "prepared";
 
   /** The largest owner record read back (blobsnap's are a few hundred bytes). */
   static final long MAX_BYTES = 64L << 10;
@@ -65,6 +72,7 @@ final class OwnerRecord {
     n.put("job-name", job);
     n.put("job-id", jobId);
     n.put("engine", S3BlobStoreManager.ENGINE);
+    n.put("history", HISTORY);
     try {
       return JSON.writeValueAsBytes(n);
     } catch (IOException e) {
@@ -91,9 +99,53 @@ final class OwnerRecord {
         "the owner record", this::check);
     if (t.ownedScopes.add(key)) {
       LOG.info("blobsnap: job scope {} is Samza's blob-store engine's (owner record {}, engine \"{}\"): "
-          + "blobsnap gc refuses to sweep it", reader.url(key.substring(0, key.length() - Layout.OWNER_RECORD.length())),
+          + "its commits go into blobsnap's history at each cleanUp", reader.url(key.substring(0, key.length() - Layout.OWNER_RECORD.length())),
           reader.url(key), S3BlobStoreManager.ENGINE);
     }
+  }
+
+  /**
+   * After a commit into blobsnap's history: a record made before prepared history records (no
+   * {@code history}) gets it, so that blobsnap's sweep stops refusing the scope. Safe from here
+   * on: the checkpoint Samza restarts from is this commit or a later one, each in the history or
+   * prepared. Once per process and scope.
+   */
+  void recordHistory(Metadata md) {
+    S3Transport t = transport.get();
+    String key = S3BlobStoreManager.key(Layout.jobScope(settings.prefix, md.getJobName(), md.getJobId()),
+        Layout.OWNER_RECORD);
+    if (t.historyScopes.contains(key)) {
+      return;
+    }
+    byte[] bytes = read(key);
+    JsonNode root;
+    try {
+      root = bytes == null ? null : JSON.readTree(bytes);
+    } catch (IOException e) {
+      root = null;
+    }
+    if (root == null || !root.isObject() || problem(bytes) != null) {
+      throw new SamzaException("blobsnap: the owner record " + reader.url(key) + " is no longer Samza's engine's");
+    }
+    if (!HISTORY.equals(root.path("history").asText(null))) {
+      ((ObjectNode) root).put("history", HISTORY);
+      byte[] updated;
+      try {
+        updated = JSON.writeValueAsBytes(root);
+      } catch (IOException e) {
+        throw new IllegalStateException("blobsnap: serializing the owner record", e);
+      }
+      try {
+        t.client.putObject(software.amazon.awssdk.services.s3.model.PutObjectRequest.builder()
+            .bucket(settings.bucket).key(key).contentLength((long) updated.length).contentType("application/json")
+            .build(), RequestBody.fromBytes(updated));
+      } catch (software.amazon.awssdk.core.exception.SdkException e) {
+        throw Errors.toSamza("put " + reader.url(key), e);
+      }
+      LOG.info("blobsnap: owner record {} now says \"history\": \"{}\": blobsnap gc sweeps the scope from here on",
+          reader.url(key), HISTORY);
+    }
+    t.historyScopes.add(key);
   }
 
   /**

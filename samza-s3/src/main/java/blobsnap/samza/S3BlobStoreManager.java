@@ -51,8 +51,8 @@ import software.amazon.awssdk.core.sync.RequestBody;
  *       marker {@code index/<checkpoint-id>.<sha256>.json}.</li>
  *   <li><b>the owner record</b>: before the first put into a job scope (per process), the
  *       scope's {@code <prefix><job>/<job-id>/scope.json} is made to exist, create-only, naming
- *       {@code "engine": "samza-blob-store"} ({@link OwnerRecord}), so that {@code blobsnap gc}
- *       refuses to sweep the scope (its roots are not Samza's commits). A record already there
+ *       {@code "engine": "samza-blob-store"} and {@code "history": "prepared"} ({@link OwnerRecord}).
+ *       A record already there
  *       must name that engine: a scope of a blobsnap deployment (or anything else) fails the put
  *       with a {@link SamzaException}, because the two engines' collectors would delete each
  *       other's blobs.</li>
@@ -61,8 +61,11 @@ import software.amazon.awssdk.core.sync.RequestBody;
  *       (blobsnap {@code format-version} 1) and name this job, task and store.</li>
  *   <li><b>delete</b> is deferred to blobsnap's garbage collection: a no-op that logs (see
  *       README.md: immediate deletes would keep one point of history only).</li>
- *   <li><b>removeTTL</b>: S3 objects have no TTL; for an index it calls the hook
- *       {@link #onIndexCommitted}.</li>
+ *   <li><b>history</b> ({@link History}): the put of an index also writes its <em>prepared</em>
+ *       record, a root for blobsnap's sweep; {@code removeTTL} of the index (Samza's cleanUp, after
+ *       its checkpoint write; S3 objects have no TTL) commits the checkpoint into blobsnap's history
+ *       ({@link #onIndexCommitted}), so that {@code blobsnap gc}, {@code checkpoints}, {@code check},
+ *       savepoints and restores work on the job.</li>
  * </ul>
  *
  * <p>Every call returns at once: the S3 requests run on a bounded pool shared by the process
@@ -107,6 +110,7 @@ public class S3BlobStoreManager implements BlobStoreManager {
   private final ObjectReader reader;
   private final CreateOnlyPut puts;
   private final OwnerRecord ownerRecord;
+  private final History history;
 
   /**
    * @param settings where and how
@@ -128,6 +132,7 @@ public class S3BlobStoreManager implements BlobStoreManager {
     this.reader = new ObjectReader(settings, this::transport);
     this.puts = new CreateOnlyPut(settings, this::transport, reader);
     this.ownerRecord = new OwnerRecord(settings, this::transport, reader, puts);
+    this.history = new History(settings, this::transport, reader, puts, ownerRecord);
   }
 
   /** The settings. */
@@ -269,22 +274,18 @@ public class S3BlobStoreManager implements BlobStoreManager {
   }
 
   /**
-   * Hook: the index {@code committed} belongs to a checkpoint Samza has committed.
+   * Hook: the index {@code committed} belongs to a checkpoint Samza has committed. Commits the
+   * checkpoint into blobsnap's history once every store of it is in ({@link History}); the
+   * crash point {@code samza.before-cleanup} ({@link CrashPoint}) kills the JVM right before.
    *
-   * <p>TODO(issue 50, route 2): write blobsnap's history record of this committed point here, so
-   * that blobsnap's sweep, savepoints and operator commands see Samza's checkpoints as roots.
-   * The record's shape is to be designed on the Rust side; until then this does nothing, and
-   * {@code blobsnap gc} refuses a scope this manager writes (its owner record names
-   * {@link #ENGINE}; README.md). Note that
-   * Samza 1.8.0 never runs cleanUp for the checkpoint a job restarts from (docs/samza.md), so
-   * this hook misses the last checkpoint before a crash unless the next commit's cleanUp runs.
-   *
-   * @return a future completed when the record is durable (now: at once)
+   * @return a future completed when the history record is durable
    */
   protected CompletionStage<Void> onIndexCommitted(CommittedIndex committed) {
-    LOG.debug("blobsnap: index s3://{}/{} committed (no history record written yet)", committed.bucket,
-        committed.key());
-    return completed(null);
+    return async(() -> {
+      CrashPoint.reach("samza.before-cleanup");
+      history.committed(committed.metadata, committed.checkpointId, committed.marker);
+      return null;
+    }, "commit checkpoint " + committed.checkpointId + " into blobsnap's history");
   }
 
   // ---- put ----
@@ -358,6 +359,8 @@ public class S3BlobStoreManager implements BlobStoreManager {
     String key = key(scope, marker);
     ownerRecord.ensure(md);
     puts.put(key, RequestBody.fromBytes(bytes), bytes.length, digest, "the snapshot index");
+    // A root for blobsnap's sweep from here on, until Samza's cleanUp commits it (removeTTL).
+    history.prepare(md, checkpointId, marker);
     LOG.info("blobsnap: index of task {} store {} at checkpoint {}: s3://{}/{}", md.getTaskName(), md.getStoreName(),
         checkpointId, settings.bucket, key);
     return marker;

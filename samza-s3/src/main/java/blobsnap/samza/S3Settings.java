@@ -41,6 +41,8 @@ public final class S3Settings {
   public static final String READ_TIMEOUT_MS = "blobsnap.s3.read-timeout-ms";
   public static final String ATTEMPT_TIMEOUT_MS = "blobsnap.s3.attempt-timeout-ms";
   public static final String MAX_TRANSFERS = "blobsnap.store.max-transfers";
+  /** How many of Samza's commits blobsnap's history keeps per task (a number: route 2 has no tiers). */
+  public static final String RETENTION = "blobsnap.job.retention";
 
   /** How the server treats create-only PUTs ({@code If-None-Match: *}); the Rust {@code CreateOnlySetting}. */
   public enum CreateOnly {
@@ -86,6 +88,8 @@ public final class S3Settings {
   public final long readTimeoutMs;
   public final long attemptTimeoutMs;
   public final int maxTransfers;
+  /** {@link #RETENTION}: the checkpoints blobsnap's history keeps per task (default 2). */
+  public final int retention;
 
   private S3Settings(Builder b) {
     this.bucket = b.bucket;
@@ -98,6 +102,7 @@ public final class S3Settings {
     this.readTimeoutMs = b.readTimeoutMs;
     this.attemptTimeoutMs = b.attemptTimeoutMs;
     this.maxTransfers = b.maxTransfers;
+    this.retention = b.retention;
   }
 
   /** Read and check the settings ({@link ConfigException} naming the key on a bad value). */
@@ -132,6 +137,12 @@ public final class S3Settings {
     b.readTimeoutMs = parseLong(c, READ_TIMEOUT_MS, b.readTimeoutMs, 1);
     b.attemptTimeoutMs = parseLong(c, ATTEMPT_TIMEOUT_MS, b.attemptTimeoutMs, 1);
     b.maxTransfers = (int) parseLong(c, MAX_TRANSFERS, b.maxTransfers, 1);
+    String r = blankToNull(c.get(RETENTION));
+    if (r != null && !r.trim().matches("[0-9]+")) {
+      throw new ConfigException(RETENTION + "=" + Layout.quote(r) + ": Samza's own engine (samza-s3) keeps the last N"
+          + " checkpoints in blobsnap's history, a number such as 3; tiers (\"every 1h for 1d\") are route 1's");
+    }
+    b.retention = (int) parseLong(c, RETENTION, b.retention, 1);
     return b.build();
   }
 
@@ -147,6 +158,7 @@ public final class S3Settings {
     private long readTimeoutMs = 30_000;
     private long attemptTimeoutMs = 300_000;
     private int maxTransfers = 16;
+    private int retention = 2;
 
     public Builder bucket(String v) {
       bucket = v;
@@ -195,6 +207,11 @@ public final class S3Settings {
 
     public Builder maxTransfers(int v) {
       maxTransfers = v;
+      return this;
+    }
+
+    public Builder retention(int v) {
+      retention = v;
       return this;
     }
 

@@ -73,6 +73,8 @@ final class S3Transport {
    * put into the job scope ({@link S3BlobStoreManager}).
    */
   final Set<String> ownedScopes = ConcurrentHashMap.newKeySet();
+  /** Owner records known to say {@code "history": "prepared"} (OwnerRecord#recordHistory). */
+  final Set<String> historyScopes = ConcurrentHashMap.newKeySet();
   private final Key key;
   private int users;
 

@@ -54,8 +54,8 @@ import software.amazon.awssdk.services.s3.S3Client;
  * Samza's CheckpointV2 holds, byte for byte. Then one blob is overwritten in the bucket with other
  * bytes of the same length (so only a hash can tell: plain {@code verify} checks sizes by HEAD),
  * and blobsnap's {@code verify --deep} must exit 4 (corrupt) with a problem naming the file, and
- * its {@code restore} must fail the same way. And {@code blobsnap gc} refuses the job scope Samza's
- * engine writes (its owner record names the engine), deleting nothing.
+ * its {@code restore} must fail the same way. And {@code blobsnap gc} sweeps the job scope by the
+ * history this manager keeps of Samza's commits, and refuses a scope whose owner record has none.
  *
  * <p>The binary is the system property {@code blobsnap.bin} (surefire sets it from the variable
  * {@code BLOBSNAP_BIN}, or {@code mvn -Dblobsnap.bin=...}); without it the test FAILS, it is never
@@ -225,6 +225,11 @@ class BlobsnapReadsSamzaTest {
    * environment; bounded by {@link #TIMEOUT_SECONDS}.
    */
   Run blobsnap(String prefix, String sub, String... args) throws Exception {
+    return blobsnapOn(tmp, bucket, prefix, sub, args);
+  }
+
+  /** {@code blobsnap SUB ARGS} against {@code bucket} under {@code prefix}, run in a new dir under {@code tmp}. */
+  static Run blobsnapOn(Path tmp, String bucket, String prefix, String sub, String... args) throws Exception {
     Path bin = blobsnapBin();
     List<String> cmd = new ArrayList<>();
     cmd.add(bin.toString());
@@ -338,32 +343,51 @@ class BlobsnapReadsSamzaTest {
   }
 
   /**
-   * blobsnap's sweep finds its roots under {@code <job>/<job-id>/checkpoints/}, which Samza's
-   * engine never writes: on a scope Samza's engine writes it would delete every live blob and
-   * index. The manager's owner record names Samza's engine, and {@code blobsnap gc} refuses the
-   * scope — even with a grace of 0 and {@code --force} — deleting nothing.
+   * blobsnap's sweep finds its roots in blobsnap's history, which this manager keeps for Samza's
+   * engine ({@link History}: Samza's checkpoint, committed at its cleanUp). {@code blobsnap gc}
+   * sweeps the scope as blobsnap's own — an orphan goes, the committed snapshot stays whole and
+   * is listed by {@code checkpoints} — and refuses a scope whose owner record is from before
+   * (no {@code "history"}), deleting nothing.
    */
   @Test
-  void blobsnapGcRefusesTheScopeSamzasEngineWrites() throws Exception {
+  void blobsnapGcSweepsByTheHistoryAndRefusesAScopeWithoutOne() throws Exception {
     blobsnapBin();
     String prefix = "gc/";
     Backup b = samzaBackup(prefix);
     String jobScope = prefix + "word%2Ecount/1/";
     JsonNode record = new ObjectMapper().readTree(S3Test.getRaw(raw, bucket, jobScope + "scope.json"));
     assertEquals(S3BlobStoreManager.ENGINE, record.path("engine").asText(), record.toString());
+    assertEquals("prepared", record.path("history").asText(), record.toString());
+    // An orphan: a blob of a commit that never happened.
+    byte[] junk = SamzaEngineTest.random(1000, 99);
+    String orphan = scope(prefix) + "blobs/1700000000000-0/" + S3BlobStoreManager.hex(S3BlobStoreManager.sha256()
+        .digest(junk));
+    S3Test.putRaw(raw, bucket, orphan, junk);
+    S3Test.serverClockPast(raw, bucket, orphan);
     List<String> before = objects(jobScope);
     assertTrue(before.stream().anyMatch(k -> k.startsWith(scope(prefix) + b.marker + "\t")), before.toString());
-    assertTrue(before.size() > 2, before.toString());
 
     Run gc = blobsnap(prefix, "gc", "--job", JOB, "--job-id", JOB_ID, "--grace-secs", "0", "--force");
-    System.err.println("[BlobsnapReadsSamzaTest] refused gc: exit " + gc.exit + ", stderr:\n" + gc.stderr);
-    assertTrue(gc.exit != 0, "gc must refuse a scope Samza's engine writes\n" + gc);
-    assertTrue(gc.stderr.contains(S3BlobStoreManager.ENGINE), "stderr names the engine\n" + gc);
-    assertEquals(before, objects(jobScope), "gc deleted or changed nothing\n" + gc);
-
-    // and the snapshot is whole: blobsnap still verifies it
+    assertEquals(0, gc.exit, gc.toString());
+    List<String> after = objects(jobScope);
+    List<String> expected = new ArrayList<>(before);
+    expected.removeIf(k -> k.startsWith(orphan + "\t"));
+    assertEquals(expected, after, "gc deleted the orphan and nothing else\n" + gc);
     Run verify = blobsnap(prefix, "verify", snapshotFlags(b.marker));
     assertEquals(0, verify.exit, verify.toString());
+    Run cps = blobsnap(prefix, "checkpoints", "--job", JOB, "--job-id", JOB_ID, "--json");
+    assertEquals(0, cps.exit, cps.toString());
+    assertTrue(cps.stdout.contains(b.marker), "blobsnap's history lists Samza's checkpoint: " + cps);
+
+    // A record of a samza-s3 from before the history: refused, nothing deleted.
+    ((com.fasterxml.jackson.databind.node.ObjectNode) record).remove("history");
+    S3Test.putRaw(raw, bucket, jobScope + "scope.json", new ObjectMapper().writeValueAsBytes(record));
+    S3Test.putRaw(raw, bucket, orphan, junk);
+    List<String> legacy = objects(jobScope);
+    Run refused = blobsnap(prefix, "gc", "--job", JOB, "--job-id", JOB_ID, "--grace-secs", "0", "--force");
+    assertEquals(6, refused.exit, "gc must refuse a scope without a history\n" + refused);
+    assertTrue(refused.stderr.contains(S3BlobStoreManager.ENGINE), "stderr names the engine\n" + refused);
+    assertEquals(legacy, objects(jobScope), "gc deleted or changed nothing\n" + refused);
   }
 
   @Test

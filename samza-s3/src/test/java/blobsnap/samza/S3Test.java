@@ -113,6 +113,37 @@ final class S3Test {
   }
 
   /** Where the tests leave what the Rust side reads next (a listing, an index). */
+  /**
+   * Whether {@code key} is one of blobsnap's history records under job scope {@code jobScope}
+   * (History): a checkpoint document {@code checkpoints/<task>/<seq:020>.json} or a per-store
+   * prepared record {@code prepared/<task>/<checkpoint-id>.<store>.json}.
+   */
+  static boolean isHistoryRecord(String jobScope, String key) {
+    if (!key.startsWith(jobScope)) {
+      return false;
+    }
+    String rel = key.substring(jobScope.length());
+    return rel.matches("checkpoints/[^/]+/[0-9]{20}\\.json") || rel.matches("prepared/[^/]+/[0-9]+-[0-9]+\\.[^/.]+\\.json");
+  }
+
+  /**
+   * Returns once the server's clock is past the last-modified of {@code key} (S3 times have a
+   * second's granularity): a sweep started now finds {@code key} older than a grace of 0. Reads
+   * the server's clock from the last-modified of a probe object outside any job scope.
+   */
+  static void serverClockPast(S3Client raw, String bucket, String key) throws InterruptedException {
+    java.time.Instant written = raw.headObject(b -> b.bucket(bucket).key(key)).lastModified();
+    for (int i = 0; i < 300; i++) {
+      putRaw(raw, bucket, "clock-probe", new byte[0]);
+      if (raw.headObject(b -> b.bucket(bucket).key("clock-probe")).lastModified().isAfter(written)) {
+        raw.deleteObject(b -> b.bucket(bucket).key("clock-probe"));
+        return;
+      }
+      Thread.sleep(50);
+    }
+    throw new AssertionError("the server's clock did not pass the last-modified of " + key + " in 15 s");
+  }
+
   static Path evidenceDir() {
     return Paths.get(System.getProperty("blobsnap.samza.s3.evidence", "target/evidence")).toAbsolutePath();
   }

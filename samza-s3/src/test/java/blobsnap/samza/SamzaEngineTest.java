@@ -259,20 +259,41 @@ class SamzaEngineTest {
     assertFalse(ids2.containsKey("000011.sst"));
     CheckpointV2 checkpoint2 = new CheckpointV2(cid2, Collections.emptyMap(),
         Collections.singletonMap(FACTORY, scm2));
+    // Before its cleanUp, checkpoint 2 is prepared (a root for blobsnap's sweep), checkpoint 1 is
+    // in blobsnap's history.
+    String jobScope = PREFIX + "word%2Ecount/1/";
+    String prepared2 = jobScope + "prepared/Partition%200/" + cid2.serialize() + ".counts.json";
+    String doc1 = jobScope + "checkpoints/Partition%200/00000000000000000001.json";
+    String doc2 = jobScope + "checkpoints/Partition%200/00000000000000000002.json";
+    JsonNode rec2 = new ObjectMapper().readTree(S3Test.getRaw(raw, bucket, prepared2));
+    assertEquals(cid2.serialize(), rec2.path("checkpoint-id").asText(), rec2.toString());
+    assertEquals(marker2, rec2.path("state-checkpoint-markers").path(History.FACTORY).path(STORE).asText(),
+        rec2.toString());
+    JsonNode d1 = new ObjectMapper().readTree(S3Test.getRaw(raw, bucket, doc1));
+    assertEquals(1, d1.path("seq").asInt(), d1.toString());
+    assertEquals(marker1, d1.path("checkpoint").path("state-checkpoint-markers").path(History.FACTORY).path(STORE)
+        .asText(), d1.toString());
     // Samza's cleanUp deletes the removed files' blobs and the previous index: deferred, all kept.
     backup.cleanUp(cid2, scm2).get(120, TimeUnit.SECONDS);
     backup.close();
     List<String> keys = S3Test.list(raw, bucket, PREFIX).stream().map(S3Object::key).collect(Collectors.toList());
+    // Checkpoint 2 committed into blobsnap's history after Samza's write; no prepared record left.
+    assertTrue(keys.contains(doc1) && keys.contains(doc2), keys.toString());
+    assertFalse(keys.stream().anyMatch(k -> k.startsWith(jobScope + "prepared/")), keys.toString());
+    JsonNode d2 = new ObjectMapper().readTree(S3Test.getRaw(raw, bucket, doc2));
+    assertEquals(cid2.serialize(), d2.path("checkpoint").path("checkpoint-id").asText(), d2.toString());
+    assertEquals(marker2, d2.path("checkpoint").path("state-checkpoint-markers").path(History.FACTORY).path(STORE)
+        .asText(), d2.toString());
     assertTrue(keys.contains(SCOPE + marker1), "the previous index survives Samza's cleanup");
     assertTrue(keys.contains(SCOPE + ids1.get("000011.sst")), "a removed file's blob survives Samza's cleanup");
-    // The job scope's owner record, naming Samza's engine (blobsnap gc refuses the scope), and
-    // the store's blobs and indexes: nothing else.
+    // The job scope's owner record, naming Samza's engine, blobsnap's history, and the store's
+    // blobs and indexes: nothing else.
     String owner = PREFIX + "word%2Ecount/1/scope.json";
     assertTrue(keys.contains(owner), keys.toString());
     assertEquals(S3BlobStoreManager.ENGINE, new ObjectMapper().readTree(S3Test.getRaw(raw, bucket, owner))
         .path("engine").asText());
     for (String k : keys) {
-      if (k.equals(owner)) {
+      if (k.equals(owner) || S3Test.isHistoryRecord(jobScope, k)) {
         continue;
       }
       assertTrue(k.startsWith(SCOPE), k);

@@ -112,15 +112,13 @@ class SamzaJobTest {
       s3.put(S3Settings.PATH_STYLE, "true");
       s3.put(S3Settings.MAX_TRANSFERS, "4");
 
-      // ---- run 1: 3 ms a line; SIGKILL once two checkpoints with offsets are written ----
-      Process p1 = start(work, WordCountJob.config(work.toFile(), input.toFile(), RUN1_DELAY_MS, false, s3), "run1");
-      waitUntil("two checkpoints with input offsets, the last at offset >= " + KILL_AFTER_OFFSET, () -> {
-        List<Long> w = written(work);
-        return w.size() >= 2 && w.get(w.size() - 1) >= KILL_AFTER_OFFSET;
-      }, p1, work, "run1");
+      // ---- run 1: 3 ms a line; SIGKILLed at its 4th cleanUp, right after Samza's checkpoint
+      // write, before that checkpoint is committed into blobsnap's history ----
+      Process p1 = start(work, WordCountJob.config(work.toFile(), input.toFile(), RUN1_DELAY_MS, false, s3), "run1",
+          Collections.singletonMap("BLOBSNAP_CRASH_AT", "samza.before-cleanup@4"));
+      assertTrue(p1.waitFor(WAIT_SECONDS, TimeUnit.SECONDS), () -> "run 1 did not reach its crash point\n"
+          + diagnostics(work, "run1"));
       long killedAt = System.nanoTime();
-      p1.destroyForcibly(); // SIGKILL on Linux
-      assertTrue(p1.waitFor(WAIT_SECONDS, TimeUnit.SECONDS), () -> "run 1 did not die\n" + diagnostics(work, "run1"));
       assertEquals(137, p1.exitValue(), () -> "run 1 must die by SIGKILL\n" + diagnostics(work, "run1"));
       long checkpointsBeforeKill = written(work).size();
       List<String> run1 = events(work);
@@ -172,6 +170,24 @@ class SamzaJobTest {
             "blob " + f + " holds the bytes its key names");
       }
 
+      // ---- blobsnap's history: the killed checkpoint is prepared only; a sweep past the grace
+      // keeps it (its prepared record is a root) and deletes nothing a checkpoint names ----
+      String cps = BlobsnapReadsSamzaTest.blobsnapOn(work, bucket, PREFIX, "checkpoints", "--job",
+          WordCountJob.JOB_NAME, "--job-id", WordCountJob.JOB_ID, "--json").stdout;
+      assertFalse(cps.contains(cpId), "checkpoint " + cpId + " was committed into blobsnap's history before its"
+          + " cleanUp, so the kill proves nothing: " + cps);
+      assertTrue(keys.stream().anyMatch(key -> key.startsWith(JOB_SCOPE + "prepared/Partition%200/" + cpId + ".")),
+          "the killed checkpoint's prepared record: " + keys);
+      S3Test.serverClockPast(raw, bucket, SCOPE + marker);
+      BlobsnapReadsSamzaTest.Run gc = BlobsnapReadsSamzaTest.blobsnapOn(work, bucket, PREFIX, "gc", "--job",
+          WordCountJob.JOB_NAME, "--job-id", WordCountJob.JOB_ID, "--grace-secs", "0", "--force");
+      assertEquals(0, gc.exit, gc.toString());
+      List<String> swept = keys(raw, bucket);
+      assertTrue(swept.contains(SCOPE + marker), "the sweep kept the killed checkpoint's index: " + gc);
+      for (String f : files.values()) {
+        assertTrue(swept.contains(SCOPE + f), "the sweep kept " + f + ": " + gc);
+      }
+
       // ---- a new host: the job's local state is gone ----
       deleteTree(state);
       assertFalse(Files.exists(state));
@@ -208,9 +224,8 @@ class SamzaJobTest {
             || text.contains("IllegalAccess"), run + ".log shows a refused reflective access\n" + diagnostics(work, run));
       }
 
-      // ---- the bucket after run 2: still only blobsnap's layout, nothing deleted ----
+      // ---- the bucket after run 2: still only blobsnap's layout ----
       List<String> after = keys(raw, bucket);
-      assertTrue(after.containsAll(keys), "nothing was deleted (deletes are deferred)");
       Layout.ParsedId[] all = checkLayout(after, owner);
       long indexesAfter = Arrays.stream(all).filter(p -> p.index).count();
       long blobsAfter = all.length - indexesAfter;
@@ -249,7 +264,7 @@ class SamzaJobTest {
   static Layout.ParsedId[] checkLayout(List<String> keys, String owner) {
     List<Layout.ParsedId> out = new ArrayList<>();
     for (String k : keys) {
-      if (k.equals(owner)) {
+      if (k.equals(owner) || S3Test.isHistoryRecord(JOB_SCOPE, k)) {
         continue;
       }
       assertTrue(k.startsWith(SCOPE), "outside the store's scope " + SCOPE + ": " + k);
@@ -290,6 +305,11 @@ class SamzaJobTest {
 
   /** Starts the job in a JVM of its own, with its config in {@code <run>.properties} and its output in {@code <run>.log}. */
   Process start(Path work, Map<String, String> config, String run) throws IOException {
+    return start(work, config, run, Collections.<String, String>emptyMap());
+  }
+
+  /** As above, with {@code env} set in the job's environment (e.g. a crash point). */
+  Process start(Path work, Map<String, String> config, String run, Map<String, String> env) throws IOException {
     Path props = work.resolve(run + ".properties");
     WordCountJob.write(config, props);
     String cp = property("blobsnap.samza.s3.job.classpath") + File.pathSeparator
@@ -313,6 +333,7 @@ class SamzaJobTest {
     pb.environment().keySet().removeIf(k -> k.startsWith("AWS_") && !k.equals("AWS_PROFILE")
         && !k.equals("AWS_CONFIG_FILE") && !k.equals("AWS_SHARED_CREDENTIALS_FILE"));
     pb.environment().put("AWS_EC2_METADATA_DISABLED", "true");
+    pb.environment().putAll(env);
     Process p = pb.start();
     children.add(p);
     return p;
