@@ -147,7 +147,14 @@ final class History {
     }
     if (markers == null && !isPending(pk)) {
       // Prepared by another process (or this one forgot it): the records in the bucket say
-      // which stores the checkpoint has.
+      // which stores the checkpoint has — and the index must be there, or no history names it.
+      String index = S3BlobStoreManager.key(Layout.storeScope(settings.prefix, md.getJobName(), md.getJobId(),
+          md.getTaskName(), md.getStoreName()), marker);
+      if (reader.head(index) == null) {
+        LOG.warn("blobsnap: removeTTL of {}, which is not in the bucket: not committed into blobsnap's history",
+            reader.url(index));
+        return;
+      }
       markers = preparedMarkers(md, checkpointId);
       markers.put(md.getStoreName(), marker);
     }

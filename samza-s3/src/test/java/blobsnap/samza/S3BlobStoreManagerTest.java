@@ -248,6 +248,8 @@ class S3BlobStoreManagerTest {
       String marker = "index/" + CID + "." + sha(new byte[] {7}) + ".json";
       join(m.removeTTL(marker, md(Metadata.SNAPSHOT_INDEX_PAYLOAD_PATH, -1)));
       assertEquals(Collections.singletonList(SCOPE + marker), committed);
+      // An index never stored is committed into no history.
+      assertTrue(S3Test.list(raw, bucket, "t/word%2Ecount/1/checkpoints/").isEmpty());
 
       assertKind(SamzaException.class, failure(m.delete("../../etc/passwd", md("x", -1))));
       assertKind(SamzaException.class, failure(m.removeTTL("snapshot-index-1", md("x", -1))));
@@ -444,6 +446,45 @@ class S3BlobStoreManagerTest {
     assertEquals(written.lastModified(), after.lastModified(), "the owner record is never rewritten");
     assertEquals(written.eTag(), after.eTag());
     assertEquals(OWNER_JSON, new String(S3Test.getRaw(raw, bucket, record), StandardCharsets.UTF_8));
+  }
+
+  /**
+   * A job scope whose owner record a samza-s3 from before the history wrote (no
+   * {@code "history"}): blobsnap's sweep refuses it until the first checkpoint is committed into
+   * blobsnap's history; then the record says {@code "history": "prepared"}.
+   */
+  @Test
+  void anOwnerRecordFromBeforeTheHistoryGetsItAtTheFirstCommit() throws Exception {
+    String prefix = "legacy/";
+    String record = prefix + "word%2Ecount/1/scope.json";
+    String old = "{\"deployment-id\":\"samza-blob-store\",\"job-name\":\"word.count\",\"job-id\":\"1\","
+        + "\"engine\":\"samza-blob-store\"}";
+    S3Test.putRaw(raw, bucket, record, old.getBytes(StandardCharsets.UTF_8));
+    byte[] index = new SnapshotIndexSerde().toBytes(new SnapshotIndex(1L, new SnapshotMetadata(
+        CheckpointId.deserialize(CID), JOB, JOB_ID, TASK, STORE), new DirIndex(DirIndex.ROOT_DIR_NAME,
+        Collections.emptyList(), Collections.emptyList(), Collections.emptyList(), Collections.emptyList()),
+        Optional.empty()));
+    Metadata idx = new Metadata(Metadata.SNAPSHOT_INDEX_PAYLOAD_PATH, Optional.of((long) index.length), JOB, JOB_ID,
+        TASK, STORE);
+    S3BlobStoreManager m = manager(S3Test.settings(bucket, prefix));
+    try {
+      String marker = join(m.put(new ByteArrayInputStream(index), idx));
+      assertEquals(old, new String(S3Test.getRaw(raw, bucket, record), StandardCharsets.UTF_8),
+          "the index's put leaves the record");
+      String prepared = prefix + "word%2Ecount/1/prepared/Partition%200/" + CID + ".counts.json";
+      assertNotNull(object(prepared));
+      join(m.removeTTL(marker, idx));
+      JsonNode r = new ObjectMapper().readTree(S3Test.getRaw(raw, bucket, record));
+      assertEquals("prepared", r.path("history").asText(), r.toString());
+      assertEquals(S3BlobStoreManager.ENGINE, r.path("engine").asText(), r.toString());
+      JsonNode doc = new ObjectMapper().readTree(S3Test.getRaw(raw, bucket,
+          prefix + "word%2Ecount/1/checkpoints/Partition%200/00000000000000000001.json"));
+      assertEquals(marker, doc.path("checkpoint").path("state-checkpoint-markers").path(History.FACTORY)
+          .path(STORE).asText(), doc.toString());
+      assertTrue(S3Test.list(raw, bucket, prefix + "word%2Ecount/1/prepared/").isEmpty(), "the record is dropped");
+    } finally {
+      m.close();
+    }
   }
 
   @Test
