@@ -36,15 +36,16 @@ import org.junit.jupiter.api.Test;
  * CheckpointV2s are blobsnap's ({@code blobsnap.BlobsnapCheckpointManagerFactory}), on the
  * suite's S3 server (BLOBSNAP_TEST_S3_*; without one the test FAILS).
  *
- * <p>Its JVM is SIGKILLed three times, each once a checkpoint past the last one is written (read
- * from the job's event log, never a sleep); before runs 2 and 4 its local state is deleted (a new
+ * <p>Its JVM is SIGKILLed three times, each at a random point (a seeded delay of 0-400 ms) after a
+ * checkpoint past the last one is written (read from the job's event log); before runs 2 and 4 its local state is deleted (a new
  * host), run 3 restarts on the same host. Each restart must restore exactly the store of the
  * checkpoint it resumes from ({@code lines-in-store} = offset + 1) and resume right after its
  * offset. Between the runs an operator works on the job with blobsnap's binary: a savepoint after
  * run 1, {@code unlock} and {@code gc} after run 3; run 4 starts from that savepoint (a
  * rollback, {@code blobsnap.job.start-from}) and the final counts must still EQUAL an independent
- * count of the input. blobsnap then lists the job's checkpoints with their offsets and reads every
- * retained blob back.
+ * count of the input. Run 5 is a fork (job id 2) of the same savepoint on a new host, run to the
+ * end with the same exact counts. blobsnap then lists the job's checkpoints with their offsets
+ * and reads every retained blob back.
  */
 class JniJobTest {
   static final int LINES = 3000;
@@ -123,6 +124,11 @@ class JniJobTest {
     long lastOffset = -1;
     long savepointOffset = -1;
     List<String> report = new ArrayList<>();
+    // Each kill falls at a random point of the commit cycle: a seeded delay after the awaited
+    // checkpoint (BLOBSNAP_TEST_SEED repeats a run).
+    long seed = Long.parseLong(env("BLOBSNAP_TEST_SEED", Long.toString(System.nanoTime() % 1_000_000)));
+    java.util.Random random = new java.util.Random(seed);
+    report.add("seed " + seed);
     for (int run = 1; run <= 3; run++) {
       if (run != 3) {
         deleteState(work); // a new host: the store comes from the bucket
@@ -135,6 +141,8 @@ class JniJobTest {
         List<Long> w = written(work, from);
         return w.size() >= 2 && w.get(w.size() - 1) > after + 150;
       }, p, work.resolve("run" + run + ".log"), WAIT_SECONDS);
+      long delayMs = random.nextInt(400);
+      Thread.sleep(delayMs);
       p.destroyForcibly(); // SIGKILL on Linux
       assertTrue(p.waitFor(30, TimeUnit.SECONDS), "run " + run + " did not die");
       assertEquals(137, p.exitValue(), "run " + run + " must die by SIGKILL");
@@ -147,7 +155,7 @@ class JniJobTest {
       lastOffset = w.get(w.size() - 1);
       // The kill may fall after a later write than the log's last line: the next run reads
       // which one it resumes from, and checks it against the log.
-      report.add("run " + run + " killed after offset " + lastOffset);
+      report.add("run " + run + " killed " + delayMs + " ms after the checkpoint at offset " + lastOffset);
       if (run == 1) {
         // An operator's savepoint of the stopped job: the rollback target of run 4.
         blobsnap(work, bucket, "savepoint", "create", "--job", JOB, "--job-id", "1", "--name", "after-run1");
@@ -184,7 +192,29 @@ class JniJobTest {
     Map<String, Integer> got = SamzaJobTest.readCounts(work.resolve(WordCountTask.COUNTS_FILE));
     assertEquals(expected, got, "the final word counts equal an independent count of the input");
 
-    for (int run = 1; run <= 4; run++) {
+    // Run 5: a fork (job id 2) of the savepoint, on a new host: it starts from the savepoint's
+    // checkpoint in its own scope, borrowing the source's blobs, and runs to the end: the counts
+    // are exact again; the source's history is untouched.
+    deleteState(work);
+    int before5 = SamzaJobTest.events(work).size();
+    List<String> fork = new ArrayList<>(overrides);
+    fork.addAll(Arrays.asList("job.id=2", "app.id=2", "blobsnap.job.start-from=savepoint:" + JOB + "/1/after-run1"));
+    Process p5 = start(work, input, 0, true, "run5", fork);
+    if (!p5.waitFor(WAIT_SECONDS, TimeUnit.SECONDS)) {
+      p5.destroyForcibly();
+      fail("run 5 (the fork) did not finish within " + WAIT_SECONDS + " s: see " + work.resolve("run5.log"));
+    }
+    assertEquals(0, p5.exitValue(), () -> "run 5 failed\n" + tail(work, "run5"));
+    List<String> ev5 = SamzaJobTest.events(work).subList(before5, SamzaJobTest.events(work).size());
+    assertEquals(savepointOffset, checkResumed(ev5, savepointOffset, 5, work),
+        "the fork starts from the savepoint's checkpoint: " + ev5);
+    assertTrue(ev5.contains("task.endOfStream lines-in-store=" + LINES), ev5.toString());
+    assertEquals(expected, SamzaJobTest.readCounts(work.resolve(WordCountTask.COUNTS_FILE)),
+        "the fork's final word counts equal an independent count of the input");
+    String forkCps = blobsnap(work, bucket, "checkpoints", "--job", JOB, "--job-id", "2", "--json");
+    assertTrue(forkCps.contains("lines.input.0"), "the fork's own history: " + forkCps);
+
+    for (int run = 1; run <= 5; run++) {
       String text = new String(Files.readAllBytes(work.resolve("run" + run + ".log")), StandardCharsets.UTF_8);
       assertFalse(text.contains("InaccessibleObjectException") || text.contains("Unable to make")
           || text.contains("IllegalAccess"), "run" + run + ".log shows a refused reflective access");
@@ -198,7 +228,8 @@ class JniJobTest {
     assertTrue(cps.contains("\"marker\":\"index/"), "its store's marker, an index of blobsnap's layout: " + cps);
     String check = blobsnap(work, bucket, "check", "--job", JOB, "--job-id", "1", "--read-data");
     System.out.printf("jni job: %s; unlock: %s; gc: %s; run 4 rolled back to savepoint after-run1 (offset %d),"
-            + " restored %d lines and finished; counts exact (%d words); %.1f s%n%s%n",
+            + " restored %d lines and finished; run 5, a fork of the savepoint, finished with the same counts;"
+        + " counts exact (%d words); %.1f s%n%s%n",
         report, unlock.trim(), gc.trim(), savepointOffset, savepointOffset + 1, expected.size() - 1,
         (System.nanoTime() - t0) / 1e9, check);
   }
