@@ -361,8 +361,9 @@ impl History {
     }
 
     /// `init`: claim the task's history, commit Samza's last checkpoint into it (unless it is
-    /// already there), and drop every prepared record of the task: the one of that checkpoint
-    /// is committed now, the others' commits never happened.
+    /// already there), and drop the task's prepared records up to its id: that one is committed
+    /// now, the older ones' commits never happened or are superseded. A newer one may be a
+    /// zombie container's commit in flight: it stays a root until a later promotion passes it.
     async fn start(&self, last: Option<&Checkpoint>) -> R<()> {
         let checkpoints: Arc<dyn CheckpointStore> = Arc::new(BlobCheckpointStore::new(
             Arc::clone(&self.store),
@@ -381,14 +382,8 @@ impl History {
             if cp.state_checkpoint_markers.contains_key(FACTORY_NAME) {
                 promote_into(&commits, cp.clone()).await?;
             }
+            self.drop_records_up_to(cp.id).await?;
         }
-        let stale =
-            prepared::list(self.store.as_ref(), &self.job, Some(&self.ctx.task_name)).await?;
-        if !stale.is_empty() {
-            tracing::info!(task = %self.ctx.task_name, records = stale.len(), "dropping the prepared history records of commits Samza did not write (or wrote and this start committed)");
-        }
-        let keys: Vec<_> = stale.into_iter().map(|p| p.key).collect();
-        prepared::remove(self.store.as_ref(), &keys).await?;
         self.commits.set(commits).map_err(|_| {
             fail(
                 ErrorKind::InvalidInput,
@@ -417,8 +412,23 @@ impl History {
             state_checkpoint_markers: BTreeMap::from([(FACTORY_NAME.to_string(), markers.clone())]),
         };
         promote_into(self.commits()?, cp).await?;
-        let key = self.job.prepared_key(&self.ctx.task_name, &id)?;
-        Ok(prepared::remove(self.store.as_ref(), &[key]).await?)
+        self.drop_records_up_to(id).await
+    }
+
+    /// Delete the task's prepared records of checkpoints up to `id` (Samza's ids order by its
+    /// clock: a record of a later id is left, see `start`).
+    async fn drop_records_up_to(&self, id: CheckpointId) -> R<()> {
+        let records =
+            prepared::list(self.store.as_ref(), &self.job, Some(&self.ctx.task_name)).await?;
+        let keys: Vec<_> = records
+            .into_iter()
+            .filter(|p| p.id <= id)
+            .map(|p| p.key)
+            .collect();
+        if keys.len() > 1 {
+            tracing::info!(task = %self.ctx.task_name, records = keys.len(), "dropping the prepared history records of commits Samza did not write or that are superseded");
+        }
+        Ok(prepared::remove(self.store.as_ref(), &keys).await?)
     }
 }
 
@@ -1019,11 +1029,13 @@ pub extern "system" fn Java_blobsnap_Native_backupUpload<'l>(
         let b2 = Arc::clone(&b);
         spawn_op(&b.ops, future, async move {
             let out = b2.manager.upload(id, &markers, &dirs).await?;
-            // The commit point is Samza's: the last check this side can make is here.
-            b2.manager.before_commit(id)?;
+            // A root from here on (before the bound is checked: an upload abandoned now leaves
+            // a record that the task's next promotion drops).
             if let Some(history) = &b2.history {
                 history.prepare(id, &out).await?;
             }
+            // The commit point is Samza's: the last check this side can make is here.
+            b2.manager.before_commit(id)?;
             Ok(Value::Strings(flatten(&out)))
         })
     })

@@ -523,11 +523,22 @@ async fn read_roots_with(
     mut partial: Option<&mut Vec<UnreadableRoot>>,
 ) -> Result<Roots> {
     let store = shared.as_ref();
+    let mut out = Roots::default();
+    // Prepared records first: a promotion writes the checkpoint document before it deletes the
+    // record, so a record gone by the time the tasks and their histories are listed (after
+    // this) is in one of them.
+    prepared_roots(
+        store,
+        job,
+        (job_name, job_id),
+        &mut out,
+        partial.as_deref_mut(),
+    )
+    .await?;
     // Roots: every task's history, whatever the sweep's area; tasks are found under
     // checkpoints/ (a task without a checkpoint has no root).
     let tasks: BTreeSet<String> = crate::blob::time::history::task_names(store, job).await?;
     let cps = BlobCheckpointStore::new(std::sync::Arc::clone(shared), job.clone());
-    let mut out = Roots::default();
     for task in &tasks {
         let history = match partial.as_deref_mut() {
             None => cps.history(task, usize::MAX).await.map_err(|e| {
@@ -686,7 +697,6 @@ async fn read_roots_with(
             }
         }
     }
-    prepared_roots(store, job, (job_name, job_id), &mut out, partial).await?;
     Ok(out)
 }
 
@@ -703,7 +713,33 @@ async fn prepared_roots(
 ) -> Result<()> {
     use crate::blob::time::prepared;
     const FIX: &str = "the task's next start promotes or drops its prepared records; `blobsnap forget --all` removes a retired deployment whole";
-    for p in prepared::list(store, job, None).await? {
+    let (records, strays) = prepared::list_with_strays(store, job, None).await?;
+    if let Some(k) = strays.first() {
+        let e = Error::corrupt(format!(
+            "{k} is under prepared/ but is no prepared history record's key ({} such keys)",
+            strays.len()
+        ));
+        match partial.as_deref_mut() {
+            Some(bad) => {
+                for k in &strays {
+                    bad.push(UnreadableRoot {
+                        what: "prepared".into(),
+                        key: k.to_string(),
+                        root: "a key under prepared/".into(),
+                        kind: e.kind().as_str().into(),
+                        reason: e.to_string(),
+                        may_name: job.tasks()?,
+                    });
+                }
+            }
+            None => {
+                return Err(e.context(format!(
+                    "sweep: a key under prepared/ may be a record it cannot read, so the sweep deletes nothing; {FIX}"
+                )))
+            }
+        }
+    }
+    for p in records {
         let unreadable = |e: &Error, what: &str, key: String, may_name: crate::blobstore::Scope| {
             UnreadableRoot {
                 what: what.into(),
@@ -716,6 +752,9 @@ async fn prepared_roots(
         };
         let cp = match prepared::read(store, &p).await {
             Ok(cp) => cp,
+            // Promoted since it was listed: its checkpoint document, written before the record
+            // was deleted, is in the history, read after this.
+            Err(e) if e.kind() == crate::error::ErrorKind::NotFound => continue,
             Err(e) if is_unreadable(&e) && partial.is_some() => {
                 if let Some(bad) = partial.as_deref_mut() {
                     bad.push(unreadable(&e, "prepared", p.key.to_string(), job.tasks()?.escaped(&p.task)?));

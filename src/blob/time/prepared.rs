@@ -60,28 +60,38 @@ pub async fn list(
     job: &JobScope,
     task: Option<&str>,
 ) -> Result<Vec<Prepared>> {
+    Ok(list_with_strays(store, job, task).await?.0)
+}
+
+/// [`list`], and the keys under `prepared/` that are no record's shape (a sweep fails closed
+/// on one: it may be a record it cannot read).
+pub async fn list_with_strays(
+    store: &dyn BlobStore,
+    job: &JobScope,
+    task: Option<&str>,
+) -> Result<(Vec<Prepared>, Vec<BlobKey>)> {
     let scope = match task {
         Some(t) => job.prepared(t)?,
         None => job.all_prepared()?,
     };
-    let mut out = Vec::new();
+    let (mut out, mut strays) = (Vec::new(), Vec::new());
     let mut listing = store.list(&scope);
     while let Some(m) = listing.try_next().await? {
-        if let Some(KeyKind::Prepared {
-            task,
-            checkpoint_id,
-            store,
-        }) = parse(&m.key).map(|p| p.kind)
-        {
-            out.push(Prepared {
+        match parse(&m.key).map(|p| p.kind) {
+            Some(KeyKind::Prepared {
+                task,
+                checkpoint_id,
+                store,
+            }) => out.push(Prepared {
                 key: m.key,
                 task,
                 id: checkpoint_id,
                 store,
-            });
+            }),
+            _ => strays.push(m.key),
         }
     }
-    Ok(out)
+    Ok((out, strays))
 }
 
 /// Read one prepared record: `Corrupt` naming the key when it is not the CheckpointV2 of its

@@ -76,6 +76,9 @@ final class History {
   private final String writer;
   /** Checkpoints prepared here and not committed yet: "job scope \0 task \0 id" → store → marker. */
   private final Map<String, Pending> pending = new HashMap<>();
+  /** The last checkpoints committed here (same keys), so that a retried removeTTL commits nothing. */
+  private final java.util.LinkedHashSet<String> finished = new java.util.LinkedHashSet<>();
+  private static final int FINISHED_KEPT = 1024;
 
   private static final class Pending {
     final Map<String, String> markers = new TreeMap<>();
@@ -133,6 +136,7 @@ final class History {
    */
   void committed(Metadata md, String checkpointId, String marker) {
     Map<String, String> markers = null;
+    boolean foreign = false;
     String pk = pendingKey(jobScope(md), md.getTaskName(), checkpointId);
     synchronized (pending) {
       Pending p = pending.get(pk);
@@ -142,24 +146,40 @@ final class History {
         if (p.committed.containsAll(p.markers.keySet())) {
           markers = new TreeMap<>(p.markers);
           pending.remove(pk);
+          finished.add(pk);
+          if (finished.size() > FINISHED_KEPT) {
+            finished.remove(finished.iterator().next());
+          }
         }
+      } else if (!finished.contains(pk)) {
+        foreign = true;
       }
     }
-    if (markers == null && !isPending(pk)) {
-      // Prepared by another process (or this one forgot it): the records in the bucket say
-      // which stores the checkpoint has — and the index must be there, or no history names it.
-      String index = S3BlobStoreManager.key(Layout.storeScope(settings.prefix, md.getJobName(), md.getJobId(),
-          md.getTaskName(), md.getStoreName()), marker);
-      if (reader.head(index) == null) {
-        LOG.warn("blobsnap: removeTTL of {}, which is not in the bucket: not committed into blobsnap's history",
-            reader.url(index));
+    if (foreign) {
+      // Prepared by another process: the records in the bucket say which stores the checkpoint
+      // has. None for this store: its commit is superseded (a promotion dropped it) or its index
+      // was never stored — committed into no history, never a checkpoint missing a store.
+      markers = preparedMarkers(md, checkpointId);
+      if (!marker.equals(markers.get(md.getStoreName()))) {
+        LOG.warn("blobsnap: removeTTL of index {} of task {} store {}, which has no prepared record: not committed"
+            + " into blobsnap's history", marker, md.getTaskName(), md.getStoreName());
         return;
       }
-      markers = preparedMarkers(md, checkpointId);
-      markers.put(md.getStoreName(), marker);
     }
     if (markers != null) {
       promote(md, checkpointId, markers);
+    }
+  }
+
+  /** A checkpoint id's order (Samza's ids are {@code <millis>-<n>}, from its clock). */
+  static int compareIds(String a, String b) {
+    String[] x = a.split("-", 2);
+    String[] y = b.split("-", 2);
+    try {
+      int c = Long.compare(Long.parseLong(x[0]), Long.parseLong(y[0]));
+      return c != 0 ? c : Long.compare(Long.parseLong(x[1]), Long.parseLong(y[1]));
+    } catch (NumberFormatException | ArrayIndexOutOfBoundsException e) {
+      return a.compareTo(b);
     }
   }
 
@@ -189,6 +209,11 @@ final class History {
     long seq = 0;
     for (int attempt = 1; ; attempt++) {
       TreeMap<Long, String> docs = documents(dir);
+      if (!docs.isEmpty() && checkpointId.equals(readJson(docs.lastEntry().getValue(), MAX_RECORD_BYTES << 4)
+          .path("checkpoint").path("checkpoint-id").asText(null))) {
+        seq = docs.lastKey(); // committed already (a retry): the head is this checkpoint
+        break;
+      }
       seq = (docs.isEmpty() ? 0 : docs.lastKey()) + 1;
       byte[] doc = document(seq, checkpointId, markers);
       byte[] digest = S3BlobStoreManager.sha256().digest(doc);
@@ -219,19 +244,49 @@ final class History {
     for (Map.Entry<Long, String> d : documents(dir).headMap(seq - settings.retention + 1).entrySet()) {
       gone.add(ObjectIdentifier.builder().key(d.getValue()).build());
     }
-    // Every other record of the task: this checkpoint is committed; an older one's commit never
-    // happened or is superseded. Records of checkpoints still in flight here stay.
+    // The task's records up to this checkpoint: it is committed; an older one's commit never
+    // happened or is superseded. A later one (another process's commit in flight, a zombie's)
+    // and those still in flight here stay roots.
     String pendingPrefix = jobScope(md) + '\0' + md.getTaskName() + '\0';
     for (S3Object o : list(preparedDir(md))) {
       String name = o.key().substring(o.key().lastIndexOf('/') + 1);
       int dot = name.indexOf('.');
       String id = dot < 0 ? name : name.substring(0, dot);
-      if (!isPending(pendingPrefix + id)) {
+      if (compareIds(id, checkpointId) <= 0 && !isPending(pendingPrefix + id)) {
         gone.add(ObjectIdentifier.builder().key(o.key()).build());
       }
     }
     delete(gone);
-    ownerRecord.recordHistory(md);
+    ownerRecord.recordHistory(md, this::everyTaskHasAHistory);
+  }
+
+  /**
+   * Whether every task with snapshots in {@code md}'s job scope has a checkpoint in blobsnap's
+   * history: only then may the owner record let blobsnap's sweep in (a task still on a samza-s3
+   * from before, or not committed since, has a restart point nothing roots).
+   */
+  private boolean everyTaskHasAHistory(Metadata md) {
+    java.util.Set<String> withSnapshots = subdirs(S3BlobStoreManager.key(jobScope(md), "tasks/"));
+    java.util.Set<String> withHistory = subdirs(S3BlobStoreManager.key(jobScope(md), "checkpoints/"));
+    withSnapshots.removeAll(withHistory);
+    if (!withSnapshots.isEmpty()) {
+      LOG.info("blobsnap: tasks {} of job scope {} have no checkpoint in blobsnap's history yet: blobsnap gc"
+          + " keeps refusing the scope until they commit", withSnapshots, jobScope(md));
+    }
+    return withSnapshots.isEmpty();
+  }
+
+  /** The names of the "directories" right under {@code prefix}. */
+  private java.util.Set<String> subdirs(String prefix) {
+    java.util.Set<String> out = new java.util.TreeSet<>();
+    try {
+      transport.get().client.listObjectsV2Paginator(ListObjectsV2Request.builder().bucket(settings.bucket)
+          .prefix(prefix).delimiter("/").build()).commonPrefixes()
+          .forEach(c -> out.add(c.prefix().substring(prefix.length())));
+    } catch (SdkException e) {
+      throw Errors.toSamza("list " + reader.url(prefix), e);
+    }
+    return out;
   }
 
   /** The task's checkpoint documents by number. */

@@ -106,11 +106,12 @@ final class OwnerRecord {
 
   /**
    * After a commit into blobsnap's history: a record made before prepared history records (no
-   * {@code history}) gets it, so that blobsnap's sweep stops refusing the scope. Safe from here
-   * on: the checkpoint Samza restarts from is this commit or a later one, each in the history or
-   * prepared. Once per process and scope.
+   * {@code history}) gets it once every task with snapshots in the scope has a checkpoint in the
+   * history ({@code everyTaskHasAHistory}), so that blobsnap's sweep stops refusing the scope:
+   * from then on each task's restart point is in its history or prepared. Checked at each commit
+   * until then; once per process and scope after.
    */
-  void recordHistory(Metadata md) {
+  void recordHistory(Metadata md, java.util.function.Predicate<Metadata> everyTaskHasAHistory) {
     S3Transport t = transport.get();
     String key = S3BlobStoreManager.key(Layout.jobScope(settings.prefix, md.getJobName(), md.getJobId()),
         Layout.OWNER_RECORD);
@@ -128,6 +129,9 @@ final class OwnerRecord {
       throw new SamzaException("blobsnap: the owner record " + reader.url(key) + " is no longer Samza's engine's");
     }
     if (!HISTORY.equals(root.path("history").asText(null))) {
+      if (!everyTaskHasAHistory.test(md)) {
+        return;
+      }
       ((ObjectNode) root).put("history", HISTORY);
       byte[] updated;
       try {

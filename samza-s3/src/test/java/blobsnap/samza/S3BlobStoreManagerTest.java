@@ -450,11 +450,12 @@ class S3BlobStoreManagerTest {
 
   /**
    * A job scope whose owner record a samza-s3 from before the history wrote (no
-   * {@code "history"}): blobsnap's sweep refuses it until the first checkpoint is committed into
-   * blobsnap's history; then the record says {@code "history": "prepared"}.
+   * {@code "history"}): blobsnap's sweep refuses it until every task with snapshots has a
+   * checkpoint in blobsnap's history; the commit that finds so makes the record say
+   * {@code "history": "prepared"}.
    */
   @Test
-  void anOwnerRecordFromBeforeTheHistoryGetsItAtTheFirstCommit() throws Exception {
+  void anOwnerRecordFromBeforeTheHistoryGetsItOnceEveryTaskHasOne() throws Exception {
     String prefix = "legacy/";
     String record = prefix + "word%2Ecount/1/scope.json";
     String old = "{\"deployment-id\":\"samza-blob-store\",\"job-name\":\"word.count\",\"job-id\":\"1\","
@@ -473,15 +474,73 @@ class S3BlobStoreManagerTest {
           "the index's put leaves the record");
       String prepared = prefix + "word%2Ecount/1/prepared/Partition%200/" + CID + ".counts.json";
       assertNotNull(object(prepared));
+      // Another task of the job has snapshots and no history yet (a container still on the old
+      // samza-s3): its restart point is rooted by nothing, so the record stays as it was.
+      String other = prefix + "word%2Ecount/1/tasks/Partition%201/stores/counts/blobs/" + CID + "/"
+          + sha(new byte[] {1});
+      S3Test.putRaw(raw, bucket, other, new byte[] {1});
       join(m.removeTTL(marker, idx));
+      assertEquals(old, new String(S3Test.getRaw(raw, bucket, record), StandardCharsets.UTF_8),
+          "a task without a history keeps the sweep out");
+      // Once it has one, the next commit lets the sweep in.
+      S3Test.putRaw(raw, bucket, prefix + "word%2Ecount/1/checkpoints/Partition%201/00000000000000000001.json",
+          new byte[] {'{', '}'});
+      String cid2 = "1700000000124-0";
+      byte[] index2 = new SnapshotIndexSerde().toBytes(new SnapshotIndex(2L, new SnapshotMetadata(
+          CheckpointId.deserialize(cid2), JOB, JOB_ID, TASK, STORE), new DirIndex(DirIndex.ROOT_DIR_NAME,
+          Collections.emptyList(), Collections.emptyList(), Collections.emptyList(), Collections.emptyList()),
+          Optional.empty()));
+      Metadata idx2 = new Metadata(Metadata.SNAPSHOT_INDEX_PAYLOAD_PATH, Optional.of((long) index2.length), JOB,
+          JOB_ID, TASK, STORE);
+      String marker2 = join(m.put(new ByteArrayInputStream(index2), idx2));
+      join(m.removeTTL(marker2, idx2));
       JsonNode r = new ObjectMapper().readTree(S3Test.getRaw(raw, bucket, record));
       assertEquals("prepared", r.path("history").asText(), r.toString());
       assertEquals(S3BlobStoreManager.ENGINE, r.path("engine").asText(), r.toString());
       JsonNode doc = new ObjectMapper().readTree(S3Test.getRaw(raw, bucket,
-          prefix + "word%2Ecount/1/checkpoints/Partition%200/00000000000000000001.json"));
-      assertEquals(marker, doc.path("checkpoint").path("state-checkpoint-markers").path(History.FACTORY)
+          prefix + "word%2Ecount/1/checkpoints/Partition%200/00000000000000000002.json"));
+      assertEquals(marker2, doc.path("checkpoint").path("state-checkpoint-markers").path(History.FACTORY)
           .path(STORE).asText(), doc.toString());
       assertTrue(S3Test.list(raw, bucket, prefix + "word%2Ecount/1/prepared/").isEmpty(), "the record is dropped");
+    } finally {
+      m.close();
+    }
+  }
+
+  /**
+   * A checkpoint of two stores is committed into blobsnap's history once both indexes' TTLs are
+   * removed, as one document naming both; a retried removeTTL commits nothing more.
+   */
+  @Test
+  void everyStoreOfACheckpointIsCommittedTogetherAndARetryCommitsNothing() throws Exception {
+    String prefix = "two/";
+    String jobScope = prefix + "word%2Ecount/1/";
+    S3BlobStoreManager m = manager(S3Test.settings(bucket, prefix));
+    try {
+      java.util.Map<String, String> markers = new java.util.TreeMap<>();
+      java.util.Map<String, Metadata> mds = new java.util.TreeMap<>();
+      for (String store : new String[] {"counts", "totals"}) {
+        byte[] index = new SnapshotIndexSerde().toBytes(new SnapshotIndex(1L, new SnapshotMetadata(
+            CheckpointId.deserialize(CID), JOB, JOB_ID, TASK, store), new DirIndex(DirIndex.ROOT_DIR_NAME,
+            Collections.emptyList(), Collections.emptyList(), Collections.emptyList(), Collections.emptyList()),
+            Optional.empty()));
+        Metadata idx = new Metadata(Metadata.SNAPSHOT_INDEX_PAYLOAD_PATH, Optional.of((long) index.length), JOB,
+            JOB_ID, TASK, store);
+        markers.put(store, join(m.put(new ByteArrayInputStream(index), idx)));
+        mds.put(store, idx);
+      }
+      String docs = jobScope + "checkpoints/Partition%200/";
+      join(m.removeTTL(markers.get("counts"), mds.get("counts")));
+      assertTrue(S3Test.list(raw, bucket, docs).isEmpty(), "one store's removeTTL commits nothing");
+      join(m.removeTTL(markers.get("totals"), mds.get("totals")));
+      join(m.removeTTL(markers.get("totals"), mds.get("totals"))); // Samza's retry
+      List<S3Object> written = S3Test.list(raw, bucket, docs);
+      assertEquals(1, written.size(), written.toString());
+      JsonNode doc = new ObjectMapper().readTree(S3Test.getRaw(raw, bucket, written.get(0).key()));
+      JsonNode named = doc.path("checkpoint").path("state-checkpoint-markers").path(History.FACTORY);
+      assertEquals(markers.get("counts"), named.path("counts").asText(), doc.toString());
+      assertEquals(markers.get("totals"), named.path("totals").asText(), doc.toString());
+      assertTrue(S3Test.list(raw, bucket, jobScope + "prepared/").isEmpty(), "the records are dropped");
     } finally {
       m.close();
     }
