@@ -171,9 +171,17 @@ EOF
   jvm=(java "$HEAP" -Xms64m -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true
        -Dlog4j.configuration="file:$STATE/log4j.properties" -Dkafka.logs.dir="$STATE/logs"
        -cp "$cp")
-  # The cluster id: Kafka's Uuid format (16 random bytes, URL-safe base64, no padding).
+  # The cluster id: Kafka's Uuid format (16 random bytes, URL-safe base64, no padding), never
+  # starting with "-" (Kafka's Uuid.randomUuid draws again too: StorageTool's argument parser
+  # takes such an id for an option, "argument --cluster-id/-t: expected one argument").
   local cluster_id
-  cluster_id=$(python3 -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')
+  cluster_id=$(python3 -c '
+import base64, uuid
+while True:
+    u = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    if not u.startswith("-"):
+        print(u)
+        break')
   echo "$cluster_id" >"$STATE/cluster-id"
   if ! (cd "$STATE" && "${jvm[@]}" kafka.tools.StorageTool format -t "$cluster_id" \
         -c "$STATE/server.properties" >"$STATE/format.log" 2>&1 </dev/null 9>&-); then

@@ -12,6 +12,8 @@
 //! `restore.after-plan`, `restore.mid-download` (after the first downloaded file is in
 //! staging), `restore.before-marker`, `restore.after-marker`, `restore.after-exchange` (before
 //! the old tree is deleted); `sweep.mid-delete` (after the sweep's first delete batch);
+//! `sweep.after-prepared` (a read of the roots, after the prepared records, before the tasks'
+//! histories);
 //! `forget.mid-deployment` (a deployment's removal, after its first kind of object — its
 //! checkpoint documents — is deleted);
 //! `lazy.after-fetch` (a lazy restore's first remote file fetched and in place, the others
@@ -52,6 +54,7 @@ pub const POINTS: &[&str] = &[
     "restore.after-marker",
     "restore.after-exchange",
     "sweep.mid-delete",
+    "sweep.after-prepared",
     "forget.mid-deployment",
     "lazy.after-fetch",
     "preupload.after-put",

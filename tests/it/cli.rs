@@ -4546,3 +4546,103 @@ async fn a_prepared_history_record_is_a_root_until_it_is_dropped() {
     let (code, _, _) = restore(tmp.path().join("r2").display().to_string()).await;
     assert_ne!(code, Some(0), "nothing left to restore");
 }
+
+/// A promotion racing a sweep (deterministic: the sweep is held right after it read the
+/// prepared records): the record goes after the checkpoint document is written, and the sweep,
+/// which lists the tasks and their histories only after the records, finds the document — the
+/// promoted snapshot survives a sweep past the grace and restores. (Read in the other order, the
+/// task had no document yet and the record was gone: the snapshot would be swept.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promotion_while_a_sweep_reads_its_roots_loses_nothing() {
+    use blobsnap::blob::prepared;
+    use blobsnap::checkpoint::{BlobCheckpointStore, Checkpoint, CheckpointStore as _};
+    use tokio::io::AsyncBufReadExt as _;
+    let tmp = tempfile::tempdir().unwrap();
+    let t = local_target(tmp.path());
+    let dir = tmp.path().join("a").display().to_string();
+    demo_one_task(&t, &dir, "1", "900", &[]).await;
+    let job = JobScope::new("wordcount", "1").unwrap();
+    let task = "Partition 0";
+    let cps = BlobCheckpointStore::new(Arc::clone(&t.store), job.clone());
+    let history = cps.history(task, usize::MAX).await.unwrap();
+    let head = history[0].checkpoint.as_v2().unwrap().clone();
+    let top = history.iter().map(|c| c.seq).max().unwrap();
+    let (store_name, marker) = head.state_checkpoint_markers[blobsnap::blob::FACTORY_NAME]
+        .iter()
+        .next()
+        .map(|(s, m)| (s.clone(), m.clone()))
+        .unwrap();
+    let index = job
+        .store(task, &store_name)
+        .unwrap()
+        .index_key(&marker.parse().unwrap())
+        .unwrap();
+    // The commit point is elsewhere (Kafka): the task has no document, the record roots it.
+    prepared::write(t.store.as_ref(), &job, task, &head)
+        .await
+        .unwrap();
+    let docs: Vec<BlobKey> = history
+        .iter()
+        .map(|c| job.checkpoint_key(task, c.seq).unwrap())
+        .collect();
+    t.store.delete_many(&docs).await.unwrap();
+
+    let go = tmp.path().join("go");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))
+        .args(&t.args)
+        .args(["gc", "--job", "wordcount", "--grace-secs", "0", "--force"])
+        .env("XDG_CACHE_HOME", cache_dir())
+        .env("BLOBSNAP_HOLD_AT", "sweep.after-prepared")
+        .env("BLOBSNAP_HOLD_UNTIL", &go)
+        .kill_on_drop(true)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = String::new();
+    assert!(
+        read_until(
+            &mut lines,
+            "hold point sweep.after-prepared reached",
+            &mut seen
+        )
+        .await,
+        "the sweep ended before its hold point: {seen}"
+    );
+    // The promotion, while the sweep is held: the document first, then the record goes.
+    cps.write(task, top + 1, "promoter", &Checkpoint::V2(head.clone()))
+        .await
+        .unwrap();
+    prepared::remove(
+        t.store.as_ref(),
+        &[job.prepared_key(task, &head.id).unwrap()],
+    )
+    .await
+    .unwrap();
+    std::fs::write(&go, b"").unwrap();
+    let status = drain_and_wait(&mut child, &mut lines, &mut seen).await;
+    assert_eq!(status.code(), Some(0), "{seen}");
+    assert!(
+        t.store.head(&index).await.is_ok(),
+        "the promoted snapshot's index was swept: {seen}"
+    );
+    let to = tmp.path().join("restored").display().to_string();
+    let (code, _, err) = run(
+        &t,
+        &[
+            "restore",
+            &marker,
+            "--job",
+            "wordcount",
+            "--task",
+            task,
+            "--store",
+            &store_name,
+            "--to",
+            &to,
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "the promoted snapshot restores: {err}");
+}

@@ -1281,6 +1281,84 @@ pub extern "system" fn Java_blobsnap_Native_close<'l>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use blobsnap::checkpoint::CheckpointV2;
+
+    /// Under Kafka's checkpoint manager (route 1): `init` commits Samza's last checkpoint into
+    /// blobsnap's history and drops the task's prepared records up to its id, never a later one
+    /// (a zombie's commit in flight); `cleanUp` commits its checkpoint once, however often it
+    /// is called, and drops its record.
+    #[test]
+    fn a_start_commits_samzas_checkpoint_and_drops_records_up_to_it_only() {
+        let dir = std::env::temp_dir().join(format!("blobsnap-jni-history-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store: Arc<dyn blobsnap::blobstore::BlobStore> =
+            Arc::new(blobsnap::blobstore::local::LocalStore::new(&dir).unwrap());
+        let job = JobScope::new("j", "1").unwrap();
+        let task = "Partition 0";
+        let id = |s: &str| s.parse::<CheckpointId>().unwrap();
+        let cp = |i: &str| CheckpointV2 {
+            id: id(i),
+            input_offsets: BTreeMap::new(),
+            state_checkpoint_markers: BTreeMap::from([(
+                FACTORY_NAME.to_string(),
+                BTreeMap::from([(
+                    "counts".to_string(),
+                    format!("index/{i}.{}.json", "0".repeat(64)),
+                )]),
+            )]),
+        };
+        let (a, b, c) = ("1700000000000-0", "1700000000001-0", "1700000000002-0");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            for i in [a, b, c] {
+                prepared::write(store.as_ref(), &job, task, &cp(i))
+                    .await
+                    .unwrap();
+            }
+            let h = History {
+                store: Arc::clone(&store),
+                job: job.clone(),
+                ctx: TaskContext {
+                    job_name: "j".into(),
+                    job_id: "1".into(),
+                    task_name: task.into(),
+                },
+                settings: blobsnap::config::JobConfig::default(),
+                commits: OnceLock::new(),
+            };
+            // Samza's last checkpoint (from Kafka): the middle one.
+            h.start(Some(&Checkpoint::V2(cp(b)))).await.unwrap();
+            let left = |store: Arc<dyn blobsnap::blobstore::BlobStore>, job: JobScope| async move {
+                prepared::list(store.as_ref(), &job, None)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|p| p.id)
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(left(Arc::clone(&store), job.clone()).await, vec![id(c)]);
+            let head = h.commits().unwrap().last().await.unwrap();
+            assert_eq!(head.as_v2().unwrap().id, id(b));
+            let markers = cp(c).state_checkpoint_markers[FACTORY_NAME].clone();
+            h.promote(id(c), &markers).await.unwrap();
+            h.promote(id(c), &markers).await.unwrap(); // a retried cleanUp
+            assert!(left(Arc::clone(&store), job.clone()).await.is_empty());
+            let history = BlobCheckpointStore::new(Arc::clone(&store), job.clone())
+                .history(task, usize::MAX)
+                .await
+                .unwrap();
+            let ids: Vec<_> = history
+                .iter()
+                .filter_map(|x| x.checkpoint.as_v2().map(|v| v.id))
+                .collect();
+            assert_eq!(ids.first(), Some(&id(c)), "{ids:?}");
+            assert_eq!(ids.iter().filter(|i| **i == id(c)).count(), 1, "{ids:?}");
+        });
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn samza_config_maps_one_to_one_onto_the_settings_file() {

@@ -535,6 +535,7 @@ async fn read_roots_with(
         partial.as_deref_mut(),
     )
     .await?;
+    crate::crash::point("sweep.after-prepared");
     // Roots: every task's history, whatever the sweep's area; tasks are found under
     // checkpoints/ (a task without a checkpoint has no root).
     let tasks: BTreeSet<String> = crate::blob::time::history::task_names(store, job).await?;

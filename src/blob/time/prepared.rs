@@ -88,6 +88,8 @@ pub async fn list_with_strays(
                 id: checkpoint_id,
                 store,
             }),
+            // A folder marker some S3 tools make (`prepared/`, `prepared/<task>/`) holds nothing.
+            _ if m.size == 0 && m.key.as_str().ends_with('/') => {}
             _ => strays.push(m.key),
         }
     }

@@ -144,12 +144,10 @@ final class History {
         p.markers.put(md.getStoreName(), marker);
         p.committed.add(md.getStoreName());
         if (p.committed.containsAll(p.markers.keySet())) {
+          // (A promotion that fails leaves it to Samza's retry, which finds the stores in the
+          // bucket's records: the foreign path below.)
           markers = new TreeMap<>(p.markers);
           pending.remove(pk);
-          finished.add(pk);
-          if (finished.size() > FINISHED_KEPT) {
-            finished.remove(finished.iterator().next());
-          }
         }
       } else if (!finished.contains(pk)) {
         foreign = true;
@@ -168,6 +166,12 @@ final class History {
     }
     if (markers != null) {
       promote(md, checkpointId, markers);
+      synchronized (pending) {
+        finished.add(pk);
+        if (finished.size() > FINISHED_KEPT) {
+          finished.remove(finished.iterator().next());
+        }
+      }
     }
   }
 
@@ -209,8 +213,7 @@ final class History {
     long seq = 0;
     for (int attempt = 1; ; attempt++) {
       TreeMap<Long, String> docs = documents(dir);
-      if (!docs.isEmpty() && checkpointId.equals(readJson(docs.lastEntry().getValue(), MAX_RECORD_BYTES << 4)
-          .path("checkpoint").path("checkpoint-id").asText(null))) {
+      if (!docs.isEmpty() && checkpointId.equals(headId(docs.lastEntry().getValue()))) {
         seq = docs.lastKey(); // committed already (a retry): the head is this checkpoint
         break;
       }
@@ -287,6 +290,17 @@ final class History {
       throw Errors.toSamza("list " + reader.url(prefix), e);
     }
     return out;
+  }
+
+  /** The checkpoint id of the document at {@code key}; null when it has none or cannot be read. */
+  private String headId(String key) {
+    try {
+      return readJson(key, MAX_RECORD_BYTES << 4).path("checkpoint").path("checkpoint-id").asText(null);
+    } catch (SamzaException e) {
+      LOG.warn("blobsnap: the head checkpoint document {} cannot be read ({}); the next number is taken",
+          reader.url(key), e.getMessage());
+      return null;
+    }
   }
 
   /** The task's checkpoint documents by number. */
