@@ -4409,23 +4409,29 @@ async fn forget_removes_a_fork_a_deployment_and_one_checkpoint() {
     assert!(err.contains("no job stored under"), "{err}");
 }
 
-/// A prepared history record (route 1 of the Samza plug-in under Kafka's checkpoint manager,
-/// docs/samza.md) is a root: the snapshot it names survives a sweep past the grace while no
-/// checkpoint document names it, and restores verified; dropped, the next sweep takes it; an
-/// unreadable record stops the sweep before it deletes anything, naming the record.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_prepared_history_record_is_a_root_until_it_is_dropped() {
-    use blobsnap::blob::prepared;
+/// A one-task demo job whose head snapshot is named by a prepared history record only (its
+/// checkpoint documents deleted: the commit point is Samza's, in Kafka).
+struct PreparedOnly {
+    job: JobScope,
+    head: blobsnap::checkpoint::CheckpointV2,
+    /// The largest document number the task had.
+    top: u64,
+    store_name: String,
+    marker: String,
+    /// The head snapshot's index.
+    index: BlobKey,
+}
+
+async fn a_head_named_by_a_prepared_record_only(t: &Target, root: &Path) -> PreparedOnly {
     use blobsnap::checkpoint::{BlobCheckpointStore, CheckpointStore as _};
-    let tmp = tempfile::tempdir().unwrap();
-    let t = local_target(tmp.path());
-    let dir = tmp.path().join("a").display().to_string();
-    demo_one_task(&t, &dir, "1", "900", &[]).await;
+    let dir = root.join("a").display().to_string();
+    demo_one_task(t, &dir, "1", "900", &[]).await;
     let job = JobScope::new("wordcount", "1").unwrap();
     let task = "Partition 0";
     let cps = BlobCheckpointStore::new(Arc::clone(&t.store), job.clone());
     let history = cps.history(task, usize::MAX).await.unwrap();
     let head = history[0].checkpoint.as_v2().unwrap().clone();
+    let top = history.iter().map(|c| c.seq).max().unwrap();
     let (store_name, marker) = head.state_checkpoint_markers[blobsnap::blob::FACTORY_NAME]
         .iter()
         .next()
@@ -4436,9 +4442,7 @@ async fn a_prepared_history_record_is_a_root_until_it_is_dropped() {
         .unwrap()
         .index_key(&marker.parse().unwrap())
         .unwrap();
-    // The snapshot is named by a prepared record only: Samza's checkpoint (in Kafka) is the
-    // commit point, blobsnap's history does not have it yet.
-    prepared::write(t.store.as_ref(), &job, task, &head)
+    blobsnap::blob::prepared::write(t.store.as_ref(), &job, task, &head)
         .await
         .unwrap();
     let docs: Vec<BlobKey> = history
@@ -4446,6 +4450,36 @@ async fn a_prepared_history_record_is_a_root_until_it_is_dropped() {
         .map(|c| job.checkpoint_key(task, c.seq).unwrap())
         .collect();
     t.store.delete_many(&docs).await.unwrap();
+    PreparedOnly {
+        job,
+        head,
+        top,
+        store_name,
+        marker,
+        index,
+    }
+}
+
+/// A prepared history record (route 1 of the Samza plug-in under Kafka's checkpoint manager,
+/// docs/samza.md) is a root: the snapshot it names survives a sweep past the grace while no
+/// checkpoint document names it, and restores verified; dropped, the next sweep takes it; an
+/// unreadable record stops the sweep before it deletes anything, naming the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepared_history_record_is_a_root_until_it_is_dropped() {
+    use blobsnap::blob::prepared;
+    let tmp = tempfile::tempdir().unwrap();
+    let t = local_target(tmp.path());
+    // The snapshot is named by a prepared record only: Samza's checkpoint (in Kafka) is the
+    // commit point, blobsnap's history does not have it yet.
+    let PreparedOnly {
+        job,
+        head,
+        store_name,
+        marker,
+        index,
+        ..
+    } = a_head_named_by_a_prepared_record_only(&t, tmp.path()).await;
+    let task = "Partition 0";
     let gc = ["gc", "--job", "wordcount", "--grace-secs", "0", "--force"];
     let (code, v, err) = run(&t, &gc).await;
     assert_eq!(code, Some(0), "{err}");
@@ -4559,33 +4593,17 @@ async fn a_promotion_while_a_sweep_reads_its_roots_loses_nothing() {
     use tokio::io::AsyncBufReadExt as _;
     let tmp = tempfile::tempdir().unwrap();
     let t = local_target(tmp.path());
-    let dir = tmp.path().join("a").display().to_string();
-    demo_one_task(&t, &dir, "1", "900", &[]).await;
-    let job = JobScope::new("wordcount", "1").unwrap();
+    // The commit point is elsewhere (Kafka): the task has no document, the record roots it.
+    let PreparedOnly {
+        job,
+        head,
+        top,
+        store_name,
+        marker,
+        index,
+    } = a_head_named_by_a_prepared_record_only(&t, tmp.path()).await;
     let task = "Partition 0";
     let cps = BlobCheckpointStore::new(Arc::clone(&t.store), job.clone());
-    let history = cps.history(task, usize::MAX).await.unwrap();
-    let head = history[0].checkpoint.as_v2().unwrap().clone();
-    let top = history.iter().map(|c| c.seq).max().unwrap();
-    let (store_name, marker) = head.state_checkpoint_markers[blobsnap::blob::FACTORY_NAME]
-        .iter()
-        .next()
-        .map(|(s, m)| (s.clone(), m.clone()))
-        .unwrap();
-    let index = job
-        .store(task, &store_name)
-        .unwrap()
-        .index_key(&marker.parse().unwrap())
-        .unwrap();
-    // The commit point is elsewhere (Kafka): the task has no document, the record roots it.
-    prepared::write(t.store.as_ref(), &job, task, &head)
-        .await
-        .unwrap();
-    let docs: Vec<BlobKey> = history
-        .iter()
-        .map(|c| job.checkpoint_key(task, c.seq).unwrap())
-        .collect();
-    t.store.delete_many(&docs).await.unwrap();
 
     let go = tmp.path().join("go");
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_blobsnap"))

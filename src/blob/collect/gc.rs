@@ -613,12 +613,7 @@ async fn read_roots_with(
                         )));
                     }
                 };
-                out.history.insert(snap.scope.index_key(&snap.marker)?);
-                for (_, f) in snap.index.present_files() {
-                    for b in &f.blobs {
-                        out.history.insert(snap.blobs.key(&b.blob_id)?);
-                    }
-                }
+                keep_snapshot(&mut out.history, &snap)?;
             }
         }
     }
@@ -690,12 +685,7 @@ async fn read_roots_with(
                     sp.name
                 ))),
             };
-            out.savepoints.insert(snap.scope.index_key(&snap.marker)?);
-            for (_, f) in snap.index.present_files() {
-                for b in &f.blobs {
-                    out.savepoints.insert(snap.blobs.key(&b.blob_id)?);
-                }
-            }
+            keep_snapshot(&mut out.savepoints, &snap)?;
         }
     }
     Ok(out)
@@ -801,12 +791,21 @@ async fn prepared_roots(
                     )))
                 }
             };
-            out.history.insert(snap.scope.index_key(&snap.marker)?);
-            for (_, f) in snap.index.present_files() {
-                for b in &f.blobs {
-                    out.history.insert(snap.blobs.key(&b.blob_id)?);
-                }
-            }
+            keep_snapshot(&mut out.history, &snap)?;
+        }
+    }
+    Ok(())
+}
+
+/// `snap`'s index and every blob it lists, into `live`.
+fn keep_snapshot(
+    live: &mut HashSet<BlobKey>,
+    snap: &crate::blob::snapshot::LoadedSnapshot,
+) -> Result<()> {
+    live.insert(snap.scope.index_key(&snap.marker)?);
+    for (_, f) in snap.index.present_files() {
+        for b in &f.blobs {
+            live.insert(snap.blobs.key(&b.blob_id)?);
         }
     }
     Ok(())
