@@ -27,7 +27,12 @@ final class CrashPoint {
     if (!name.equals(point)) {
       return;
     }
-    long n = at < 0 ? 1 : Long.parseLong(SPEC.substring(at + 1));
+    long n;
+    try {
+      n = at < 0 ? 1 : Long.parseLong(SPEC.substring(at + 1));
+    } catch (NumberFormatException e) {
+      throw new IllegalArgumentException("BLOBSNAP_CRASH_AT=" + SPEC + ": the hit after '@' is not a number", e);
+    }
     if (REACHED.incrementAndGet() != n) {
       return;
     }
