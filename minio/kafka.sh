@@ -217,8 +217,9 @@ while True:
 }
 
 case "${1:-}" in
-  install) install ;;
-  start) start ;;
+  # What each step runs, present or installed (detected as the build detects them).
+  install) bash "$CLONE/scripts/prereqs.sh" --tools java mvn cksum && install ;;
+  start) bash "$CLONE/scripts/prereqs.sh" --tools java python3 setsid cksum && start ;;
   stop) stop ;;
   env)
     p=$(port) || { echo "kafka.sh: no broker was started in $STATE" >&2; exit 1; }

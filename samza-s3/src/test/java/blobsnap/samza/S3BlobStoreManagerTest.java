@@ -461,10 +461,7 @@ class S3BlobStoreManagerTest {
     String old = "{\"deployment-id\":\"samza-blob-store\",\"job-name\":\"word.count\",\"job-id\":\"1\","
         + "\"engine\":\"samza-blob-store\"}";
     S3Test.putRaw(raw, bucket, record, old.getBytes(StandardCharsets.UTF_8));
-    byte[] index = new SnapshotIndexSerde().toBytes(new SnapshotIndex(1L, new SnapshotMetadata(
-        CheckpointId.deserialize(CID), JOB, JOB_ID, TASK, STORE), new DirIndex(DirIndex.ROOT_DIR_NAME,
-        Collections.emptyList(), Collections.emptyList(), Collections.emptyList(), Collections.emptyList()),
-        Optional.empty()));
+    byte[] index = emptyIndex(1L, CID, JOB, JOB_ID, STORE);
     Metadata idx = new Metadata(Metadata.SNAPSHOT_INDEX_PAYLOAD_PATH, Optional.of((long) index.length), JOB, JOB_ID,
         TASK, STORE);
     S3BlobStoreManager m = manager(S3Test.settings(bucket, prefix));
@@ -486,10 +483,7 @@ class S3BlobStoreManagerTest {
       S3Test.putRaw(raw, bucket, prefix + "word%2Ecount/1/checkpoints/Partition%201/00000000000000000001.json",
           new byte[] {'{', '}'});
       String cid2 = "1700000000124-0";
-      byte[] index2 = new SnapshotIndexSerde().toBytes(new SnapshotIndex(2L, new SnapshotMetadata(
-          CheckpointId.deserialize(cid2), JOB, JOB_ID, TASK, STORE), new DirIndex(DirIndex.ROOT_DIR_NAME,
-          Collections.emptyList(), Collections.emptyList(), Collections.emptyList(), Collections.emptyList()),
-          Optional.empty()));
+      byte[] index2 = emptyIndex(2L, cid2, JOB, JOB_ID, STORE);
       Metadata idx2 = new Metadata(Metadata.SNAPSHOT_INDEX_PAYLOAD_PATH, Optional.of((long) index2.length), JOB,
           JOB_ID, TASK, STORE);
       String marker2 = join(m.put(new ByteArrayInputStream(index2), idx2));
@@ -520,10 +514,7 @@ class S3BlobStoreManagerTest {
       java.util.Map<String, String> markers = new java.util.TreeMap<>();
       java.util.Map<String, Metadata> mds = new java.util.TreeMap<>();
       for (String store : new String[] {"counts", "totals"}) {
-        byte[] index = new SnapshotIndexSerde().toBytes(new SnapshotIndex(1L, new SnapshotMetadata(
-            CheckpointId.deserialize(CID), JOB, JOB_ID, TASK, store), new DirIndex(DirIndex.ROOT_DIR_NAME,
-            Collections.emptyList(), Collections.emptyList(), Collections.emptyList(), Collections.emptyList()),
-            Optional.empty()));
+        byte[] index = emptyIndex(1L, CID, JOB, JOB_ID, store);
         Metadata idx = new Metadata(Metadata.SNAPSHOT_INDEX_PAYLOAD_PATH, Optional.of((long) index.length), JOB,
             JOB_ID, TASK, store);
         markers.put(store, join(m.put(new ByteArrayInputStream(index), idx)));
@@ -546,6 +537,14 @@ class S3BlobStoreManagerTest {
     }
   }
 
+  /** The bytes of an empty snapshot index of Samza's shape for {@code store} at {@code cid}. */
+  static byte[] emptyIndex(long created, String cid, String job, String jobId, String store) {
+    return new SnapshotIndexSerde().toBytes(new SnapshotIndex(created, new SnapshotMetadata(
+        CheckpointId.deserialize(cid), job, jobId, TASK, store), new DirIndex(DirIndex.ROOT_DIR_NAME,
+        Collections.emptyList(), Collections.emptyList(), Collections.emptyList(), Collections.emptyList()),
+        Optional.empty()));
+  }
+
   @Test
   void aJobScopeOwnedByABlobsnapDeploymentIsRefused() throws Exception {
     String prefix = "foreign/";
@@ -555,10 +554,7 @@ class S3BlobStoreManagerTest {
     byte[] bytes = randomBytes(500, 31);
     Path f = checkpointFile(CID, "000031.sst", bytes);
     Metadata file = new Metadata(f.toString(), Optional.of((long) bytes.length), "j", "1", TASK, STORE);
-    byte[] index = new SnapshotIndexSerde().toBytes(new SnapshotIndex(1L, new SnapshotMetadata(
-        CheckpointId.deserialize(CID), "j", "1", TASK, STORE), new DirIndex(DirIndex.ROOT_DIR_NAME,
-        Collections.emptyList(), Collections.emptyList(), Collections.emptyList(), Collections.emptyList()),
-        Optional.empty()));
+    byte[] index = emptyIndex(1L, CID, "j", "1", STORE);
     Metadata idx = new Metadata(Metadata.SNAPSHOT_INDEX_PAYLOAD_PATH, Optional.of((long) index.length), "j", "1",
         TASK, STORE);
     for (S3Settings.CreateOnly mode : new S3Settings.CreateOnly[] {S3Settings.CreateOnly.AUTO,
